@@ -1,0 +1,62 @@
+"""Call sites of recorded syncs, and their grouping for reports (pure functions, no torch)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame: where a sync was requested from."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One blocking host-device sync (or ``count`` of them made by one operator call)."""
+
+    kind: str
+    op: str
+    count: int
+    stack: tuple[Frame, ...]
+    """The first frames outside torch and this plugin, innermost first; empty when none was found."""
+    allowed: bool = False
+
+    @property
+    def site(self) -> Frame | None:
+        return self.stack[0] if self.stack else None
+
+
+@dataclass(frozen=True)
+class SyncSite:
+    """The syncs of one kind made from one call site, with the stack of the first of them."""
+
+    kind: str
+    op: str
+    site: Frame | None
+    count: int
+    stack: tuple[Frame, ...]
+
+    def describe(self) -> str:
+        where = str(self.site) if self.site else "<no Python frame outside torch>"
+        return f"{self.count:>5} x {self.kind} ({self.op}) at {where}"
+
+
+def group_sites(events: Iterable[SyncEvent]) -> list[SyncSite]:
+    """Group events by (kind, op, site), most frequent first, ties by location for a stable order."""
+    counts: Counter[tuple[str, str, Frame | None]] = Counter()
+    stacks: dict[tuple[str, str, Frame | None], tuple[Frame, ...]] = {}
+    for event in events:
+        key = (event.kind, event.op, event.site)
+        counts[key] += event.count
+        stacks.setdefault(key, event.stack)
+    sites = [SyncSite(kind, op, site, n, stacks[(kind, op, site)]) for (kind, op, site), n in counts.items()]
+    return sorted(sites, key=lambda s: (-s.count, str(s.site), s.kind, s.op))

@@ -1,0 +1,197 @@
+"""The ``syncguard`` fixture object and its measured regions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .analysis.sites import SyncEvent, SyncSite, group_sites
+from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
+from .probes.syncs import PROBE, SyncRecorder
+
+
+class SyncguardUsageError(Exception):
+    """The fixture was used in a way that cannot be measured (e.g. a per-token budget with no tokens)."""
+
+
+def invisible_kinds(on_device: bool) -> tuple[str, ...]:
+    """The sync kinds a run cannot observe: on CPU, those that need a separate device."""
+    if on_device:
+        return ()
+    return tuple(kind.value for kind in SyncKind if kind not in CPU_VISIBLE_KINDS)
+
+
+@dataclass(frozen=True)
+class SyncMeasurement:
+    """What one region (or several, combined) measured."""
+
+    device: str
+    tokens: int | None
+    events: tuple[SyncEvent, ...]
+    regions: int = 1
+
+    @property
+    def on_device(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def syncs(self) -> int:
+        """Syncs that count against budgets."""
+        return sum(e.count for e in self.events if not e.allowed)
+
+    @property
+    def allowed_syncs(self) -> int:
+        """Syncs made inside ``syncguard.allow()``."""
+        return sum(e.count for e in self.events if e.allowed)
+
+    @property
+    def syncs_per_token(self) -> float | None:
+        return self.syncs / self.tokens if self.tokens else None
+
+    @property
+    def invisible_kinds(self) -> tuple[str, ...]:
+        return invisible_kinds(self.on_device)
+
+    def sites(self, *, allowed: bool = False) -> list[SyncSite]:
+        """Syncs grouped by (kind, call site), most frequent first; ``allowed`` selects the intended ones."""
+        return group_sites(e for e in self.events if e.allowed == allowed)
+
+    def by_kind(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for event in self.events:
+            if not event.allowed:
+                totals[event.kind] = totals.get(event.kind, 0) + event.count
+        return dict(sorted(totals.items()))
+
+    @staticmethod
+    def combine(measurements: list[SyncMeasurement]) -> SyncMeasurement:
+        """All regions of a test as one: syncs and tokens add up (tokens unknown if any region lacks them)."""
+        if len(measurements) == 1:
+            return measurements[0]
+        counts = [m.tokens for m in measurements]
+        tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
+        events = tuple(e for m in measurements for e in m.events)
+        return SyncMeasurement(measurements[-1].device, tokens, events, regions=len(measurements))
+
+
+def _device_of(model: Any) -> str | None:
+    for tensor in model.parameters():
+        return str(tensor.device.type)
+    return None
+
+
+@dataclass
+class GenerationRegion:
+    """A measured region of a generation loop; set ``tokens`` inside it if it was not known up front."""
+
+    tokens: int | None
+    device: str
+    model: torch.nn.Module | None = None
+    measurement: SyncMeasurement | None = None
+    forward_calls: int = 0
+    _recorder: SyncRecorder = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._recorder = SyncRecorder(on_device=self.device != "cpu")
+
+    def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.forward_calls += 1
+
+    @contextmanager
+    def recording(self) -> Iterator[GenerationRegion]:
+        with ExitStack() as stack:
+            if self.model is not None:
+                stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
+            stack.enter_context(PROBE.recording(self._recorder))
+            try:
+                yield self
+            finally:
+                self.measurement = self._finish()
+
+    def _finish(self) -> SyncMeasurement:
+        tokens = self.tokens
+        if tokens is None and self.model is not None:
+            tokens = self.forward_calls
+        return SyncMeasurement(self.device, tokens, tuple(self._recorder.events))
+
+
+def _validated_tokens(tokens: Any, where: str) -> int | None:
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise SyncguardUsageError(f"{where}: tokens must be a positive int, got {tokens!r}")
+    return tokens
+
+
+class SyncGuard:
+    """The ``syncguard`` fixture: measured regions, intended syncs, and the measurements of this test."""
+
+    def __init__(self, nodeid: str = "", device: str | None = None, warmup: int = 1) -> None:
+        self.nodeid = nodeid
+        self._device = device
+        self._warmup = warmup
+        self.measurements: list[SyncMeasurement] = []
+
+    @property
+    def last(self) -> SyncMeasurement | None:
+        """The measurement of the last finished region, for custom assertions."""
+        return self.measurements[-1] if self.measurements else None
+
+    def default_device(self) -> str:
+        if self._device is not None:
+            return self._device
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @contextmanager
+    def generation(self, tokens: int | None = None, model: torch.nn.Module | None = None) -> Iterator[GenerationRegion]:
+        """Measure a generation loop; tokens are given, set on the region later, or counted as ``model`` calls."""
+        tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
+        device = (_device_of(model) if model is not None else None) or self.default_device()
+        region = GenerationRegion(tokens, device, model)
+        with region.recording():
+            yield region
+        assert region.measurement is not None
+        measured = region.measurement
+        tokens = _validated_tokens(measured.tokens, f"{self.nodeid}: region.tokens")
+        region.measurement = SyncMeasurement(measured.device, tokens, measured.events)
+        self.measurements.append(region.measurement)
+
+    def measure(
+        self,
+        fn: Callable[[], Any],
+        *,
+        tokens: int | None = None,
+        warmup: int | None = None,
+        repeat: int = 3,
+        model: torch.nn.Module | None = None,
+    ) -> SyncMeasurement:
+        """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times measured; keep the worst run.
+
+        Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
+        whose count varies fail on its worst run rather than pass on its best.
+        """
+        warmup = self._warmup if warmup is None else warmup
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): repeat must be an int >= 1, got {repeat!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): warmup must be an int >= 0, got {warmup!r}")
+        for _ in range(warmup):
+            fn()
+        runs: list[SyncMeasurement] = []
+        for _ in range(repeat):
+            with self.generation(tokens=tokens, model=model):
+                fn()
+            runs.append(self.measurements.pop())
+        worst = max(runs, key=lambda m: m.syncs)
+        self.measurements.append(worst)
+        return worst
+
+    @contextmanager
+    def allow(self) -> Iterator[None]:
+        """Syncs in this block are intended (e.g. decoding the final output): reported, not counted."""
+        with PROBE.allowing():
+            yield

@@ -1,0 +1,218 @@
+"""The sync probe: counts blocking host-device syncs, each with its kind and Python call site.
+
+How: a Python kernel is registered for each catalogued operator (see :mod:`.sync_ops`) at the
+``BackendSelect`` dispatch key, the last key before the backend kernel. Every call of that operator
+reaches it, from Python or from inside another ATen kernel (``x[mask]`` calls ``nonzero`` in C++), while all
+other operators keep their native speed: there is no per-op cost as with a ``TorchDispatchMode``. The kernel
+records the call and redispatches to the backend. On CUDA the probe also wraps the Python entry points of the
+explicit synchronizations (``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``,
+``torch.accelerator.synchronize``), which are no operators.
+
+The kernels are registered when the first recorder attaches and removed when the last one detaches, on every
+exit path, so nothing outlives a measured region.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import _pytest
+import pluggy
+import torch
+from torch._C import DispatchKey
+
+from ..analysis.sites import Frame, SyncEvent
+from .sync_ops import CATALOGUE, SyncKind, SyncOp
+
+STACK_DEPTH = 5
+_DISPATCH_KEY = "BackendSelect"
+
+
+def _package_dir(module_file: str | None) -> str:
+    return os.path.realpath(os.path.dirname(module_file or "")) + os.sep
+
+
+class _InternalFiles:
+    """Decides whether a source file belongs to torch, this plugin or the test runner, by the packages' real
+    locations (never by a substring of the path: a project under a folder named ``torch`` is user code)."""
+
+    def __init__(self) -> None:
+        self._roots = tuple(
+            _package_dir(module.__file__) for module in (torch, sys.modules["pytest_syncguard"], _pytest, pluggy)
+        )
+        self._cache: dict[str, bool] = {}
+
+    def __contains__(self, filename: str) -> bool:
+        known = self._cache.get(filename)
+        if known is None:
+            known = os.path.realpath(filename).startswith(self._roots)
+            self._cache[filename] = known
+        return known
+
+
+_INTERNAL = _InternalFiles()
+
+
+def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
+    """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
+    frames: list[Frame] = []
+    while frame is not None and len(frames) < depth:
+        code = frame.f_code
+        if code.co_filename not in _INTERNAL:
+            name = getattr(code, "co_qualname", code.co_name)
+            frames.append(Frame(code.co_filename, frame.f_lineno, name))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+class SyncRecorder:
+    """Collects the syncs of one measured region."""
+
+    def __init__(self, on_device: bool) -> None:
+        self.on_device = on_device
+        self.events: list[SyncEvent] = []
+
+    @property
+    def syncs(self) -> int:
+        """Syncs that count against budgets (those inside ``allow()`` do not)."""
+        return sum(e.count for e in self.events if not e.allowed)
+
+
+class SyncProbe:
+    """Process-wide owner of the dispatcher kernels and patches; recorders attach to it."""
+
+    def __init__(self) -> None:
+        self._recorders: list[SyncRecorder] = []
+        self._allowed = 0
+        self._local = threading.local()
+        self._library: torch.library.Library | None = None
+        self._restore: list[Callable[[], None]] = []
+        self._lock = threading.RLock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._recorders)
+
+    @contextmanager
+    def recording(self, recorder: SyncRecorder) -> Iterator[SyncRecorder]:
+        """Record syncs into ``recorder`` for the duration of the block."""
+        with self._lock:
+            if not self._recorders:
+                self._install()
+            self._recorders.append(recorder)
+        try:
+            yield recorder
+        finally:
+            with self._lock:
+                self._recorders.remove(recorder)
+                if not self._recorders:
+                    self._uninstall()
+
+    @contextmanager
+    def allowing(self) -> Iterator[None]:
+        """Syncs in this block are recorded as intended and do not count against budgets."""
+        self._allowed += 1
+        try:
+            yield
+        finally:
+            self._allowed -= 1
+
+    # -- recording ---------------------------------------------------------------------------------
+    def _emit(self, op: str, count: int, kind: SyncKind, frame: FrameType | None) -> None:
+        event = SyncEvent(kind.value, op, count, user_stack(frame), allowed=self._allowed > 0)
+        for recorder in self._recorders:
+            recorder.events.append(event)
+
+    def _kernel(self, entry: SyncOp, op: torch._ops.OpOverload) -> Callable[..., Any]:
+        after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
+        local = self._local
+        name = f"aten::{entry.name}"
+
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "inside", False) or not self._recorders:
+                return op.redispatch(keyset & after, *args, **kwargs)
+            local.inside = True
+            try:
+                first = args[0]
+                verdict = None
+                if not (isinstance(first, torch.Tensor) and first.device.type == "meta"):
+                    verdict = entry.rule(args, kwargs, self._recorders[-1].on_device)
+                result = op.redispatch(keyset & after, *args, **kwargs)
+            finally:
+                local.inside = False
+            if verdict is not None:
+                self._emit(name, verdict[0], verdict[1], sys._getframe(1))
+            return result
+
+        return kernel
+
+    def _explicit(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if self._recorders and not getattr(self._local, "inside", False):
+                self._emit(name, 1, SyncKind.EXPLICIT, sys._getframe(1))
+            return result
+
+        return synchronize
+
+    # -- installation --------------------------------------------------------------------------------
+    def _install(self) -> None:
+        cuda = torch.cuda.is_available()
+        library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+        try:
+            for entry in CATALOGUE:
+                if entry.device_only and not cuda:
+                    continue
+                base, _, overload = entry.name.partition(".")
+                if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{entry.name}", _DISPATCH_KEY):
+                    # Replacing a kernel already there (as for _to_copy) would change what the op computes.
+                    raise RuntimeError(
+                        f"syncguard: aten::{entry.name} already has a {_DISPATCH_KEY} kernel; refusing to replace it"
+                    )
+                op = getattr(getattr(torch.ops.aten, base), overload or "default")
+                kernel = self._kernel(entry, op)
+                library.impl(entry.name, kernel, _DISPATCH_KEY, with_keyset=True)  # type: ignore[no-untyped-call]
+            if cuda:
+                self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize")
+                self._patch(torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize")
+                self._patch(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
+                if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
+                    self._patch(torch.accelerator, "synchronize", "torch.accelerator.synchronize")
+        except BaseException:
+            library._destroy()  # type: ignore[no-untyped-call]
+            self._unpatch()
+            raise
+        self._library = library
+
+    def _patch(self, owner: Any, attribute: str, name: str) -> None:
+        original = owner.__dict__[attribute]
+        setattr(owner, attribute, self._explicit(name, original))
+        self._restore.append(lambda: setattr(owner, attribute, original))
+
+    def _unpatch(self) -> None:
+        while self._restore:
+            self._restore.pop()()
+
+    def _uninstall(self) -> None:
+        try:
+            if self._library is not None:
+                self._library._destroy()  # type: ignore[no-untyped-call]
+        finally:
+            self._library = None
+            self._unpatch()
+
+    @property
+    def installed(self) -> bool:
+        """Whether the dispatcher kernels are registered right now (for tests of the restore paths)."""
+        return self._library is not None
+
+
+PROBE = SyncProbe()

@@ -1,0 +1,1 @@
+"""Renderings of measured results: failure text, terminal summary, JSON file."""

@@ -1,0 +1,109 @@
+"""A test's measured result as plain data: what reports, xdist and the JSON file carry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..budgets import SyncBudget, Verdict
+from ..guard import SyncMeasurement
+
+TOP_SITES = 10
+
+
+@dataclass(frozen=True)
+class BudgetOutcome:
+    marker: str
+    limit: float
+    value: float | None
+    passed: bool | None
+    """None when the budget could not be judged (a usage error)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    kind: str
+    op: str
+    site: str
+    count: int
+    stack: list[str]
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """Everything the plugin knows about one test; plain data so it survives pytest-xdist."""
+
+    nodeid: str
+    device: str
+    tokens: int | None
+    syncs: int
+    allowed_syncs: int
+    syncs_per_token: float | None
+    regions: int
+    by_kind: dict[str, int]
+    invisible_kinds: list[str]
+    budgets: list[BudgetOutcome] = field(default_factory=list)
+    sites: list[SiteRecord] = field(default_factory=list)
+    more_sites: int = 0
+    more_syncs: int = 0
+    error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "error"
+        if not self.budgets:
+            return "measured"
+        return "pass" if all(b.passed for b in self.budgets) else "fail"
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in ("fail", "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TestResult:
+        data = dict(data)
+        data.pop("verdict", None)
+        data["budgets"] = [BudgetOutcome(**b) for b in data.get("budgets", [])]
+        data["sites"] = [SiteRecord(**s) for s in data.get("sites", [])]
+        return cls(**data)
+
+    @classmethod
+    def build(
+        cls,
+        nodeid: str,
+        measurement: SyncMeasurement,
+        verdicts: list[Verdict],
+        *,
+        unjudged: Sequence[SyncBudget] = (),
+        error: str | None = None,
+    ) -> TestResult:
+        sites = measurement.sites()
+        shown, rest = sites[:TOP_SITES], sites[TOP_SITES:]
+        return cls(
+            nodeid=nodeid,
+            device=measurement.device,
+            tokens=measurement.tokens,
+            syncs=measurement.syncs,
+            allowed_syncs=measurement.allowed_syncs,
+            syncs_per_token=measurement.syncs_per_token,
+            regions=measurement.regions,
+            by_kind=measurement.by_kind(),
+            invisible_kinds=list(measurement.invisible_kinds),
+            budgets=[BudgetOutcome(v.budget.marker, v.budget.limit, v.value, v.passed, v.text) for v in verdicts]
+            + [BudgetOutcome(b.marker, b.limit, None, None, "not judged") for b in unjudged],
+            sites=[
+                SiteRecord(s.kind, s.op, str(s.site) if s.site else "?", s.count, [str(f) for f in s.stack])
+                for s in shown
+            ],
+            more_sites=len(rest),
+            more_syncs=sum(s.count for s in rest),
+            error=error,
+        )
