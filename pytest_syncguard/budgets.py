@@ -38,18 +38,22 @@ BUDGET_MARKERS: dict[str, Callable[..., None]] = {
 }
 
 
+def _signature(function: Callable[..., None]) -> inspect.Signature:
+    return inspect.signature(function, eval_str=True).replace(return_annotation=inspect.Signature.empty)
+
+
 def marker_help(name: str, function: Callable[..., None]) -> str:
     """The ``markers`` ini line of a marker: its signature and its docstring."""
-    return f"{name}{inspect.signature(function)}: {inspect.getdoc(function)}"
+    return f"{name}{_signature(function)}: {inspect.getdoc(function)}"
 
 
 def _bind(
     item: pytest.Item, name: str, function: Callable[..., None], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     try:
-        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound = _signature(function).bind(*args, **kwargs)
     except TypeError as exc:
-        raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}{inspect.signature(function)}: {exc}") from None
+        raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}{_signature(function)}: {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
 

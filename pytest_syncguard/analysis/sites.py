@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame: where a sync was requested from."""
+class Frame(NamedTuple):
+    """One Python frame: where a sync was requested from (a tuple: cheap to make on the hot path)."""
 
     filename: str
     lineno: int

@@ -140,5 +140,6 @@ CATALOGUE: tuple[SyncOp, ...] = (
     SyncOp("index_put_", _index_put),
     SyncOp("_index_put_impl_", _index_put),
     SyncOp("masked_fill_.Tensor", _no_sync),
+    SyncOp("multinomial", _no_sync),
     SyncOp("copy_", _copy, device_only=True),
 )

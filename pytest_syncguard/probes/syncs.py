@@ -25,6 +25,7 @@ from typing import Any
 
 import _pytest
 import pluggy
+import pytest
 import torch
 from torch._C import DispatchKey
 
@@ -45,14 +46,15 @@ class _InternalFiles:
 
     def __init__(self) -> None:
         self._roots = tuple(
-            _package_dir(module.__file__) for module in (torch, sys.modules["pytest_syncguard"], _pytest, pluggy)
+            _package_dir(module.__file__)
+            for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
         )
         self._cache: dict[str, bool] = {}
 
     def __contains__(self, filename: str) -> bool:
         known = self._cache.get(filename)
         if known is None:
-            known = os.path.realpath(filename).startswith(self._roots)
+            known = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
             self._cache[filename] = known
         return known
 

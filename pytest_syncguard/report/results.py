@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..analysis.sites import Frame
 from ..budgets import SyncBudget, Verdict
 from ..guard import SyncMeasurement
 
 TOP_SITES = 10
+
+
+def _display(frame: Frame) -> str:
+    """A frame as ``file:line in function``, the file relative to the working directory when inside it."""
+    path = os.path.abspath(frame.filename)
+    cwd = os.getcwd() + os.sep
+    shown = path[len(cwd) :] if path.startswith(cwd) else frame.filename
+    return f"{shown}:{frame.lineno} in {frame.function}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ class TestResult:
             budgets=[BudgetOutcome(v.budget.marker, v.budget.limit, v.value, v.passed, v.text) for v in verdicts]
             + [BudgetOutcome(b.marker, b.limit, None, None, "not judged") for b in unjudged],
             sites=[
-                SiteRecord(s.kind, s.op, str(s.site) if s.site else "?", s.count, [str(f) for f in s.stack])
+                SiteRecord(s.kind, s.op, _display(s.site) if s.site else "?", s.count, [_display(f) for f in s.stack])
                 for s in shown
             ],
             more_sites=len(rest),

@@ -1,0 +1,161 @@
+"""On CUDA, the plugin's count equals the CUDA runtime's own sync calls in a profiler trace."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pytest_syncguard.probes.sync_ops import SyncKind
+from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
+
+pytestmark = pytest.mark.gpu
+
+RUNTIME_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def runtime_and_plugin(fn: Callable[[], object]) -> tuple[int, SyncRecorder, Counter[str]]:
+    """Runtime sync calls of ``fn`` (less the profiler's own) and the plugin's record of the same run."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as empty:
+        pass
+    baseline = sum(1 for e in empty.events() if e.name in RUNTIME_SYNCS)
+    recorder = SyncRecorder(on_device=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, PROBE.recording(recorder):
+        fn()
+    names = Counter(e.name for e in prof.events())
+    return sum(names[n] for n in RUNTIME_SYNCS) - baseline, recorder, names
+
+
+def cases() -> dict[str, Callable[[], object]]:
+    dev = "cuda"
+    x = torch.randn(1000, device=dev)
+    y = x.clone()
+    mask = x > 0
+    pinned = torch.empty(1000).pin_memory()
+    pageable = torch.empty(1000)
+    small = torch.tensor([1, 2, 3], device=dev)
+    scalar = torch.tensor(3.0, device=dev)
+    ints = torch.randint(0, 10, (100,), device=dev)
+    event = torch.cuda.Event()
+    event.record()
+    stream = torch.cuda.Stream()
+    probs = torch.softmax(torch.randn(4, 50, device=dev), -1)
+    return {
+        "item": lambda: x.sum().item(),
+        "bool": lambda: bool(x.sum() > 0),
+        "int": lambda: int(scalar),
+        "float": lambda: float(scalar),
+        "fstring": lambda: f"{scalar}",
+        "tolist": lambda: x.tolist(),
+        "cpu": lambda: x.cpu(),
+        "to_cpu": lambda: x.to("cpu"),
+        "to_cpu_non_blocking": lambda: x.to("cpu", non_blocking=True),
+        "copy_to_pageable": lambda: pageable.copy_(x),
+        "copy_to_pinned": lambda: pinned.copy_(x),
+        "copy_to_pinned_non_blocking": lambda: pinned.copy_(x, non_blocking=True),
+        "h2d_pageable": lambda: pageable.to(dev),
+        "h2d_pinned": lambda: pinned.to(dev),
+        "h2d_pinned_non_blocking": lambda: pinned.to(dev, non_blocking=True),
+        "tensor_factory": lambda: torch.tensor([1, 2, 3], device=dev),
+        "nonzero": lambda: torch.nonzero(x),
+        "masked_select": lambda: torch.masked_select(x, mask),
+        "unique": lambda: torch.unique(ints),
+        "unique_dim": lambda: torch.unique(ints.view(10, 10), dim=0),
+        "unique_consecutive": lambda: torch.unique_consecutive(ints),
+        "where_one_arg": lambda: torch.where(mask),
+        "bool_mask_index": lambda: x[mask],
+        "bool_mask_assign_scalar": lambda: y.__setitem__(mask, 0.0),
+        "bool_mask_assign_tensor": lambda: y.__setitem__(mask, x[mask] * 2),
+        "bool_mask_assign_device_scalar": lambda: y.__setitem__(mask, scalar),
+        "masked_fill_device_value": lambda: x.masked_fill(mask, scalar),
+        "repeat_interleave": lambda: torch.repeat_interleave(small),
+        "repeat_interleave_output_size": lambda: torch.repeat_interleave(small, output_size=6),
+        "bincount": lambda: torch.bincount(ints),
+        "histc_data_range": lambda: torch.histc(x, bins=10),
+        "histc_given_range": lambda: torch.histc(x, bins=10, min=-1, max=1),
+        "equal": lambda: torch.equal(x, y),
+        "allclose": lambda: torch.allclose(x, x.clone()),
+        "zeros_of_int": lambda: torch.zeros(int(scalar)),
+        "stream_synchronize": lambda: stream.synchronize(),
+        "current_stream_synchronize": lambda: torch.cuda.current_stream().synchronize(),
+        "cuda_synchronize": lambda: torch.cuda.synchronize(),
+        "accelerator_synchronize": lambda: torch.accelerator.synchronize(),
+        "event_synchronize": lambda: event.synchronize(),
+        "argmax": lambda: x.argmax(),
+        "multinomial": lambda: torch.multinomial(probs, 1),
+        "any": lambda: x.any(),
+        "all": lambda: x.all(),
+        "topk": lambda: x.topk(5),
+    }
+
+
+CASE_NAMES = [
+    "item", "bool", "int", "float", "fstring", "tolist", "cpu", "to_cpu", "to_cpu_non_blocking",
+    "copy_to_pageable", "copy_to_pinned", "copy_to_pinned_non_blocking", "h2d_pageable", "h2d_pinned",
+    "h2d_pinned_non_blocking", "tensor_factory", "nonzero", "masked_select", "unique", "unique_dim",
+    "unique_consecutive", "where_one_arg", "bool_mask_index", "bool_mask_assign_scalar",
+    "bool_mask_assign_tensor", "bool_mask_assign_device_scalar", "masked_fill_device_value",
+    "repeat_interleave", "repeat_interleave_output_size", "bincount", "histc_data_range",
+    "histc_given_range", "equal", "allclose", "zeros_of_int", "stream_synchronize",
+    "current_stream_synchronize", "cuda_synchronize", "accelerator_synchronize", "event_synchronize",
+    "argmax", "multinomial", "any", "all", "topk",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_count_equals_runtime_sync_calls(name: str) -> None:
+    runtime, recorder, _ = runtime_and_plugin(cases()[name])
+    print(f"{name}: runtime {runtime}, plugin {recorder.syncs} {[(e.kind, e.op) for e in recorder.events]}")
+    assert recorder.syncs == runtime
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("h2d_pageable_non_blocking", lambda x, host: host.to("cuda", non_blocking=True)),
+        ("copy_from_pageable_non_blocking", lambda x, host: x.copy_(host, non_blocking=True)),
+        ("copy_to_pageable_non_blocking", lambda x, host: host.copy_(x, non_blocking=True)),
+    ],
+)
+def test_non_blocking_copy_with_pageable_memory_is_a_stall_no_sync_call_shows(
+    name: str, fn: Callable[[torch.Tensor, torch.Tensor], object]
+) -> None:
+    x, host = torch.randn(1000, device="cuda"), torch.empty(1000)
+    runtime, recorder, names = runtime_and_plugin(lambda: fn(x, host))
+    assert runtime == 0
+    assert any("Pageable" in n for n in names), "the trace shows a copy through pageable memory"
+    assert [(e.kind, e.count) for e in recorder.events] == [(SyncKind.PAGEABLE_NON_BLOCKING.value, 1)]
+
+
+def test_hf_generate_count_equals_runtime_sync_calls() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    prompt = torch.randint(1, 256, (1, 8), device="cuda")
+
+    def generate() -> object:
+        with torch.inference_mode():
+            return model.generate(prompt, max_new_tokens=64, min_new_tokens=64, do_sample=False)
+
+    runtime, recorder, _ = runtime_and_plugin(generate)
+    kinds = Counter(e.kind for e in recorder.events for _ in range(e.count))
+    print(f"hf generate: runtime {runtime}, plugin {recorder.syncs} {dict(kinds)}")
+    assert runtime >= 64
+    assert recorder.syncs == runtime
+
+
+def test_explicit_synchronize_patches_are_restored() -> None:
+    originals = (torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize)
+    with pytest.raises(KeyboardInterrupt), PROBE.recording(SyncRecorder(True)):
+        assert torch.cuda.synchronize is not originals[0]
+        raise KeyboardInterrupt
+    assert (torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize) == originals

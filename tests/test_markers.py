@@ -1,0 +1,325 @@
+"""The plugin as users meet it: markers, options, the fixture and their error paths (pytester runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+LOOP = """
+import pytest, torch
+
+def loop(steps, reads_per_step):
+    x = torch.ones(4)
+    for _ in range(steps):
+        x = x * 1.0
+        for _ in range(reads_per_step):
+            x.sum().item()
+"""
+
+
+def test_markers_are_documented(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.max_syncs_per_token(limit: float): Fail when host-device syncs divided by tokens*",
+            "@pytest.mark.max_syncs(limit: float): Fail when the total of host-device syncs*",
+            "@pytest.mark.syncguard([*], device: str | None = None, warmup: int = 1): Per-test options*",
+        ]
+    )
+
+
+def test_per_token_budget_failure_shows_arithmetic_and_sites(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs_per_token(1)
+def test_two_reads(syncguard):
+    with syncguard.generation(tokens=4):
+        loop(4, 2)
+
+@pytest.mark.max_syncs_per_token(2)
+def test_within(syncguard):
+    with syncguard.generation(tokens=4):
+        loop(4, 2)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "syncguard: 1 of 1 sync budgets exceeded on cpu",
+            "  max_syncs_per_token: limit 1.00 per token, measured 2.00: 8 syncs over 4 tokens",
+            "sync sites (8 syncs, by kind and call site, most frequent first):",
+            "      8 x scalar read (aten::_local_scalar_dense) at test_per_token_budget_failure_shows_arithmetic_and_sites.py:8 in loop",
+            "          test_per_token_budget_failure_shows_arithmetic_and_sites.py:13 in test_two_reads",
+            "not visible on cpu: device->host copy, host->device copy, *",
+        ]
+    )
+
+
+def test_whole_test_is_measured_without_a_region(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+@pytest.mark.max_syncs(1)
+def test_masks():
+    x = torch.arange(10.0)
+    x[x > 3]
+    torch.unique(x)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  max_syncs: limit 1, measured 2 syncs",
+            "      1 x data-dependent shape (aten::nonzero) at *:6 in test_masks",
+            "      1 x data-dependent shape (aten::_unique2) at *:7 in test_masks",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("max_syncs_per_token(-1)", "limit must be a finite number >= 0, got -1"),
+        ("max_syncs_per_token(float('nan'))", "limit must be a finite number >= 0, got nan"),
+        ("max_syncs(float('inf'))", "limit must be a finite number >= 0, got inf"),
+        ("max_syncs(True)", "limit must be a finite number >= 0, got True"),
+        ("max_syncs('1')", "limit must be a finite number >= 0, got '1'"),
+        ("max_syncs_per_token(1, per='step')", "got an unexpected keyword argument 'per'"),
+        ("max_syncs()", "missing a required argument: 'limit'"),
+        ("max_syncs(1, 2)", "too many positional arguments"),
+        ("syncguard(device='tpu')", "device must be 'cpu' or 'cuda', got 'tpu'"),
+        ("syncguard(warmup=-2)", "warmup must be an int >= 0, got -2"),
+        ("syncguard(tolerance=0.1)", "got an unexpected keyword argument 'tolerance'"),
+    ],
+)
+def test_bad_marker_arguments_are_usage_errors_naming_test_and_marker(
+    pytester: pytest.Pytester, marker: str, message: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+import pytest
+
+@pytest.mark.{marker}
+def test_budgeted():
+    pass
+
+def test_other():
+    pass
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, errors=1)
+    name = marker.partition("(")[0]
+    result.stdout.fnmatch_lines([f"*syncguard usage error: *::test_budgeted: @pytest.mark.{name}*{message}*"])
+    result.stdout.no_fnmatch_line("*During handling*")
+
+
+def test_per_token_budget_without_tokens_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs_per_token(5)
+def test_no_count():
+    loop(2, 1)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_no_count: @pytest.mark.max_syncs_per_token needs a token count: pass tokens=*"])
+
+
+def test_tokens_set_later_or_counted_from_model_calls(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs_per_token(1)
+def test_set_later(syncguard):
+    with syncguard.generation() as region:
+        loop(3, 1)
+        region.tokens = 3
+    assert syncguard.last.tokens == 3 and syncguard.last.syncs_per_token == 1.0
+
+@pytest.mark.max_syncs_per_token(1)
+def test_model_calls(syncguard):
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad(), syncguard.generation(model=model):
+        x = torch.ones(1, 4)
+        for _ in range(5):
+            x = model(x)
+            x.sum().item()
+    assert syncguard.last.tokens == 5 and syncguard.last.syncs == 5
+
+def test_bad_tokens(syncguard):
+    with pytest.raises(Exception, match="tokens must be a positive int, got 0"):
+        with syncguard.generation(tokens=0):
+            pass
+"""
+    )
+    pytester.runpytest().assert_outcomes(passed=3)
+
+
+def test_allowed_syncs_are_reported_not_counted(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs(0)
+def test_decode_at_end(syncguard):
+    with syncguard.generation(tokens=4):
+        x = torch.ones(4)
+        with syncguard.allow():
+            x.tolist(), x.sum().item()
+    assert syncguard.last.syncs == 0 and syncguard.last.allowed_syncs == 1
+"""
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_measure_runs_warmup_then_keeps_the_worst_repeat(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+calls = []
+
+@pytest.mark.max_syncs_per_token(1)
+def test_measured(syncguard):
+    def run():
+        calls.append(1)
+        loop(4, 2 if len(calls) == 3 else 1)
+    m = syncguard.measure(run, tokens=4, warmup=1, repeat=3)
+    assert len(calls) == 4
+    assert m.syncs == 8 and syncguard.last is m
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*measured 2.00: 8 syncs over 4 tokens"])
+
+
+def test_several_regions_add_up(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs_per_token(1)
+def test_two(syncguard):
+    with syncguard.generation(tokens=2):
+        loop(2, 1)
+    loop(5, 1)  # outside the regions: not counted
+    with syncguard.generation(tokens=2):
+        loop(2, 2)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*measured 1.50: 6 syncs over 4 tokens"])
+
+
+def test_more_than_ten_sites_are_summarised(pytester: pytest.Pytester) -> None:
+    body = "\n".join(f"        x[{i}].item()" for i in range(13))
+    pytester.makepyfile(
+        f"""
+import pytest, torch
+
+@pytest.mark.max_syncs(0)
+def test_many(syncguard):
+    x = torch.ones(13)
+    with syncguard.generation(tokens=1):
+{body}
+"""
+    )
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(["  ... and 3 more sites (3 syncs)"])
+
+
+def test_own_failure_keeps_its_message_and_gains_a_section(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs(0)
+def test_broken():
+    loop(1, 1)
+    assert 1 == 2, "own assertion"
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*AssertionError: own assertion*", "*- syncguard -*", "*max_syncs: limit 0, measured 1 syncs"]
+    )
+
+
+def test_summary_table_and_json_results(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs_per_token(1)
+def test_a(syncguard):
+    with syncguard.generation(tokens=4):
+        loop(4, 1)
+
+def test_b(syncguard):
+    with syncguard.generation(tokens=2):
+        loop(2, 3)
+
+def test_unmeasured():
+    loop(1, 1)
+"""
+    )
+    result = pytester.runpytest("--syncguard", "--syncguard-json", "out/results.json")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*= syncguard summary =*",
+            "test * device  tokens  syncs  syncs/token  budget * verdict",
+            "*::test_a  cpu  * 4  * 4  * 1.00  max_syncs_per_token<=1  PASS",
+            "*::test_b  cpu  * 2  * 6  * 3.00  -  * MEASURED",
+            "cpu rows count scalar reads and data-dependent shapes*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*test_unmeasured*")
+    document = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert document["schema"] == "pytest-syncguard/results" and document["schema_version"] == 1
+    tests = {t["nodeid"].split("::")[1]: t for t in document["tests"]}
+    assert sorted(tests) == ["test_a", "test_b"]
+    assert tests["test_a"]["syncs"] == 4 and tests["test_a"]["verdict"] == "pass"
+    assert tests["test_b"]["by_kind"] == {"scalar read": 6}
+    assert tests["test_b"]["sites"][0]["count"] == 6
+
+
+def test_budgets_hold_without_the_option_and_the_ini_enables_the_summary(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.max_syncs(0)
+def test_one():
+    loop(1, 1)
+"""
+    )
+    quiet = pytester.runpytest()
+    quiet.assert_outcomes(failed=1)
+    quiet.stdout.no_fnmatch_line("*syncguard summary*")
+    pytester.makeini("[pytest]\nsyncguard = true\n")
+    pytester.runpytest().stdout.fnmatch_lines(["*= syncguard summary =*"])
+
+
+def test_summary_is_merged_from_xdist_workers(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    tests = "\n".join(
+        f"""
+@pytest.mark.max_syncs_per_token(1)
+def test_{i}(syncguard):
+    with syncguard.generation(tokens=2):
+        loop(2, {1 + i % 2})
+"""
+        for i in range(4)
+    )
+    pytester.makepyfile(LOOP + tests)
+    result = pytester.runpytest("-n", "2", "--syncguard", "--syncguard-json", "r.json")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*limit 1.00 per token, measured 2.00: 4 syncs over 2 tokens"])
+    document = json.loads((pytester.path / "r.json").read_text())
+    assert [t["syncs"] for t in document["tests"]] == [2, 4, 2, 4]
