@@ -47,7 +47,7 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
 
 
 def _on_host(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu"
+    return tensor.is_cpu
 
 
 def _scalar_read(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
@@ -100,14 +100,15 @@ def _index_put(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKi
 
 
 def _no_sync(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
-    # Catalogued only so that the host reads its CPU kernel makes inside are not mistaken for syncs.
+    # Catalogued only so that the host reads its CPU kernel makes inside (multinomial checks its
+    # probabilities with .item() on CPU, not on CUDA) are not mistaken for syncs.
     return None
 
 
 def _copy(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
     dst, src = args[0], args[1]
-    dst_host, src_host = _on_host(dst), _on_host(src)
-    if dst_host == src_host:
+    dst_host, src_host = dst.is_cpu, src.is_cpu
+    if dst_host == src_host or src.numel() == 0:  # same side, or nothing to copy: no memcpy, no sync
         return None
     host = dst if dst_host else src
     if bool(_arg(args, kwargs, 2, "non_blocking", False)):
@@ -139,7 +140,6 @@ CATALOGUE: tuple[SyncOp, ...] = (
     SyncOp("histc", _histc),
     SyncOp("index_put_", _index_put),
     SyncOp("_index_put_impl_", _index_put),
-    SyncOp("masked_fill_.Tensor", _no_sync),
     SyncOp("multinomial", _no_sync),
     SyncOp("copy_", _copy, device_only=True),
 )

@@ -144,7 +144,7 @@ class SyncProbe:
             try:
                 first = args[0]
                 verdict = None
-                if not (isinstance(first, torch.Tensor) and first.device.type == "meta"):
+                if not (isinstance(first, torch.Tensor) and first.is_meta):
                     verdict = entry.rule(args, kwargs, self._recorders[-1].on_device)
                 result = op.redispatch(keyset & after, *args, **kwargs)
             finally:
