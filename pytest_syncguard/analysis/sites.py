@@ -45,10 +45,6 @@ class SyncSite:
     count: int
     stack: tuple[Frame, ...]
 
-    def describe(self) -> str:
-        where = str(self.site) if self.site else "<no Python frame outside torch>"
-        return f"{self.count:>5} x {self.kind} ({self.op}) at {where}"
-
 
 def group_sites(events: Iterable[SyncEvent]) -> list[SyncSite]:
     """Group events by (kind, op, site), most frequent first, ties by location for a stable order."""
