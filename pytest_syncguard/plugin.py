@@ -16,7 +16,7 @@ from .budgets import BUDGET_MARKERS, BudgetError, SyncBudget, TestOptions, budge
 from .budgets import syncguard as syncguard_marker
 
 if TYPE_CHECKING:
-    from .guard import SyncGuard
+    from .guard import SyncGuard, SyncMeasurement
     from .report.results import TestResult
 
 _BUDGETS = pytest.StashKey["tuple[SyncBudget, ...]"]()
@@ -151,22 +151,15 @@ class SyncguardSession:
         write_results(self.json_path, self.results.values())
 
 
-def _judge(nodeid: str, budgets: tuple[SyncBudget, ...], measurement: object) -> TestResult:
-    from .guard import SyncMeasurement
+def _judge(nodeid: str, budgets: tuple[SyncBudget, ...], measurement: SyncMeasurement) -> TestResult:
     from .report.results import TestResult
 
-    assert isinstance(measurement, SyncMeasurement)
     missing = [b for b in budgets if b.per_token and not measurement.tokens]
+    error = None
     if missing:
         error = (
             f"{nodeid}: @pytest.mark.{missing[0].marker} needs a token count: pass tokens= or model= to "
             "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
         )
-        return TestResult.build(
-            nodeid,
-            measurement,
-            [b.judge(measurement) for b in budgets if b not in missing],
-            unjudged=missing,
-            error=error,
-        )
-    return TestResult.build(nodeid, measurement, [b.judge(measurement) for b in budgets])
+    judged = [b.judge(measurement) for b in budgets if b not in missing]
+    return TestResult.build(nodeid, measurement, judged, unjudged=missing, error=error)
