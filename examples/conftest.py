@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-VOCAB = 256
+from . import models
+from .models import VOCAB
 
 
 @pytest.fixture(scope="session")
@@ -16,20 +17,7 @@ def device() -> torch.device:
 
 @pytest.fixture(scope="session")
 def tiny_llama(device: torch.device) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device).eval()
+    return models.tiny_llama(device)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .analysis.sites import SyncEvent, SyncSite, group_sites
+from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
 
@@ -41,12 +41,12 @@ class SyncMeasurement:
     @property
     def syncs(self) -> int:
         """Syncs that count against budgets."""
-        return sum(e.count for e in self.events if not e.allowed)
+        return budgeted_syncs(self.events)
 
     @property
     def allowed_syncs(self) -> int:
         """Syncs made inside ``syncguard.allow()``."""
-        return sum(e.count for e in self.events if e.allowed)
+        return sum(e.syncs for e in self.events if e.allowed)
 
     @property
     def syncs_per_token(self) -> float | None:
@@ -64,7 +64,7 @@ class SyncMeasurement:
         totals: dict[str, int] = {}
         for event in self.events:
             if not event.allowed:
-                totals[event.kind] = totals.get(event.kind, 0) + event.count
+                totals[event.kind] = totals.get(event.kind, 0) + event.syncs
         return dict(sorted(totals.items()))
 
     @staticmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 
@@ -129,17 +131,14 @@ def test_non_blocking_copy_with_pageable_memory_is_a_stall_no_sync_call_shows(
     runtime, recorder, names = runtime_and_plugin(lambda: fn(x, host))
     assert runtime == 0
     assert any("Pageable" in n for n in names), "the trace shows a copy through pageable memory"
-    assert [(e.kind, e.count) for e in recorder.events] == [(SyncKind.PAGEABLE_NON_BLOCKING.value, 1)]
+    assert [(e.kind, e.syncs) for e in recorder.events] == [(SyncKind.PAGEABLE_NON_BLOCKING.value, 1)]
 
 
 def test_hf_generate_count_equals_runtime_sync_calls() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    pytest.importorskip("transformers")
+    from examples.models import tiny_llama
+
+    model = tiny_llama("cuda")
     prompt = torch.randint(1, 256, (1, 8), device="cuda")
 
     def generate() -> object:
@@ -147,15 +146,52 @@ def test_hf_generate_count_equals_runtime_sync_calls() -> None:
             return model.generate(prompt, max_new_tokens=64, min_new_tokens=64, do_sample=False)
 
     runtime, recorder, _ = runtime_and_plugin(generate)
-    kinds = Counter(e.kind for e in recorder.events for _ in range(e.count))
+    kinds = Counter(e.kind for e in recorder.events for _ in range(e.syncs))
     print(f"hf generate: runtime {runtime}, plugin {recorder.syncs} {dict(kinds)}")
     assert runtime >= 64
     assert recorder.syncs == runtime
 
 
-def test_explicit_synchronize_patches_are_restored() -> None:
-    originals = (torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize)
-    with pytest.raises(KeyboardInterrupt), PROBE.recording(SyncRecorder(True)):
-        assert torch.cuda.synchronize is not originals[0]
-        raise KeyboardInterrupt
-    assert (torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize) == originals
+def global_state() -> tuple[object, ...]:
+    return (
+        torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize,
+        torch.cuda.get_sync_debug_mode(), warnings.showwarning, list(warnings.filters),
+        tuple(name in torch.Tensor.__dict__ for name in ("to", "copy_", "cuda")),
+    )  # fmt: skip
+
+
+def test_every_switch_is_restored_on_every_exit_path() -> None:
+    before = global_state()
+    for error in (RuntimeError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(error)), PROBE.recording(SyncRecorder(True)):
+            assert torch.cuda.get_sync_debug_mode() == 1 and torch.cuda.synchronize is not before[0]
+            with PROBE.recording(SyncRecorder(True)):
+                raise error
+        assert global_state() == before
+
+
+def test_users_own_sync_debug_warnings_still_reach_them() -> None:
+    x = torch.randn(10, device="cuda")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        recorder = SyncRecorder(on_device=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with PROBE.recording(recorder):
+                x.cpu()
+                x.sum().item()
+        assert torch.cuda.get_sync_debug_mode() == 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [e.kind for e in recorder.events] == [SyncKind.BLOCKING_COPY.value, SyncKind.SCALAR_READ.value]
+    assert any("synchronizing CUDA operation" in str(w.message) for w in seen)
+
+
+def test_blocking_copy_call_site_is_the_callers_line() -> None:
+    x = torch.randn(10, device="cuda")
+    recorder = SyncRecorder(on_device=True)
+    line = sys._getframe().f_lineno + 2
+    with PROBE.recording(recorder):
+        x.tolist()
+    site = recorder.events[0].site
+    assert site is not None and (site.filename, site.lineno) == (__file__, line)

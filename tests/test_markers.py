@@ -53,7 +53,7 @@ def test_within(syncguard):
             "sync sites (8 syncs, by kind and call site, most frequent first):",
             "      8 x scalar read (aten::_local_scalar_dense) at test_per_token_budget_failure_shows_arithmetic_and_sites.py:8 in loop",
             "          test_per_token_budget_failure_shows_arithmetic_and_sites.py:13 in test_two_reads",
-            "not visible on cpu: device->host copy, host->device copy, *",
+            "not visible on cpu: host<->device copy, non_blocking copy with pageable memory, *",
         ]
     )
 

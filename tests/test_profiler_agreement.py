@@ -12,26 +12,10 @@ from torch.profiler import ProfilerActivity, profile
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
 transformers = pytest.importorskip("transformers")
+from examples.models import tiny_llama  # noqa: E402
 
 #: The data-dependent operators a GPU run blocks on: scalar reads and the nonzero family.
 SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2")
-
-
-def tiny_llama() -> torch.nn.Module:
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def profiler_count(fn: Callable[[], object]) -> int:

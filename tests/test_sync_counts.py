@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytest_syncguard.probes.copies import PageableCopyCheck
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
 x = torch.linspace(-1, 1, 100)
@@ -132,3 +133,18 @@ def test_user_code_under_a_folder_named_torch_is_still_a_call_site(tmp_path: Pat
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=os.environ)
     assert out.stdout.strip() == f"{project / 'decode.py'}:2 in step"
+
+
+def test_pageable_copy_check_restores_tensor_methods() -> None:
+    seen: list[str] = []
+    check = PageableCopyCheck()
+    before = {name: name in torch.Tensor.__dict__ for name in ("to", "copy_", "cuda")}
+    check.install(lambda op, frame: seen.append(op))
+    try:
+        assert "to" in torch.Tensor.__dict__
+        y = torch.ones(3).to(torch.float64, non_blocking=True)  # host to host: no transfer, nothing seen
+        torch.empty(3).copy_(y, non_blocking=True)
+    finally:
+        check.uninstall()
+    assert {name: name in torch.Tensor.__dict__ for name in before} == before
+    assert y.dtype == torch.float64 and seen == []

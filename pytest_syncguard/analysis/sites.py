@@ -19,13 +19,13 @@ class Frame(NamedTuple):
         return f"{self.filename}:{self.lineno} in {self.function}"
 
 
-@dataclass(frozen=True)
-class SyncEvent:
-    """One blocking host-device sync (or ``count`` of them made by one operator call)."""
+class SyncEvent(NamedTuple):
+    """One blocking host-device sync (or ``syncs`` of them made by one operator call); a tuple, as it is made
+    on the hot path."""
 
     kind: str
     op: str
-    count: int
+    syncs: int
     stack: tuple[Frame, ...]
     """The first frames outside torch and this plugin, innermost first; empty when none was found."""
     allowed: bool = False
@@ -46,13 +46,18 @@ class SyncSite:
     stack: tuple[Frame, ...]
 
 
+def budgeted_syncs(events: Iterable[SyncEvent]) -> int:
+    """The syncs that count against budgets: all but those made inside ``allow()``."""
+    return sum(e.syncs for e in events if not e.allowed)
+
+
 def group_sites(events: Iterable[SyncEvent]) -> list[SyncSite]:
     """Group events by (kind, op, site), most frequent first, ties by location for a stable order."""
     counts: Counter[tuple[str, str, Frame | None]] = Counter()
     stacks: dict[tuple[str, str, Frame | None], tuple[Frame, ...]] = {}
     for event in events:
         key = (event.kind, event.op, event.site)
-        counts[key] += event.count
+        counts[key] += event.syncs
         stacks.setdefault(key, event.stack)
     sites = [SyncSite(kind, op, site, n, stacks[(kind, op, site)]) for (kind, op, site), n in counts.items()]
     return sorted(sites, key=lambda s: (-s.count, str(s.site), s.kind, s.op))

@@ -25,8 +25,7 @@ class SyncKind(str, enum.Enum):
 
     SCALAR_READ = "scalar read"
     DATA_DEPENDENT_SHAPE = "data-dependent shape"
-    DEVICE_TO_HOST = "device->host copy"
-    HOST_TO_DEVICE = "host->device copy"
+    BLOCKING_COPY = "host<->device copy"
     PAGEABLE_NON_BLOCKING = "non_blocking copy with pageable memory"
     EXPLICIT = "explicit synchronize"
 
@@ -105,25 +104,12 @@ def _no_sync(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind
     return None
 
 
-def _copy(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
-    dst, src = args[0], args[1]
-    dst_host, src_host = dst.is_cpu, src.is_cpu
-    if dst_host == src_host or src.numel() == 0:  # same side, or nothing to copy: no memcpy, no sync
-        return None
-    host = dst if dst_host else src
-    if bool(_arg(args, kwargs, 2, "non_blocking", False)):
-        # Pinned memory makes it truly asynchronous; pageable memory stalls the host in the driver.
-        return None if host.is_pinned() else (1, SyncKind.PAGEABLE_NON_BLOCKING)
-    return 1, SyncKind.DEVICE_TO_HOST if dst_host else SyncKind.HOST_TO_DEVICE
-
-
 @dataclass(frozen=True)
 class SyncOp:
     """A catalogued dispatcher operator (``name`` is ``op`` or ``op.overload``) and its rule."""
 
     name: str
     rule: Rule
-    device_only: bool = False
 
 
 CATALOGUE: tuple[SyncOp, ...] = (
@@ -141,5 +127,4 @@ CATALOGUE: tuple[SyncOp, ...] = (
     SyncOp("index_put_", _index_put),
     SyncOp("_index_put_impl_", _index_put),
     SyncOp("multinomial", _no_sync),
-    SyncOp("copy_", _copy, device_only=True),
 )

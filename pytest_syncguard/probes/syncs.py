@@ -6,7 +6,8 @@ reaches it, from Python or from inside another ATen kernel (``x[mask]`` calls ``
 other operators keep their native speed: there is no per-op cost as with a ``TorchDispatchMode``. The kernel
 records the call and redispatches to the backend. On CUDA the probe also wraps the Python entry points of the
 explicit synchronizations (``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``,
-``torch.accelerator.synchronize``), which are no operators.
+``torch.accelerator.synchronize``), which are no operators, and catches host<->device copies as described in
+:mod:`.copies` (they get no dispatcher kernel: ``copy_`` is too frequent for one).
 
 The kernels are registered when the first recorder attaches and removed when the last one detaches, on every
 exit path, so nothing outlives a measured region.
@@ -20,7 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import _pytest
@@ -29,7 +30,8 @@ import pytest
 import torch
 from torch._C import DispatchKey
 
-from ..analysis.sites import Frame, SyncEvent
+from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
+from .copies import BlockingCopySignal, PageableCopyCheck
 from .sync_ops import CATALOGUE, SyncKind, SyncOp
 
 STACK_DEPTH = 5
@@ -49,27 +51,40 @@ class _InternalFiles:
             _package_dir(module.__file__)
             for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
         )
-        self._cache: dict[str, bool] = {}
+        #: id(code) -> (code, its frame name or None for internal code). Keyed by id: hashing a code object
+        #: hashes its bytecode and constants, microseconds per frame; the code is kept to check identity.
+        self.names: dict[int, tuple[CodeType, str | None]] = {}
 
     def __contains__(self, filename: str) -> bool:
-        known = self._cache.get(filename)
-        if known is None:
-            known = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
-            self._cache[filename] = known
-        return known
+        return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
+
+    def name(self, code: CodeType) -> str | None:
+        """The qualified name of ``code`` if it is user code, else None."""
+        name = None if code.co_filename in self else getattr(code, "co_qualname", code.co_name)
+        self.names[id(code)] = (code, name)
+        return name
 
 
 _INTERNAL = _InternalFiles()
+#: (id(code), instruction offset) -> (code, Frame): a loop's sync site is resolved once, not once per token
+_SITES: dict[tuple[int, int], tuple[CodeType, Frame]] = {}
 
 
 def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
     """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
     frames: list[Frame] = []
+    names, unknown, sites = _INTERNAL.names, _INTERNAL.name, _SITES
     while frame is not None and len(frames) < depth:
         code = frame.f_code
-        if code.co_filename not in _INTERNAL:
-            name = getattr(code, "co_qualname", code.co_name)
-            frames.append(Frame(code.co_filename, frame.f_lineno, name))
+        known = names.get(id(code))
+        name = known[1] if known is not None and known[0] is code else unknown(code)
+        if name is not None:
+            # f_lineno decodes the line table (microseconds in a large function); f_lasti is a plain int.
+            key = (id(code), frame.f_lasti)
+            cached = sites.get(key)
+            if cached is None or cached[0] is not code:
+                cached = sites[key] = (code, Frame(code.co_filename, frame.f_lineno, name))
+            frames.append(cached[1])
         frame = frame.f_back
     return tuple(frames)
 
@@ -84,7 +99,7 @@ class SyncRecorder:
     @property
     def syncs(self) -> int:
         """Syncs that count against budgets (those inside ``allow()`` do not)."""
-        return sum(e.count for e in self.events if not e.allowed)
+        return budgeted_syncs(self.events)
 
 
 class SyncProbe:
@@ -97,6 +112,8 @@ class SyncProbe:
         self._library: torch.library.Library | None = None
         self._restore: list[Callable[[], None]] = []
         self._lock = threading.RLock()
+        self._copies = BlockingCopySignal(self._local)
+        self._pageable = PageableCopyCheck()
 
     @property
     def active(self) -> bool:
@@ -134,13 +151,16 @@ class SyncProbe:
 
     def _kernel(self, entry: SyncOp, op: torch._ops.OpOverload) -> Callable[..., Any]:
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
-        local = self._local
+        local, signal = self._local, self._copies
         name = f"aten::{entry.name}"
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             if getattr(local, "inside", False) or not self._recorders:
                 return op.redispatch(keyset & after, *args, **kwargs)
             local.inside = True
+            muted = signal.muting
+            if muted:
+                signal.mute()
             try:
                 first = args[0]
                 verdict = None
@@ -149,6 +169,8 @@ class SyncProbe:
                 result = op.redispatch(keyset & after, *args, **kwargs)
             finally:
                 local.inside = False
+                if muted:
+                    signal.unmute()
             if verdict is not None:
                 self._emit(name, verdict[0], verdict[1], sys._getframe(1))
             return result
@@ -156,11 +178,23 @@ class SyncProbe:
         return kernel
 
     def _explicit(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        local, signal = self._local, self._copies
+
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            if self._recorders and not getattr(self._local, "inside", False):
-                self._emit(name, 1, SyncKind.EXPLICIT, sys._getframe(1))
+            if getattr(local, "inside", False) or not self._recorders:
+                return original(*args, **kwargs)
+            local.inside = True
+            muted = signal.muting
+            if muted:
+                signal.mute()  # Stream.synchronize is flagged by the runtime too
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.inside = False
+                if muted:
+                    signal.unmute()
+            self._emit(name, 1, SyncKind.EXPLICIT, sys._getframe(1))
             return result
 
         return synchronize
@@ -171,8 +205,6 @@ class SyncProbe:
         library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
         try:
             for entry in CATALOGUE:
-                if entry.device_only and not cuda:
-                    continue
                 base, _, overload = entry.name.partition(".")
                 if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{entry.name}", _DISPATCH_KEY):
                     # Replacing a kernel already there (as for _to_copy) would change what the op computes.
@@ -188,6 +220,8 @@ class SyncProbe:
                 self._patch(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
                 if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
                     self._patch(torch.accelerator, "synchronize", "torch.accelerator.synchronize")
+                self._pageable.install(self._copy_emitter(SyncKind.PAGEABLE_NON_BLOCKING))
+                self._copies.install(self._copy_emitter(SyncKind.BLOCKING_COPY))
         except BaseException:
             library._destroy()  # type: ignore[no-untyped-call]
             self._unpatch()
@@ -199,9 +233,22 @@ class SyncProbe:
         setattr(owner, attribute, self._explicit(name, original))
         self._restore.append(lambda: setattr(owner, attribute, original))
 
+    def _copy_emitter(self, kind: SyncKind) -> Callable[[str, FrameType | None], None]:
+        def emit(op: str, frame: FrameType | None) -> None:
+            if self._recorders:
+                self._emit(op, 1, kind, frame)
+
+        return emit
+
     def _unpatch(self) -> None:
-        while self._restore:
-            self._restore.pop()()
+        try:
+            self._copies.uninstall()
+        finally:
+            try:
+                self._pageable.uninstall()
+            finally:
+                while self._restore:
+                    self._restore.pop()()
 
     def _uninstall(self) -> None:
         try:

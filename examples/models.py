@@ -1,0 +1,31 @@
+"""Models of the example suite, benchmarks and tests, built from configs with random weights (nothing is
+downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+VOCAB = 256
+
+
+def tiny_llama_config() -> LlamaConfig:
+    """The seed issue's tiny Llama: one layer, hidden size 16, vocabulary 256, no EOS (generation runs full length)."""
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
+def tiny_llama(device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCausalLM:
+    """The tiny Llama in eval mode on ``device``, with weights drawn from ``seed``."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_llama_config()).to(device).eval()
