@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from .analysis.gaps import Timeline
+from .analysis.memory import MemoryStats
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
+from .probes.memory import region_memory
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
+from .probes.timeline import TIMELINE
+
+#: Numbers the regions of a process, so that each can be found again in a profiler trace.
+_REGION_NUMBERS = itertools.count()
 
 
 class SyncguardUsageError(Exception):
@@ -33,6 +41,12 @@ class SyncMeasurement:
     tokens: int | None
     events: tuple[SyncEvent, ...]
     regions: int = 1
+    region_numbers: tuple[int, ...] = ()
+    """The regions' annotations in a profiler trace (``syncguard.region#N``)."""
+    timelines: tuple[Timeline | None, ...] = ()
+    """Per region: the GPU timeline of its judged steps (None: no GPU work); empty when not captured."""
+    memory: tuple[MemoryStats, ...] = ()
+    """Per region and device: the caching allocator's numbers; empty when not captured."""
 
     @property
     def on_device(self) -> bool:
@@ -75,7 +89,15 @@ class SyncMeasurement:
         counts = [m.tokens for m in measurements]
         tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
         events = tuple(e for m in measurements for e in m.events)
-        return SyncMeasurement(measurements[-1].device, tokens, events, regions=len(measurements))
+        return SyncMeasurement(
+            measurements[-1].device,
+            tokens,
+            events,
+            regions=len(measurements),
+            region_numbers=tuple(n for m in measurements for n in m.region_numbers),
+            timelines=tuple(t for m in measurements for t in m.timelines),
+            memory=tuple(s for m in measurements for s in m.memory),
+        )
 
 
 def _device_of(model: Any) -> str | None:
@@ -93,7 +115,10 @@ class GenerationRegion:
     model: torch.nn.Module | None = None
     measurement: SyncMeasurement | None = None
     forward_calls: int = 0
+    track_memory: bool = False
+    number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
+    _memory: list[MemoryStats] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
@@ -103,20 +128,33 @@ class GenerationRegion:
 
     @contextmanager
     def recording(self) -> Iterator[GenerationRegion]:
-        with ExitStack() as stack:
-            if self.model is not None:
-                stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
-            stack.enter_context(PROBE.recording(self._recorder))
-            try:
+        try:
+            with ExitStack() as stack:
+                stack.enter_context(TIMELINE.region(self.number))
+                if self.model is not None:
+                    stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
+                    if TIMELINE.active:
+                        for handle in TIMELINE.step_hooks(self.model):
+                            stack.callback(handle.remove)
+                if self.track_memory and self.device != "cpu" and torch.cuda.is_available():
+                    stack.enter_context(region_memory(self._memory))
+                stack.enter_context(PROBE.recording(self._recorder))
                 yield self
-            finally:
-                self.measurement = self._finish()
+        finally:
+            # After every probe has closed: the allocator stats are read on their exit.
+            self.measurement = self._finish()
 
     def _finish(self) -> SyncMeasurement:
         tokens = self.tokens
         if tokens is None and self.model is not None:
             tokens = self.forward_calls
-        return SyncMeasurement(self.device, tokens, tuple(self._recorder.events))
+        return SyncMeasurement(
+            self.device,
+            tokens,
+            tuple(self._recorder.events),
+            region_numbers=(self.number,),
+            memory=tuple(self._memory),
+        )
 
 
 def _validated_tokens(tokens: Any, where: str) -> int | None:
@@ -130,10 +168,13 @@ def _validated_tokens(tokens: Any, where: str) -> int | None:
 class SyncGuard:
     """The ``syncguard`` fixture: measured regions, intended syncs, and the measurements of this test."""
 
-    def __init__(self, nodeid: str = "", device: str | None = None, warmup: int = 1) -> None:
+    def __init__(
+        self, nodeid: str = "", device: str | None = None, warmup: int = 1, *, track_memory: bool = False
+    ) -> None:
         self.nodeid = nodeid
         self._device = device
         self._warmup = warmup
+        self.track_memory = track_memory
         self.measurements: list[SyncMeasurement] = []
 
     @property
@@ -151,13 +192,12 @@ class SyncGuard:
         """Measure a generation loop; tokens are given, set on the region later, or counted as ``model`` calls."""
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         device = (_device_of(model) if model is not None else None) or self.default_device()
-        region = GenerationRegion(tokens, device, model)
+        region = GenerationRegion(tokens, device, model, track_memory=self.track_memory)
         with region.recording():
             yield region
         assert region.measurement is not None
-        measured = region.measurement
-        tokens = _validated_tokens(measured.tokens, f"{self.nodeid}: region.tokens")
-        region.measurement = SyncMeasurement(measured.device, tokens, measured.events)
+        tokens = _validated_tokens(region.measurement.tokens, f"{self.nodeid}: region.tokens")
+        region.measurement = replace(region.measurement, tokens=tokens)
         self.measurements.append(region.measurement)
 
     def measure(
@@ -186,7 +226,13 @@ class SyncGuard:
             with self.generation(tokens=tokens, model=model):
                 fn()
             runs.append(self.measurements.pop())
+        # The timeline and memory of every run are kept: noisy metrics are judged on their median.
         worst = max(runs, key=lambda m: m.syncs)
+        worst = replace(
+            worst,
+            region_numbers=tuple(n for m in runs for n in m.region_numbers),
+            memory=tuple(s for m in runs for s in m.memory),
+        )
         self.measurements.append(worst)
         return worst
 

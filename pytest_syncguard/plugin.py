@@ -7,6 +7,7 @@ pytest runs that do not use it.
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(budget markers are enforced with or without this option)",
     )
     group.addoption("--syncguard-json", metavar="PATH", default=None, help="write the measured results to PATH as JSON")
+    group.addoption(
+        "--syncguard-artifacts",
+        metavar="DIR",
+        default=None,
+        help="keep the GPU trace (Chrome/Perfetto JSON, gzipped) and allocator snapshot of each failing test in DIR",
+    )
+    group.addoption(
+        "--syncguard-require-gpu",
+        action="store_true",
+        default=False,
+        help="a budget that needs CUDA (GPU timeline, allocator) fails on a run without it, instead of being "
+        "reported as not measured",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
 
 
@@ -57,7 +71,8 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     guard = item.stash.get(_GUARD, None)
     if guard is None:
         options = item.stash.get(_OPTIONS, TestOptions())
-        guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup)
+        memory = any(b.signal == "memory" for b in item.stash.get(_BUDGETS, ()))
+        guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup, track_memory=memory)
         item.stash[_GUARD] = guard
     return guard
 
@@ -71,6 +86,9 @@ class SyncguardSession:
         self.enabled = bool(config.getini("syncguard") if option is None else option)
         json_path = config.getoption("syncguard_json")
         self.json_path = Path(json_path) if json_path else None
+        artifacts = config.getoption("syncguard_artifacts")
+        self.artifacts = Path(artifacts) if artifacts else None
+        self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, TestResult] = {}
 
@@ -89,18 +107,36 @@ class SyncguardSession:
         budgets = item.stash.get(_BUDGETS, ())
         if not budgets and _GUARD not in item.stash:
             return (yield)
+        from .capture import TestCapture
         from .guard import GenerationRegion, SyncMeasurement
 
         guard = _guard_of(item)
-        whole_test = GenerationRegion(None, guard.default_device())
+        options = item.stash.get(_OPTIONS, TestOptions())
+        capture = TestCapture.for_signals({b.signal for b in budgets}, guard.default_device())
+        whole_test = GenerationRegion(None, guard.default_device(), track_memory=capture.memory)
+        raised = True
         try:
-            with whole_test.recording():
-                return (yield)
+            with capture.recording(), whole_test.recording():
+                outcome = yield
+            raised = False
+            return outcome
         finally:
             # The test's own regions, when it has any; else the whole call.
             chosen = guard.measurements or ([whole_test.measurement] if whole_test.measurement else [])
-            if chosen:
-                item.stash[_RESULT] = _judge(item.nodeid, budgets, SyncMeasurement.combine(chosen))
+            result = None
+            try:
+                if chosen:
+                    measurement = SyncMeasurement.combine(chosen)
+                    error = None
+                    try:
+                        measurement = capture.with_timelines(measurement, options.warmup_steps)
+                    except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
+                        error = f"{item.nodeid}: GPU timeline analysis failed: {exc}"
+                    result = _judge(item.nodeid, budgets, measurement, self.require_gpu, error)
+            finally:
+                kept = capture.keep(self.artifacts, item.nodeid, raised or (result is not None and result.failed))
+            if result is not None:
+                item.stash[_RESULT] = replace(result, artifacts=kept)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -151,15 +187,29 @@ class SyncguardSession:
         write_results(self.json_path, self.results.values())
 
 
-def _judge(nodeid: str, budgets: tuple[SyncBudget, ...], measurement: SyncMeasurement) -> TestResult:
+def _judge(
+    nodeid: str,
+    budgets: tuple[SyncBudget, ...],
+    measurement: SyncMeasurement,
+    require_gpu: bool,
+    error: str | None = None,
+) -> TestResult:
     from .report.results import TestResult
 
     missing = [b for b in budgets if b.per_token and not measurement.tokens]
-    error = None
-    if missing:
+    if missing and error is None:
         error = (
             f"{nodeid}: @pytest.mark.{missing[0].marker} needs a token count: pass tokens= or model= to "
             "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
         )
-    judged = [b.judge(measurement) for b in budgets if b not in missing]
+    judged = []
+    for budget in budgets:
+        if budget in missing:
+            continue
+        if budget.signal != "syncs" and not measurement.on_device:
+            judged.append(budget.not_measured(f"needs CUDA; ran on {measurement.device}", required=require_gpu))
+        elif budget.signal == "timeline" and not measurement.timelines:
+            judged.append(budget.not_measured("no GPU timeline was recorded", required=require_gpu))
+        else:
+            judged.append(budget.judge(measurement))
     return TestResult.build(nodeid, measurement, judged, unjudged=missing, error=error)

@@ -24,7 +24,11 @@ def test_markers_are_documented(pytester: pytest.Pytester) -> None:
         [
             "@pytest.mark.max_syncs_per_token(limit: float): Fail when host-device syncs divided by tokens*",
             "@pytest.mark.max_syncs(limit: float): Fail when the total of host-device syncs*",
-            "@pytest.mark.syncguard([*], device: str | None = None, warmup: int = 1): Per-test options*",
+            "@pytest.mark.max_gpu_idle_us(limit: float, [*], stat: str = 'max'): Fail when the GPU's idle gaps*",
+            "@pytest.mark.min_gpu_busy(fraction: float): Fail when GPU busy time*",
+            "@pytest.mark.max_fragmentation(limit: float): Fail when 1 - allocated_peak / reserved_peak*",
+            "@pytest.mark.max_reserved_mb(limit: float): Fail when the CUDA caching allocator's reserved peak*",
+            "@pytest.mark.syncguard([*], device: str | None = None, warmup: int = 1, warmup_steps: int = 2): Per-test*",
         ]
     )
 
@@ -48,7 +52,7 @@ def test_within(syncguard):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "syncguard: 1 of 1 sync budgets exceeded on cpu",
+            "syncguard: 1 of 1 budgets exceeded on cpu",
             "  max_syncs_per_token: limit 1.00 per token, measured 2.00: 8 syncs over 4 tokens",
             "sync sites (8 syncs, by kind and call site, most frequent first):",
             "      8 x scalar read (aten::_local_scalar_dense) at test_per_token_budget_failure_shows_arithmetic_and_sites.py:8 in loop",
@@ -323,3 +327,78 @@ def test_{i}(syncguard):
     result.stdout.fnmatch_lines(["*limit 1.00 per token, measured 2.00: 4 syncs over 2 tokens"])
     document = json.loads((pytester.path / "r.json").read_text())
     assert [t["syncs"] for t in document["tests"]] == [2, 4, 2, 4]
+
+
+GPU_BUDGETS = """
+import pytest
+import torch
+
+@pytest.mark.max_gpu_idle_us(50, stat="p99")
+@pytest.mark.min_gpu_busy(0.8)
+@pytest.mark.max_fragmentation(0.2)
+@pytest.mark.max_reserved_mb(100)
+@pytest.mark.max_syncs(5)
+def test_loop(syncguard):
+    with syncguard.generation(tokens=4):
+        for _ in range(4):
+            torch.ones(3).sum().item()
+"""
+
+
+def test_gpu_budgets_on_cpu_are_not_measured_never_passed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(GPU_BUDGETS)
+    result = pytester.runpytest("--syncguard", "--syncguard-json=out.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_loop*cpu*4*4*1.00*max_gpu_idle_us(p99)<=50*NOT MEASURED"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    (test,) = data["tests"]
+    outcomes = {b["marker"]: b["passed"] for b in test["budgets"]}
+    assert outcomes == {
+        "max_syncs": True, "max_gpu_idle_us": None, "min_gpu_busy": None,
+        "max_fragmentation": None, "max_reserved_mb": None,
+    }  # fmt: skip
+    assert test["verdict"] == "not measured"
+
+
+def test_require_gpu_fails_gpu_budgets_on_cpu(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(GPU_BUDGETS)
+    result = pytester.runpytest("--syncguard-require-gpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*4 of 5 budgets exceeded on cpu*",
+            "*max_gpu_idle_us: not measured: needs CUDA; ran on cpu (--syncguard-require-gpu)*",
+            "*max_reserved_mb: not measured: needs CUDA; ran on cpu (--syncguard-require-gpu)*",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("max_gpu_idle_us(-1)", "limit must be a finite number >= 0, got -1"),
+        ("max_gpu_idle_us(10, stat='p0')", "stat must be 'max', 'mean' or a percentile such as 'p99', got 'p0'"),
+        ("max_gpu_idle_us(10, stat=99)", "stat must be 'max', 'mean' or a percentile such as 'p99', got 99"),
+        ("max_gpu_idle_us(10, 'p99')", "too many positional arguments"),
+        ("min_gpu_busy(1.5)", "limit is a fraction in [[]0, 1], got 1.5"),
+        ("min_gpu_busy(True)", "got True"),
+        ("max_fragmentation('0.2')", "got '0.2'"),
+        ("max_fragmentation(float('nan'))", "got nan"),
+        ("max_reserved_mb(limit=1, unit='GB')", "unexpected keyword argument 'unit'"),
+        ("syncguard(warmup_steps=-1)", "warmup_steps must be an int >= 0, got -1"),
+    ],
+)
+def test_bad_gpu_budget_arguments_are_usage_errors(pytester: pytest.Pytester, marker: str, message: str) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.{marker}
+        def test_it():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    name = marker.split("(")[0]
+    result.stdout.fnmatch_lines([f"*syncguard usage error: test_*.py::test_it: @pytest.mark.{name}*{message}*"])

@@ -33,6 +33,7 @@ from torch._C import DispatchKey
 from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
 from .copies import BlockingCopySignal, PageableCopyCheck
 from .sync_ops import CATALOGUE, SyncKind, SyncOp
+from .timeline import TIMELINE
 
 STACK_DEPTH = 5
 _DISPATCH_KEY = "BackendSelect"
@@ -87,6 +88,12 @@ def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame
             frames.append(cached[1])
         frame = frame.f_back
     return tuple(frames)
+
+
+def _label(kind: SyncKind, frame: FrameType | None) -> str:
+    """How a counted sync is annotated in a profiler trace: its kind and Python call site."""
+    stack = user_stack(frame, 1)
+    return f"{kind.value} at {stack[0] if stack else '?'}"
 
 
 class SyncRecorder:
@@ -166,7 +173,11 @@ class SyncProbe:
                 verdict = None
                 if not (isinstance(first, torch.Tensor) and first.is_meta):
                     verdict = entry.rule(args, kwargs, self._recorders[-1].on_device)
-                result = op.redispatch(keyset & after, *args, **kwargs)
+                if verdict is not None and TIMELINE.active:
+                    with TIMELINE.sync(_label(verdict[1], sys._getframe(1))):
+                        result = op.redispatch(keyset & after, *args, **kwargs)
+                else:
+                    result = op.redispatch(keyset & after, *args, **kwargs)
             finally:
                 local.inside = False
                 if muted:
@@ -189,7 +200,8 @@ class SyncProbe:
             if muted:
                 signal.mute()  # Stream.synchronize is flagged by the runtime too
             try:
-                result = original(*args, **kwargs)
+                with TIMELINE.sync(_label(SyncKind.EXPLICIT, sys._getframe(1))):
+                    result = original(*args, **kwargs)
             finally:
                 local.inside = False
                 if muted:

@@ -28,8 +28,10 @@ class BudgetOutcome:
     limit: float
     value: float | None
     passed: bool | None
-    """None when the budget could not be judged (a usage error)."""
+    """None when the budget could not be judged (a usage error) or measured (no CUDA)."""
     text: str
+    describe: str = ""
+    """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,23 @@ class TestResult:
     more_sites: int = 0
     more_syncs: int = 0
     error: str | None = None
+    timeline: dict[str, Any] | None = None
+    """The GPU timeline of the test's last region with GPU work (``Timeline.to_dict``)."""
+    timeline_regions: int = 0
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    """Allocator numbers per region and device (``MemoryStats.to_dict``)."""
+    artifacts: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
+        """error, fail, pass, "not measured" (nothing failed, something could not be measured) or measured."""
         if self.error is not None:
             return "error"
         if not self.budgets:
             return "measured"
-        return "pass" if all(b.passed for b in self.budgets) else "fail"
+        if any(b.passed is False for b in self.budgets):
+            return "fail"
+        return "pass" if all(b.passed for b in self.budgets) else "not measured"
 
     @property
     def failed(self) -> bool:
@@ -97,6 +108,7 @@ class TestResult:
     ) -> TestResult:
         sites = measurement.sites()
         shown, rest = sites[:TOP_SITES], sites[TOP_SITES:]
+        timelines = [t for t in measurement.timelines if t is not None]
         return cls(
             nodeid=nodeid,
             device=measurement.device,
@@ -107,8 +119,11 @@ class TestResult:
             regions=measurement.regions,
             by_kind=measurement.by_kind(),
             invisible_kinds=list(measurement.invisible_kinds),
-            budgets=[BudgetOutcome(v.budget.marker, v.budget.limit, v.value, v.passed, v.text) for v in verdicts]
-            + [BudgetOutcome(b.marker, b.limit, None, None, "not judged") for b in unjudged],
+            budgets=[
+                BudgetOutcome(v.budget.marker, v.budget.limit, v.value, v.passed, v.text, v.budget.describe())
+                for v in verdicts
+            ]
+            + [BudgetOutcome(b.marker, b.limit, None, None, "not judged", b.describe()) for b in unjudged],
             sites=[
                 SiteRecord(s.kind, s.op, _display(s.site) if s.site else "?", s.count, [_display(f) for f in s.stack])
                 for s in shown
@@ -116,4 +131,7 @@ class TestResult:
             more_sites=len(rest),
             more_syncs=sum(s.count for s in rest),
             error=error,
+            timeline=timelines[-1].to_dict() if timelines else None,
+            timeline_regions=len(timelines),
+            memory=[m.to_dict() for m in measurement.memory],
         )

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from .results import TestResult
+
+SYNC_MARKERS = frozenset({"max_syncs_per_token", "max_syncs"})
+TIMELINE_MARKERS = frozenset({"max_gpu_idle_us", "min_gpu_busy"})
+MEMORY_MARKERS = frozenset({"max_fragmentation", "max_reserved_mb"})
 
 STACK_LINES = 4
 
@@ -16,10 +21,46 @@ def failure_text(result: TestResult) -> str:
         lines.append(f"syncguard: {result.error}")
     broken = [b for b in result.budgets if b.passed is False]
     if broken:
-        lines.append(f"syncguard: {len(broken)} of {len(result.budgets)} sync budgets exceeded on {result.device}")
+        lines.append(f"syncguard: {len(broken)} of {len(result.budgets)} budgets exceeded on {result.device}")
         lines.extend(f"  {b.text}" for b in broken)
-    lines.extend(site_lines(result))
+    if any(b.marker in SYNC_MARKERS for b in broken) or not broken:
+        lines.extend(site_lines(result))
+    if result.timeline is not None and any(b.marker in TIMELINE_MARKERS for b in broken):
+        lines.extend(gap_lines(result.timeline))
+    if result.memory and any(b.marker in MEMORY_MARKERS for b in broken):
+        lines.extend(memory_lines(result.memory))
+    lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
     return "\n".join(lines)
+
+
+def gap_lines(timeline: dict[str, Any]) -> list[str]:
+    """The largest idle gaps of the device, with their cause, decode step and source."""
+    lines = [
+        f"GPU timeline: busy {timeline['busy_fraction']:.3f} of {timeline['span_us']:.0f} us; "
+        f"{timeline['gaps']} gaps, max {timeline['max_gap_us']:.1f} us, p99 {timeline['p99_gap_us']:.1f} us, "
+        f"p50 {timeline['p50_gap_us']:.1f} us ({timeline['judged_steps']} of {timeline['steps']} steps judged)",
+        "largest gaps (duration, cause, step, before op):",
+    ]
+    for gap in timeline["top_gaps"]:
+        step = "-" if gap["step"] is None else gap["step"]
+        before = gap["next_op"][:60]
+        lines.append(f"  {gap['duration_us']:>9.1f} us  {gap['cause']:<12}  step {step:<4}  before {before}")
+        lines.append(f"               {gap['detail']}")
+    return lines
+
+
+def memory_lines(memory: list[dict[str, Any]]) -> list[str]:
+    mib = 1024 * 1024
+    lines = []
+    for m in memory:
+        lines.append(
+            f"CUDA allocator on device {m['device']}: allocated peak {m['allocated_peak'] / mib:.1f} MiB, "
+            f"reserved peak {m['reserved_peak'] / mib:.1f} MiB, fragmentation {m['fragmentation']:.3f}, "
+            f"inactive split peak {m['inactive_split_peak'] / mib:.1f} MiB, cudaMalloc {m['device_mallocs']}, "
+            f"cudaFree {m['device_frees']}, alloc retries {m['alloc_retries']}, OOMs {m['ooms']}, "
+            f"expandable segments {'on' if m['expandable_segments'] else 'off'}"
+        )
+    return lines
 
 
 def site_lines(result: TestResult) -> list[str]:
@@ -48,21 +89,37 @@ def _fmt(value: float | None) -> str:
 def summary_lines(results: Iterable[TestResult]) -> list[str]:
     """The summary table: test, device, tokens, syncs, syncs per token, budget, verdict."""
     results = list(results)
-    header = ("test", "device", "tokens", "syncs", "syncs/token", "budget", "verdict")
-    rows = [
-        (
+    timeline = any(r.timeline for r in results)
+    memory = any(r.memory for r in results)
+    header: tuple[str, ...] = ("test", "device", "tokens", "syncs", "syncs/token")
+    header += ("max gap us", "p99 gap us", "busy") if timeline else ()
+    header += ("fragmentation", "reserved MiB") if memory else ()
+    header += ("budget", "verdict")
+    rows = []
+    for r in sorted(results, key=lambda r: r.nodeid):
+        row: tuple[str, ...] = (
             r.nodeid,
             r.device,
             "-" if r.tokens is None else str(r.tokens),
             str(r.syncs),
             _fmt(r.syncs_per_token),
-            ", ".join(f"{b.marker}<={b.limit:g}" for b in r.budgets) or "-",
-            r.verdict.upper(),
         )
-        for r in sorted(results, key=lambda r: r.nodeid)
-    ]
+        if timeline:
+            t = r.timeline
+            row += (
+                (f"{t['max_gap_us']:.1f}", f"{t['p99_gap_us']:.1f}", f"{t['busy_fraction']:.3f}") if t else ("-",) * 3
+            )
+        if memory:
+            worst = max(r.memory, key=lambda m: m["fragmentation"], default=None)
+            row += (
+                (f"{worst['fragmentation']:.3f}", f"{max(m['reserved_peak'] for m in r.memory) / 2**20:.1f}")
+                if worst
+                else ("-", "-")
+            )
+        row += (", ".join(b.describe for b in r.budgets) or "-", r.verdict.upper())
+        rows.append(row)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    numeric = {2, 3, 4}
+    numeric = set(range(2, len(header) - 2))
 
     def fmt(row: tuple[str, ...]) -> str:
         return "  ".join(

@@ -1,0 +1,336 @@
+"""Device idle gaps and busy time over a trace, and the cause of each gap (pure functions, no torch).
+
+The device timeline merges kernels, memcpys and memsets of all streams: the GPU is idle when nothing runs on
+any stream. Each op belongs to the decode step in which the host launched it (annotations ``syncguard.step``
+made by the plugin, or ``ProfilerStep#N`` of a profiler schedule); warm-up steps are left out. A gap is
+attributed from the host side of the op that ended it:
+
+- ``host sync``: a blocking call (``cudaStreamSynchronize``, ...) returned on the launching thread after the
+  device went idle and before the launch: the host waited for the device, then had to refill its queue;
+- ``launch-bound``: the launch came after the device went idle, with no sync in between: the host was busy in
+  operators or Python;
+- ``other``: the op was launched before the device went idle and still started late: an event wait, another
+  stream or a copy held it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .trace_file import BLOCKING_CALLS, GpuOp, HostCall, HostRange, Trace, paused_gc
+
+STEP_ANNOTATION = "syncguard.step"
+REGION_ANNOTATION = "syncguard.region"
+SYNC_ANNOTATION = "syncguard.sync"
+#: Host and device clocks are aligned by the profiler to about a microsecond.
+SLACK_US = 1.0
+HOST_SYNC, LAUNCH_BOUND, OTHER = "host sync", "launch-bound", "other"
+
+
+class Gap(NamedTuple):
+    """The device idle from ``start`` to ``end`` (µs); ``step`` is the decode step of the op that ended it."""
+
+    start: float
+    end: float
+    step: int | None
+    next_op: GpuOp
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class AttributedGap:
+    duration_us: float
+    start_us: float
+    step: int | None
+    cause: str
+    detail: str
+    next_op: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "duration_us": round(self.duration_us, 3), "start_us": round(self.start_us, 3), "step": self.step,
+            "cause": self.cause, "detail": self.detail, "next_op": self.next_op,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StreamView:
+    stream: int
+    ops: int
+    busy_us: float
+    span_us: float
+    max_gap_us: float
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.span_us if self.span_us > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the device did in the judged steps of a region."""
+
+    steps: int
+    """Decode steps seen in the region (0 when the trace has no step annotations)."""
+    warmup_steps: int
+    judged_steps: int
+    gpu_ops: int
+    span_us: float
+    busy_us: float
+    gaps_us: tuple[float, ...]
+    """Every idle gap between device ops, in time order."""
+    top_gaps: tuple[AttributedGap, ...]
+    streams: tuple[StreamView, ...] = field(default=())
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.span_us if self.span_us > 0 else 1.0
+
+    def gap_stat(self, stat: str) -> float:
+        """``max``, ``mean`` or a percentile ``pNN`` (linear interpolation) of the gaps; 0 when there is none."""
+        return gap_stat(self.gaps_us, stat)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps, "warmup_steps": self.warmup_steps, "judged_steps": self.judged_steps,
+            "gpu_ops": self.gpu_ops, "span_us": round(self.span_us, 3), "busy_us": round(self.busy_us, 3),
+            "busy_fraction": round(self.busy_fraction, 5), "gaps": len(self.gaps_us),
+            "max_gap_us": round(self.gap_stat("max"), 3), "p50_gap_us": round(self.gap_stat("p50"), 3),
+            "p99_gap_us": round(self.gap_stat("p99"), 3), "top_gaps": [g.to_dict() for g in self.top_gaps],
+            "streams": [
+                {"stream": s.stream, "ops": s.ops, "busy_fraction": round(s.busy_fraction, 5),
+                 "max_gap_us": round(s.max_gap_us, 3)}
+                for s in self.streams
+            ],
+        }  # fmt: skip
+
+
+def parse_stat(stat: str) -> float | None:
+    """``max`` -> None; ``mean`` -> -1; ``pNN`` -> NN in (0, 100]; ValueError for anything else."""
+    if stat == "max":
+        return None
+    if stat == "mean":
+        return -1.0
+    if isinstance(stat, str) and stat.startswith("p"):
+        try:
+            q = float(stat[1:])
+        except ValueError:
+            q = -1.0
+        if 0 < q <= 100:
+            return q
+    raise ValueError(f"stat must be 'max', 'mean' or a percentile such as 'p99', got {stat!r}")
+
+
+def gap_stat(gaps: Sequence[float], stat: str) -> float:
+    q = parse_stat(stat)
+    if not gaps:
+        return 0.0
+    if q is None:
+        return max(gaps)
+    if q < 0:
+        return sum(gaps) / len(gaps)
+    ordered = sorted(gaps)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def merge(ops: Sequence[GpuOp]) -> tuple[float, list[Gap]]:
+    """Busy time of ``ops`` (sorted by start) with overlaps merged, and the idle gaps between them."""
+    busy = 0.0
+    gaps: list[Gap] = []
+    if not ops:
+        return busy, gaps
+    run_start, run_end = ops[0].start, ops[0].end
+    for op in ops[1:]:
+        if op.start > run_end:
+            busy += run_end - run_start
+            gaps.append(Gap(run_end, op.start, None, op))
+            run_start = op.start
+        if op.end > run_end:
+            run_end = op.end
+    busy += run_end - run_start
+    return busy, gaps
+
+
+class _Host:
+    """Index of the host side of a trace: launches by correlation, blocking calls and ranges per thread."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.launch: dict[int, HostCall] = {}
+        self.blocking: dict[int, list[HostCall]] = {}
+        for call in trace.host_calls:
+            if call.correlation is not None:
+                self.launch.setdefault(call.correlation, call)
+            if call.name in BLOCKING_CALLS:
+                self.blocking.setdefault(call.tid, []).append(call)
+        for calls in self.blocking.values():
+            calls.sort(key=lambda c: c.end)
+        self.blocking_ends = {tid: [c.end for c in calls] for tid, calls in self.blocking.items()}
+        self.ranges: dict[int, list[HostRange]] = {}
+        for r in trace.ranges:
+            self.ranges.setdefault(r.tid, []).append(r)
+        self.range_starts = {tid: [r.start for r in rs] for tid, rs in self.ranges.items()}
+
+    def launched_at(self, op: GpuOp) -> HostCall | None:
+        return self.launch.get(op.correlation) if op.correlation is not None else None
+
+    def last_blocking_before(self, tid: int, time: float) -> HostCall | None:
+        ends = self.blocking_ends.get(tid)
+        if not ends:
+            return None
+        index = bisect.bisect_right(ends, time) - 1
+        return self.blocking[tid][index] if index >= 0 else None
+
+    def enclosing(self, tid: int, time: float, limit: int = 400) -> list[HostRange]:
+        """Ranges on ``tid`` that contain ``time``, outermost first (a bounded backward scan)."""
+        starts = self.range_starts.get(tid)
+        if not starts:
+            return []
+        ranges = self.ranges[tid]
+        index = bisect.bisect_right(starts, time) - 1
+        found = []
+        while index >= 0 and limit > 0:
+            r = ranges[index]
+            if r.end >= time:
+                found.append(r)
+            index -= 1
+            limit -= 1
+        return found[::-1]
+
+    def ops_between(self, tid: int, start: float, end: float) -> list[HostRange]:
+        """Top-level operators on ``tid`` that ran inside ``[start, end]``."""
+        starts = self.range_starts.get(tid)
+        if not starts:
+            return []
+        ranges = self.ranges[tid]
+        index = bisect.bisect_left(starts, start)
+        found: list[HostRange] = []
+        while index < len(ranges) and ranges[index].start < end:
+            r = ranges[index]
+            if r.category == "cpu_op" and not (found and r.end <= found[-1].end):
+                found.append(r)
+            index += 1
+        return found
+
+
+def _site_of(ranges: Sequence[HostRange]) -> str:
+    """The probe's annotation of the sync (its Python call site), else the outermost operator."""
+    for r in reversed(ranges):
+        if r.name.startswith(SYNC_ANNOTATION):
+            return r.name[len(SYNC_ANNOTATION) :].strip()
+    ops = [r.name for r in ranges if r.category == "cpu_op"]
+    return ops[0] if ops else "no operator around it"
+
+
+def attribute(gap: Gap, host: _Host) -> AttributedGap:
+    """The cause of one gap, from the host side of the op that ended it."""
+    op = gap.next_op
+    launch = host.launched_at(op)
+    if launch is None:
+        return AttributedGap(gap.duration, gap.start, gap.step, OTHER, "no launch record for this op", op.name)
+    sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
+    if sync is not None and sync.end >= gap.start - SLACK_US:
+        where = _site_of(host.enclosing(launch.tid, sync.start))
+        late = launch.start - sync.end
+        detail = f"{sync.name} at {where}; next launch {late:.0f} us after it returned"
+        return AttributedGap(gap.duration, gap.start, gap.step, HOST_SYNC, detail, op.name)
+    if launch.start >= gap.start - SLACK_US:
+        ops = host.ops_between(launch.tid, gap.start, launch.start)
+        in_ops = sum(min(r.end, launch.start) - max(r.start, gap.start) for r in ops)
+        names = Counter(r.name for r in ops).most_common(4)
+        listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in names) or "none"
+        detail = (
+            f"host launched {launch.name} {launch.start - gap.start:.0f} us after the device went idle; "
+            f"ops between: {listed} ({in_ops:.0f} us in ops, the rest in Python or the runtime)"
+        )
+        return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
+    detail = (
+        f"launched {gap.start - launch.start:.0f} us before the device went idle, started late: "
+        "an event wait, another stream or a copy held it"
+    )
+    return AttributedGap(gap.duration, gap.start, gap.step, OTHER, detail, op.name)
+
+
+def step_ranges(trace: Trace, window: tuple[float, float] | None) -> list[HostRange]:
+    steps = [
+        r for r in trace.ranges
+        if r.category == "user_annotation" and (r.name == STEP_ANNOTATION or r.name.startswith("ProfilerStep#"))
+    ]  # fmt: skip
+    if window is not None:
+        steps = [r for r in steps if window[0] <= r.start <= window[1]]
+    return steps
+
+
+def regions(trace: Trace) -> dict[int, tuple[float, float]]:
+    """The plugin's measured regions in the trace (annotations ``syncguard.region#N``), by number."""
+    found = {}
+    prefix = REGION_ANNOTATION + "#"
+    for r in trace.ranges:
+        if r.name.startswith(prefix) and r.name[len(prefix) :].isdigit():
+            found[int(r.name[len(prefix) :])] = (r.start, r.end)
+    return found
+
+
+def analyze(
+    trace: Trace,
+    *,
+    window: tuple[float, float] | None = None,
+    warmup_steps: int = 0,
+    top: int = 10,
+) -> Timeline | None:
+    """The device timeline of the ops launched inside ``window`` (host time; all when None) after
+    ``warmup_steps`` steps; None when no device op qualifies."""
+    with paused_gc():
+        return _analyze(trace, window, warmup_steps, top)
+
+
+def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int, top: int) -> Timeline | None:
+    host = _Host(trace)
+    steps = step_ranges(trace, window)
+    step_starts = [r.start for r in steps]
+    judged: list[GpuOp] = []
+    step_of: dict[int, int | None] = {}
+    for op in trace.gpu_ops:
+        launch = host.launched_at(op)
+        when = launch.start if launch is not None else op.start
+        if window is not None and not (window[0] <= when <= window[1]):
+            continue
+        step = bisect.bisect_right(step_starts, when) - 1 if steps else None
+        if step is not None and step < warmup_steps:
+            continue
+        step_of[id(op)] = step
+        judged.append(op)
+    if not judged:
+        return None
+    busy, gaps = merge(judged)
+    gaps = [g._replace(step=step_of[id(g.next_op)]) for g in gaps]
+    largest = sorted(gaps, key=lambda g: -g.duration)[:top]
+    by_stream: dict[int, list[GpuOp]] = {}
+    for op in judged:
+        by_stream.setdefault(op.stream, []).append(op)
+    streams = []
+    for stream, ops in sorted(by_stream.items()):
+        stream_busy, stream_gaps = merge(ops)
+        span = max(o.end for o in ops) - ops[0].start
+        widest = max((g.duration for g in stream_gaps), default=0.0)
+        streams.append(StreamView(stream, len(ops), stream_busy, span, widest))
+    return Timeline(
+        steps=len(steps),
+        warmup_steps=min(warmup_steps, len(steps)) if steps else 0,
+        judged_steps=max(len(steps) - warmup_steps, 0) if steps else 0,
+        gpu_ops=len(judged),
+        span_us=max(o.end for o in judged) - judged[0].start,
+        busy_us=busy,
+        gaps_us=tuple(g.duration for g in gaps),
+        top_gaps=tuple(attribute(g, host) for g in largest),
+        streams=tuple(streams),
+    )

@@ -1,0 +1,59 @@
+"""The allocator probe: peak stats of the CUDA caching allocator around a region, and its allocation history
+(for a snapshot that https://pytorch.org/memory_viz opens) around a test's call."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from ..analysis.memory import MemoryStats, expandable_segments_on, region_stats
+
+HISTORY_ENTRIES = 100_000
+
+
+def _expandable() -> bool:
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    return expandable_segments_on(conf)
+
+
+@contextmanager
+def region_memory(collected: list[MemoryStats]) -> Iterator[None]:
+    """Reset the peaks of every visible device at entry; at exit append the stats of the devices the region
+    allocated on (the current device at least)."""
+    devices = range(torch.cuda.device_count())
+    before = {d: torch.cuda.memory_stats(d) for d in devices}
+    for d in devices:
+        torch.cuda.reset_peak_memory_stats(d)
+    try:
+        yield
+    finally:
+        current = torch.cuda.current_device()
+        expandable = _expandable()
+        for d in devices:
+            after = torch.cuda.memory_stats(d)
+            used = after.get("allocation.all.allocated", 0) != before[d].get("allocation.all.allocated", 0)
+            if used or d == current:
+                collected.append(region_stats(d, before[d], after, expandable_segments=expandable))
+
+
+@contextmanager
+def allocation_history() -> Iterator[list[Path]]:
+    """Record allocator history during the block; on exit the yielded list holds a snapshot file (the
+    caller keeps or removes it). Recording is switched off on every exit path."""
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python", clear_history=True)
+    snapshots: list[Path] = []
+    try:
+        yield snapshots
+    finally:
+        try:
+            handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".memory.pickle")
+            os.close(handle)
+            torch.cuda.memory._dump_snapshot(name)  # type: ignore[no-untyped-call]
+            snapshots.append(Path(name))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
