@@ -62,6 +62,8 @@ class BlockingCopySignal:
         try:
             # pytest de-duplicates warnings by location (and -W error would raise): this one is always ours.
             warnings.filterwarnings("always", message=SYNC_WARNING, category=UserWarning)
+            # torch's note that the mode is a prototype is about the probe, not the user's code.
+            warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype", category=UserWarning)
             forward = warnings.showwarning
             local, passthrough = self._local, saved != _OFF
 
