@@ -174,7 +174,8 @@ class SyncProbe:
                 if not (isinstance(first, torch.Tensor) and first.is_meta):
                     verdict = entry.rule(args, kwargs, self._recorders[-1].on_device)
                 if verdict is not None and TIMELINE.active:
-                    with TIMELINE.sync(_label(verdict[1], sys._getframe(1))):
+                    kind, frame = verdict[1], sys._getframe(1)
+                    with TIMELINE.sync(lambda: _label(kind, frame)):
                         result = op.redispatch(keyset & after, *args, **kwargs)
                 else:
                     result = op.redispatch(keyset & after, *args, **kwargs)
@@ -200,7 +201,8 @@ class SyncProbe:
             if muted:
                 signal.mute()  # Stream.synchronize is flagged by the runtime too
             try:
-                with TIMELINE.sync(_label(SyncKind.EXPLICIT, sys._getframe(1))):
+                frame = sys._getframe(1)
+                with TIMELINE.sync(lambda: _label(SyncKind.EXPLICIT, frame)):
                     result = original(*args, **kwargs)
             finally:
                 local.inside = False

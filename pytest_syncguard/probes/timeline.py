@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,9 @@ class TimelineProbe:
     def region(self, number: int) -> AbstractContextManager[Any]:
         return record_function(f"{REGION_ANNOTATION}#{number}") if self.active else nullcontext()
 
-    def sync(self, label: str) -> AbstractContextManager[Any]:
-        return record_function(f"{SYNC_ANNOTATION} {label}") if self.active else nullcontext()
+    def sync(self, label: Callable[[], str]) -> AbstractContextManager[Any]:
+        """Annotate a counted sync; ``label`` (its kind and call site) is only computed while capturing."""
+        return record_function(f"{SYNC_ANNOTATION} {label()}") if self.active else nullcontext()
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
         """Annotate each forward call of ``model`` as a decode step; returns the hook handles to remove."""
