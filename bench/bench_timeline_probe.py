@@ -60,8 +60,10 @@ def main() -> None:
         profiled_times.append(p)
         ratios.append(p / b)
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; samples {args.samples}")
-    print(f"bare median {statistics.median(bare_times) * 1e3:.1f} ms; "
-          f"timeline probe median {statistics.median(profiled_times) * 1e3:.1f} ms")
+    print(
+        f"bare median {statistics.median(bare_times) * 1e3:.1f} ms; "
+        f"timeline probe median {statistics.median(profiled_times) * 1e3:.1f} ms"
+    )
     print(f"probed/bare ratio: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 

@@ -44,8 +44,11 @@ def hta(folder: Path) -> tuple[float, float, float, float]:
     analysis.get_idle_time_breakdown(visualize=False)
     elapsed = time.perf_counter() - start
     row = temporal.iloc[0]
-    return elapsed, float(row["idle_time(us)"]), float(row["compute_time(us)"] + row["non_compute_time(us)"]), float(
-        row["idle_time_pctg"]
+    return (
+        elapsed,
+        float(row["idle_time(us)"]),
+        float(row["compute_time(us)"] + row["non_compute_time(us)"]),
+        float(row["idle_time_pctg"]),
     )
 
 
@@ -66,8 +69,10 @@ def main() -> None:
         path.write_text(json.dumps(data))
         del data
         size = os.path.getsize(path) / 1e6
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; trace {events} events, "
-              f"{size:.1f} MB of JSON")
+        print(
+            f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; trace {events} events, "
+            f"{size:.1f} MB of JSON"
+        )
         parse_only = []
         for _ in range(args.runs):
             start = time.perf_counter()
@@ -76,9 +81,11 @@ def main() -> None:
         times, timeline = zip(*(ours(path) for _ in range(args.runs)), strict=True)
         t = timeline[0]
         idle = t.span_us - t.busy_us
-        print(f"syncguard: median {statistics.median(times):.3f} s over {args.runs} runs (parsing alone "
-              f"{statistics.median(parse_only):.3f} s); busy {t.busy_us:.0f} us, idle {idle:.0f} us of a "
-              f"{t.span_us:.0f} us span, busy fraction {t.busy_fraction:.4f}, {len(t.gaps_us)} gaps")
+        print(
+            f"syncguard: median {statistics.median(times):.3f} s over {args.runs} runs (parsing alone "
+            f"{statistics.median(parse_only):.3f} s); busy {t.busy_us:.0f} us, idle {idle:.0f} us of a "
+            f"{t.span_us:.0f} us span, busy fraction {t.busy_fraction:.4f}, {len(t.gaps_us)} gaps"
+        )
         try:
             import hta as _
         except ImportError:
@@ -87,10 +94,14 @@ def main() -> None:
         runs = [hta(folder) for _ in range(args.hta_runs)]
         seconds = statistics.median(r[0] for r in runs)
         _, hta_idle, hta_busy, hta_pct = runs[0]
-        print(f"HTA: median {seconds:.3f} s over {args.hta_runs} runs; busy {hta_busy:.0f} us, idle {hta_idle:.0f} us "
-              f"({hta_pct:.2f}% idle), busy fraction {hta_busy / (hta_busy + hta_idle):.4f}")
-        print(f"difference: busy {t.busy_us - hta_busy:+.0f} us ({(t.busy_us - hta_busy) / t.busy_us:+.2%}), "
-              f"idle {idle - hta_idle:+.0f} us; speed-up {seconds / statistics.median(times):.1f}x")
+        print(
+            f"HTA: median {seconds:.3f} s over {args.hta_runs} runs; busy {hta_busy:.0f} us, idle {hta_idle:.0f} us "
+            f"({hta_pct:.2f}% idle), busy fraction {hta_busy / (hta_busy + hta_idle):.4f}"
+        )
+        print(
+            f"difference: busy {t.busy_us - hta_busy:+.0f} us ({(t.busy_us - hta_busy) / t.busy_us:+.2%}), "
+            f"idle {idle - hta_idle:+.0f} us; speed-up {seconds / statistics.median(times):.1f}x"
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

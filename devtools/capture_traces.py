@@ -62,8 +62,11 @@ class GraphStep(torch.nn.Module):
 def trimmed(source: Path, target: Path) -> None:
     data = json.loads(source.read_text())
     events = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") in KEEP]
-    keep = {"schemaVersion": data.get("schemaVersion"), "traceEvents": events,
-            "note": "trimmed by devtools/capture_traces.py: complete events of the categories the analysis reads"}
+    keep = {
+        "schemaVersion": data.get("schemaVersion"),
+        "traceEvents": events,
+        "note": "trimmed by devtools/capture_traces.py: complete events of the categories the analysis reads",
+    }
     with gzip.open(target, "wt") as sink:
         json.dump(keep, sink, separators=(",", ":"))
     print(f"{target}: {len(events)} events, {target.stat().st_size} bytes")

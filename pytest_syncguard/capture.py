@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .analysis import gaps, trace_file
+from .analysis import gaps, snapshot, trace_file
 from .guard import SyncMeasurement
 from .probes.memory import allocation_history
 from .probes.timeline import TIMELINE
@@ -63,6 +64,15 @@ class TestCapture:
             for n in measurement.region_numbers
         )
         return replace(measurement, timelines=timelines)
+
+    def allocation_sites(self) -> list[dict[str, Any]]:
+        """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""
+        from .probes.syncs import is_internal_file
+
+        sites: list[dict[str, Any]] = []
+        for path in self.snapshots:
+            sites.extend(s.to_dict() for s in snapshot.allocation_sites(snapshot.load(path), is_internal_file))
+        return sites
 
     def keep(self, directory: Path | None, nodeid: str, failed: bool) -> list[str]:
         """Move the recordings of a failing test to ``directory`` (trace gzipped); remove them otherwise.

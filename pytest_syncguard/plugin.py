@@ -133,6 +133,11 @@ class SyncguardSession:
                     except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
                         error = f"{item.nodeid}: GPU timeline analysis failed: {exc}"
                     result = _judge(item.nodeid, budgets, measurement, self.require_gpu, error)
+                    if result.failed and capture.snapshots:
+                        try:
+                            result = replace(result, allocation_sites=capture.allocation_sites())
+                        except Exception as exc:  # reported like an unreadable trace
+                            result = replace(result, error=f"{item.nodeid}: allocator snapshot analysis failed: {exc}")
             finally:
                 kept = capture.keep(self.artifacts, item.nodeid, raised or (result is not None and result.failed))
             if result is not None:

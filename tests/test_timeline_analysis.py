@@ -56,16 +56,36 @@ def test_warmup_steps_leave_out_early_ops() -> None:
 
 
 # -- hand-built traces ----------------------------------------------------------------------------------
-def kernel(start: float, end: float, stream: int = 7, correlation: int | None = None, cat: str = "kernel") -> dict[str, Any]:
+def kernel(
+    start: float, end: float, stream: int = 7, correlation: int | None = None, cat: str = "kernel"
+) -> dict[str, Any]:
     args: dict[str, Any] = {"stream": stream}
     if correlation is not None:
         args["correlation"] = correlation
-    return {"ph": "X", "cat": cat, "name": f"{cat}@{start}", "pid": 0, "tid": stream, "ts": start, "dur": end - start, "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": f"{cat}@{start}",
+        "pid": 0,
+        "tid": stream,
+        "ts": start,
+        "dur": end - start,
+        "args": args,
+    }
 
 
 def runtime(name: str, start: float, end: float, correlation: int | None = None, tid: int = 1) -> dict[str, Any]:
     args = {} if correlation is None else {"correlation": correlation}
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": tid, "ts": start, "dur": end - start, "args": args}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": start,
+        "dur": end - start,
+        "args": args,
+    }
 
 
 def op(name: str, start: float, end: float, tid: int = 1, cat: str = "cpu_op") -> dict[str, Any]:
@@ -79,7 +99,9 @@ def analyze(events: list[dict[str, Any]], **kwargs: Any) -> gaps.Timeline:
 
 
 def test_overlapping_streams_are_merged_and_viewed_per_stream() -> None:
-    timeline = analyze([kernel(0, 10, stream=7), kernel(5, 20, stream=8), kernel(30, 40, stream=7), kernel(35, 50, stream=8)])
+    timeline = analyze(
+        [kernel(0, 10, stream=7), kernel(5, 20, stream=8), kernel(30, 40, stream=7), kernel(35, 50, stream=8)]
+    )
     assert timeline.gaps_us == (10.0,)
     assert timeline.busy_us == 40 and timeline.span_us == 50
     assert timeline.busy_fraction == pytest.approx(0.8)
@@ -88,7 +110,9 @@ def test_overlapping_streams_are_merged_and_viewed_per_stream() -> None:
 
 
 def test_memcpy_and_memset_count_as_busy() -> None:
-    timeline = analyze([kernel(0, 10), kernel(10, 25, cat="gpu_memcpy"), kernel(27, 30, cat="gpu_memset"), kernel(40, 50)])
+    timeline = analyze(
+        [kernel(0, 10), kernel(10, 25, cat="gpu_memcpy"), kernel(27, 30, cat="gpu_memset"), kernel(40, 50)]
+    )
     assert timeline.gaps_us == (2.0, 10.0)
     assert timeline.gap_stat("max") == 10 and timeline.busy_us == 38
 

@@ -67,6 +67,13 @@ class _InternalFiles:
 
 
 _INTERNAL = _InternalFiles()
+
+
+def is_internal_file(filename: str) -> bool:
+    """Whether a source file belongs to torch, this plugin or the test runner (not a call site)."""
+    return filename in _INTERNAL
+
+
 #: (id(code), instruction offset) -> (code, Frame): a loop's sync site is resolved once, not once per token
 _SITES: dict[tuple[int, int], tuple[CodeType, Frame]] = {}
 

@@ -66,6 +66,8 @@ class TestResult:
     timeline_regions: int = 0
     memory: list[dict[str, Any]] = field(default_factory=list)
     """Allocator numbers per region and device (``MemoryStats.to_dict``)."""
+    allocation_sites: list[dict[str, Any]] = field(default_factory=list)
+    """The largest allocation sites of a failing test's allocator history (``AllocationSite.to_dict``)."""
     artifacts: list[str] = field(default_factory=list)
 
     @property

@@ -29,6 +29,7 @@ def failure_text(result: TestResult) -> str:
         lines.extend(gap_lines(result.timeline))
     if result.memory and any(b.marker in MEMORY_MARKERS for b in broken):
         lines.extend(memory_lines(result.memory))
+        lines.extend(allocation_site_lines(result.allocation_sites))
     lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
     return "\n".join(lines)
 
@@ -59,6 +60,20 @@ def memory_lines(memory: list[dict[str, Any]]) -> list[str]:
             f"inactive split peak {m['inactive_split_peak'] / mib:.1f} MiB, cudaMalloc {m['device_mallocs']}, "
             f"cudaFree {m['device_frees']}, alloc retries {m['alloc_retries']}, OOMs {m['ooms']}, "
             f"expandable segments {'on' if m['expandable_segments'] else 'off'}"
+        )
+    return lines
+
+
+def allocation_site_lines(sites: list[dict[str, Any]]) -> list[str]:
+    """The call sites that made the largest allocations, from the test's allocator history."""
+    if not sites:
+        return []
+    mib = 1024 * 1024
+    lines = ["largest allocation sites (largest single allocation, allocations, total allocated):"]
+    for s in sites:
+        lines.append(
+            f"  {s['largest_bytes'] / mib:>9.2f} MiB  {s['allocations']:>6} x  {s['total_bytes'] / mib:>10.1f} MiB"
+            f"  at {s['site']}"
         )
     return lines
 
