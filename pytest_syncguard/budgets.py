@@ -48,9 +48,17 @@ def max_reserved_mb(limit: float) -> None:
     """Fail when the CUDA caching allocator's reserved peak in the region exceeds ``limit`` MiB. Needs CUDA."""
 
 
-def syncguard(*, device: str | None = None, warmup: int = 1, warmup_steps: int = 2) -> None:
+def syncguard(
+    *,
+    device: str | None = None,
+    warmup: int = 1,
+    warmup_steps: int = 2,
+    tolerance: float | None = None,
+    baseline: bool = True,
+) -> None:
     """Per-test options: ``device`` ("cpu" or "cuda") the region computes on, ``warmup`` runs before ``measure``,
-    ``warmup_steps`` decode steps left out of the GPU timeline budgets."""
+    ``warmup_steps`` decode steps left out of the GPU timeline budgets, ``tolerance`` (relative) for this test's
+    noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
 
 
 BUDGET_MARKERS: dict[str, Callable[..., None]] = {
@@ -213,6 +221,8 @@ class TestOptions:
     device: str | None = None
     warmup: int = 1
     warmup_steps: int = 2
+    tolerance: float | None = None
+    baseline: bool = True
 
 
 def budgets_for(item: pytest.Item) -> tuple[SyncBudget, ...]:
@@ -249,4 +259,24 @@ def options_for(item: pytest.Item) -> TestOptions:
         raise BudgetError(
             f"{item.nodeid}: @pytest.mark.syncguard: warmup_steps must be an int >= 0, got {warmup_steps!r}"
         )
-    return TestOptions(device=device, warmup=warmup, warmup_steps=warmup_steps)
+    tolerance, baseline = arguments["tolerance"], arguments["baseline"]
+    if tolerance is not None:
+        try:
+            tolerance = parse_tolerance(tolerance)
+        except ValueError as exc:
+            raise BudgetError(f"{item.nodeid}: @pytest.mark.syncguard: tolerance {exc}") from None
+    if not isinstance(baseline, bool):
+        raise BudgetError(f"{item.nodeid}: @pytest.mark.syncguard: baseline must be True or False, got {baseline!r}")
+    return TestOptions(device, warmup, warmup_steps, tolerance, baseline)
+
+
+def parse_tolerance(value: Any) -> float:
+    """A relative tolerance: a finite number >= 0 (a string from the command line is converted)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"must be a number >= 0, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,6 +21,17 @@ from .probes.timeline import TIMELINE
 
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
+
+
+class RegionTiming(NamedTuple):
+    """How long one region took, and over how many tokens."""
+
+    tokens: int | None
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
 
 
 class SyncguardUsageError(Exception):
@@ -47,6 +59,8 @@ class SyncMeasurement:
     """Per region: the GPU timeline of its judged steps (None: no GPU work); empty when not captured."""
     memory: tuple[MemoryStats, ...] = ()
     """Per region and device: the caching allocator's numbers; empty when not captured."""
+    timings: tuple[RegionTiming, ...] = ()
+    """Per region that finished normally: its tokens and wall time (on CUDA, between device syncs)."""
 
     @property
     def on_device(self) -> bool:
@@ -97,6 +111,7 @@ class SyncMeasurement:
             region_numbers=tuple(n for m in measurements for n in m.region_numbers),
             timelines=tuple(t for m in measurements for t in m.timelines),
             memory=tuple(s for m in measurements for s in m.memory),
+            timings=tuple(t for m in measurements for t in m.timings),
         )
 
 
@@ -128,6 +143,8 @@ class GenerationRegion:
 
     @contextmanager
     def recording(self) -> Iterator[GenerationRegion]:
+        start = self._clock()
+        seconds = None
         try:
             with ExitStack() as stack:
                 stack.enter_context(TIMELINE.region(self.number))
@@ -140,11 +157,19 @@ class GenerationRegion:
                     stack.enter_context(region_memory(self._memory))
                 stack.enter_context(PROBE.recording(self._recorder))
                 yield self
+            seconds = self._clock() - start
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
-            self.measurement = self._finish()
+            self.measurement = self._finish(seconds)
 
-    def _finish(self) -> SyncMeasurement:
+    def _clock(self) -> float:
+        """Now, after the device has finished the work queued so far (a sync that no recorder sees)."""
+        if self.device != "cpu" and torch.cuda.is_available():
+            with PROBE.unobserved():
+                torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _finish(self, seconds: float | None) -> SyncMeasurement:
         tokens = self.tokens
         if tokens is None and self.model is not None:
             tokens = self.forward_calls
@@ -154,6 +179,7 @@ class GenerationRegion:
             tuple(self._recorder.events),
             region_numbers=(self.number,),
             memory=tuple(self._memory),
+            timings=() if seconds is None else (RegionTiming(tokens, seconds),),
         )
 
 
@@ -232,6 +258,7 @@ class SyncGuard:
             worst,
             region_numbers=tuple(n for m in runs for n in m.region_numbers),
             memory=tuple(s for m in runs for s in m.memory),
+            timings=tuple(t for m in runs for t in m.timings),
         )
         self.measurements.append(worst)
         return worst

@@ -13,10 +13,21 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .budgets import BUDGET_MARKERS, BudgetError, SyncBudget, TestOptions, budgets_for, marker_help, options_for
+from .baselines import DEFAULT_TOLERANCE
+from .budgets import (
+    BUDGET_MARKERS,
+    BudgetError,
+    SyncBudget,
+    TestOptions,
+    budgets_for,
+    marker_help,
+    options_for,
+    parse_tolerance,
+)
 from .budgets import syncguard as syncguard_marker
 
 if TYPE_CHECKING:
+    from .baselines import Baseline
     from .guard import SyncGuard, SyncMeasurement
     from .report.results import TestResult
 
@@ -50,13 +61,52 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="a budget that needs CUDA (GPU timeline, allocator) fails on a run without it, instead of being "
         "reported as not measured",
     )
+    group.addoption(
+        "--syncguard-baselines",
+        metavar="DIR",
+        default=None,
+        help="folder of the baseline files, one per device model (default: ini syncguard_baselines, else "
+        "baselines/ under the rootdir)",
+    )
+    group.addoption(
+        "--syncguard-update-baselines",
+        action="store_true",
+        default=False,
+        help="write the measured metrics of the tests that ran into their device's baseline file (others kept)",
+    )
+    group.addoption(
+        "--syncguard-tolerance",
+        metavar="FRACTION",
+        default=None,
+        help=f"relative change of a noisy metric (gaps, busy, fragmentation, memory, time) reported as a regression "
+        f"or improvement (default {DEFAULT_TOLERANCE}; counts are compared exactly)",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
+    parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, function in {**BUDGET_MARKERS, "syncguard": syncguard_marker}.items():
         config.addinivalue_line("markers", marker_help(name, function))
     config.pluginmanager.register(SyncguardSession(config), "syncguard-session")
+
+
+def _baselines_dir(config: pytest.Config) -> Path:
+    option = config.getoption("syncguard_baselines")
+    if option:
+        return Path(config.invocation_params.dir, str(option))
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return base / str(config.getini("syncguard_baselines"))
+
+
+def _tolerance(config: pytest.Config) -> float:
+    value = config.getoption("syncguard_tolerance")
+    if value is None:
+        return DEFAULT_TOLERANCE
+    try:
+        return parse_tolerance(value)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--syncguard-tolerance {exc}") from None
 
 
 @pytest.fixture
@@ -89,8 +139,46 @@ class SyncguardSession:
         artifacts = config.getoption("syncguard_artifacts")
         self.artifacts = Path(artifacts) if artifacts else None
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
+        self.update_baselines = bool(config.getoption("syncguard_update_baselines"))
+        if self.update_baselines and not self.enabled:
+            raise pytest.UsageError("--syncguard-update-baselines needs --syncguard (or ini syncguard = true)")
+        self.baselines_dir = _baselines_dir(config)
+        self.tolerance = _tolerance(config)
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, TestResult] = {}
+        self.notes: list[str] = []
+        self._baselines: dict[Path, Baseline | None] = {}
+        if self.enabled and self.is_worker:
+            self._assign_gpu()
+
+    def _assign_gpu(self) -> None:
+        """Before any test initializes CUDA: worker gwN takes GPU N modulo the visible ones."""
+        from .environment import assign_worker_gpu
+
+        workerinput = getattr(self.config, "workerinput", {})
+        _, warning = assign_worker_gpu(str(workerinput.get("workerid", "")), int(workerinput.get("workercount", 1)))
+        if warning:
+            self.notes.append(warning)
+
+    def _compare(self, result: TestResult, options: TestOptions) -> TestResult:
+        from .baselines import BaselineError, compare, path_for, read
+        from .environment import fingerprint, slug_for
+
+        slug = slug_for(result.device)
+        path = path_for(self.baselines_dir, slug)
+        try:
+            if path not in self._baselines:
+                self._baselines[path] = read(path)
+        except BaselineError as exc:
+            return replace(result, error=f"{result.nodeid}: {exc}")
+        tolerance = self.tolerance if options.tolerance is None else options.tolerance
+        comparison = compare(
+            self._baselines[path], slug, path, result.nodeid, result.metrics, result.samples, tolerance,
+            fingerprint(result.device),
+        )  # fmt: skip
+        if self.update_baselines:
+            comparison = replace(comparison, status="updated")
+        return replace(result, baseline=comparison.to_dict(), notes=[*result.notes, *self.notes])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -133,6 +221,8 @@ class SyncguardSession:
                     except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
                         error = f"{item.nodeid}: GPU timeline analysis failed: {exc}"
                     result = _judge(item.nodeid, budgets, measurement, self.require_gpu, error)
+                    if self.enabled and options.baseline and result.error is None:
+                        result = self._compare(result, options)
                     if result.failed and capture.snapshots:
                         try:
                             result = replace(result, allocation_sites=capture.allocation_sites())
@@ -154,6 +244,11 @@ class SyncguardSession:
         from .report.terminal import failure_text
 
         setattr(report, REPORT_ATTRIBUTE, result.to_dict())
+        if self.enabled:
+            from .report.junit import properties
+
+            # --junitxml writes the properties of the teardown report, which pytest builds from the item's.
+            item.user_properties.extend(properties(result))
         if result.failed:
             text = failure_text(result)
             if report.passed:
@@ -173,7 +268,7 @@ class SyncguardSession:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.enabled or self.is_worker:
             return
-        from .report.terminal import summary_lines
+        from .report.terminal import baseline_lines, summary_lines
 
         terminalreporter.write_sep("=", "syncguard summary")
         if not self.results:
@@ -181,15 +276,46 @@ class SyncguardSession:
             return
         for line in summary_lines(self.results.values()):
             terminalreporter.write_line(line)
+        for line in baseline_lines(self.results.values(), self.update_baselines, self._distributed_notes()):
+            terminalreporter.write_line(line)
         if self.json_path is not None:
             terminalreporter.write_line(f"syncguard results written to {self.json_path}")
 
+    def _distributed_notes(self) -> list[str]:
+        notes = list(self.notes)
+        if self.update_baselines and self.config.pluginmanager.has_plugin("dsession"):
+            files = sorted({r.baseline["file"] for r in self.results.values() if r.baseline and r.error is None})
+            notes.extend(f"syncguard: the xdist workers wrote their tests' entries to {f}" for f in files)
+        return notes
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Workers write their own tests' baselines (under the file's lock); the controller writes only what
+        # it ran itself.
+        distributing = self.config.pluginmanager.has_plugin("dsession")
+        if self.update_baselines and not distributing:
+            self._write_baselines(session)
         if self.json_path is None or self.is_worker:
             return
         from .report.json_file import write_results
 
         write_results(self.json_path, self.results.values())
+
+    def _write_baselines(self, session: pytest.Session) -> None:
+        from .baselines import BaselineError, update
+        from .environment import fingerprint
+
+        by_file: dict[tuple[str, str, str], dict[str, dict[str, float]]] = {}
+        for result in self.results.values():
+            if result.baseline is not None and result.error is None:
+                key = (result.baseline["file"], result.baseline["device"], result.device)
+                by_file.setdefault(key, {})[result.nodeid] = result.metrics
+        for (file, slug, device), entries in sorted(by_file.items()):
+            try:
+                written = update(Path(file), slug, entries, fingerprint(device))
+                self.notes.append(f"syncguard: wrote {written} baseline entries to {file}")
+            except BaselineError as exc:
+                self.notes.append(f"syncguard: baselines NOT updated: {exc}")
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _judge(

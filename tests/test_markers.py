@@ -28,7 +28,8 @@ def test_markers_are_documented(pytester: pytest.Pytester) -> None:
             "@pytest.mark.min_gpu_busy(fraction: float): Fail when GPU busy time*",
             "@pytest.mark.max_fragmentation(limit: float): Fail when 1 - allocated_peak / reserved_peak*",
             "@pytest.mark.max_reserved_mb(limit: float): Fail when the CUDA caching allocator's reserved peak*",
-            "@pytest.mark.syncguard([*], device: str | None = None, warmup: int = 1, warmup_steps: int = 2): Per-test*",
+            "@pytest.mark.syncguard([*], device: str | None = None, warmup: int = 1, warmup_steps: int = 2, "
+            "tolerance: float | None = None, baseline: bool = True): Per-test*",
         ]
     )
 
@@ -98,7 +99,11 @@ def test_masks():
         ("max_syncs(1, 2)", "too many positional arguments"),
         ("syncguard(device='tpu')", "device must be 'cpu' or 'cuda', got 'tpu'"),
         ("syncguard(warmup=-2)", "warmup must be an int >= 0, got -2"),
-        ("syncguard(tolerance=0.1)", "got an unexpected keyword argument 'tolerance'"),
+        ("syncguard(tolerence=0.1)", "got an unexpected keyword argument 'tolerence'"),
+        ("syncguard(tolerance=-0.1)", "tolerance must be a finite number >= 0, got -0.1"),
+        ("syncguard(tolerance=float('nan'))", "tolerance must be a finite number >= 0, got nan"),
+        ("syncguard(tolerance='10%')", "tolerance must be a number >= 0, got '10%'"),
+        ("syncguard(baseline='no')", "baseline must be True or False, got 'no'"),
     ],
 )
 def test_bad_marker_arguments_are_usage_errors_naming_test_and_marker(
@@ -278,9 +283,9 @@ def test_unmeasured():
     result.stdout.fnmatch_lines(
         [
             "*= syncguard summary =*",
-            "test * device  tokens  syncs  syncs/token  budget * verdict",
-            "*::test_a  cpu  * 4  * 4  * 1.00  max_syncs_per_token<=1  PASS",
-            "*::test_b  cpu  * 2  * 6  * 3.00  -  * MEASURED",
+            "test * device  tokens  syncs  syncs/token  budget * baseline  verdict",
+            "*::test_a  cpu  * 4  * 4  * 1.00  max_syncs_per_token<=1  new * PASS",
+            "*::test_b  cpu  * 2  * 6  * 3.00  -  * new * MEASURED",
             "cpu rows count scalar reads and data-dependent shapes*",
         ]
     )

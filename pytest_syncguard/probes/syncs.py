@@ -157,6 +157,22 @@ class SyncProbe:
         finally:
             self._allowed -= 1
 
+    @contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """The plugin's own syncs in this block (timing a region) reach no recorder and no sync warning."""
+        local, signal = self._local, self._copies
+        outer = getattr(local, "inside", False)
+        muted = signal.muting and not outer
+        local.inside = True
+        if muted:
+            signal.mute()
+        try:
+            yield
+        finally:
+            local.inside = outer
+            if muted:
+                signal.unmute()
+
     # -- recording ---------------------------------------------------------------------------------
     def _emit(self, op: str, count: int, kind: SyncKind, frame: FrameType | None) -> None:
         event = SyncEvent(kind.value, op, count, user_stack(frame), allowed=self._allowed > 0)

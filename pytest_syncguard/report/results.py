@@ -10,6 +10,7 @@ from typing import Any
 from ..analysis.sites import Frame
 from ..budgets import SyncBudget, Verdict
 from ..guard import SyncMeasurement
+from ..metrics import measured
 
 TOP_SITES = 10
 
@@ -69,21 +70,31 @@ class TestResult:
     allocation_sites: list[dict[str, Any]] = field(default_factory=list)
     """The largest allocation sites of a failing test's allocator history (``AllocationSite.to_dict``)."""
     artifacts: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Every metric measured (``metrics.METRICS``): counts, and medians over runs of the noisy ones."""
+    samples: dict[str, int] = field(default_factory=dict)
+    """How many runs each metric is the median of."""
+    baseline: dict[str, Any] | None = None
+    """The comparison with the baseline entry (``Comparison.to_dict``); None when not compared."""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
-        """error, fail, pass, "not measured" (nothing failed, something could not be measured) or measured."""
+        """error, fail, regression (against the baseline), pass, "not measured" (nothing failed, something
+        could not be measured) or measured."""
         if self.error is not None:
             return "error"
-        if not self.budgets:
-            return "measured"
         if any(b.passed is False for b in self.budgets):
             return "fail"
+        if self.baseline is not None and self.baseline["status"] == "regression":
+            return "regression"
+        if not self.budgets:
+            return "measured"
         return "pass" if all(b.passed for b in self.budgets) else "not measured"
 
     @property
     def failed(self) -> bool:
-        return self.verdict in ("fail", "error")
+        return self.verdict in ("fail", "error", "regression")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -111,6 +122,7 @@ class TestResult:
         sites = measurement.sites()
         shown, rest = sites[:TOP_SITES], sites[TOP_SITES:]
         timelines = [t for t in measurement.timelines if t is not None]
+        values, samples = measured(measurement)
         return cls(
             nodeid=nodeid,
             device=measurement.device,
@@ -136,4 +148,6 @@ class TestResult:
             timeline=timelines[-1].to_dict() if timelines else None,
             timeline_regions=len(timelines),
             memory=[m.to_dict() for m in measurement.memory],
+            metrics=values,
+            samples=samples,
         )

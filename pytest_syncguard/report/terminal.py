@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..baselines import Comparison
 from .results import TestResult
 
 SYNC_MARKERS = frozenset({"max_syncs_per_token", "max_syncs"})
@@ -23,6 +24,8 @@ def failure_text(result: TestResult) -> str:
     if broken:
         lines.append(f"syncguard: {len(broken)} of {len(result.budgets)} budgets exceeded on {result.device}")
         lines.extend(f"  {b.text}" for b in broken)
+    if result.baseline is not None and result.baseline["status"] == "regression":
+        lines.extend(regression_lines(result))
     if any(b.marker in SYNC_MARKERS for b in broken) or not broken:
         lines.extend(site_lines(result))
     if result.timeline is not None and any(b.marker in TIMELINE_MARKERS for b in broken):
@@ -32,6 +35,13 @@ def failure_text(result: TestResult) -> str:
         lines.extend(allocation_site_lines(result.allocation_sites))
     lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
     return "\n".join(lines)
+
+
+def regression_lines(result: TestResult) -> list[str]:
+    """``baseline <slug>: metric old -> new (change)`` for each metric that regressed."""
+    assert result.baseline is not None
+    comparison = Comparison.from_dict(result.baseline)
+    return [f"syncguard: baseline {comparison.device}: {c.describe()}" for c in comparison.of("regression")]
 
 
 def gap_lines(timeline: dict[str, Any]) -> list[str]:
@@ -109,7 +119,8 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
     header: tuple[str, ...] = ("test", "device", "tokens", "syncs", "syncs/token")
     header += ("max gap us", "p99 gap us", "busy") if timeline else ()
     header += ("fragmentation", "reserved MiB") if memory else ()
-    header += ("budget", "verdict")
+    baselines = any(r.baseline for r in results)
+    header += ("budget", "baseline", "verdict") if baselines else ("budget", "verdict")
     rows = []
     for r in sorted(results, key=lambda r: r.nodeid):
         row: tuple[str, ...] = (
@@ -131,10 +142,13 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
                 if worst
                 else ("-", "-")
             )
-        row += (", ".join(b.describe for b in r.budgets) or "-", r.verdict.upper())
+        row += (", ".join(b.describe for b in r.budgets) or "-",)
+        if baselines:
+            row += (r.baseline["status"] if r.baseline else "-",)
+        row += (r.verdict.upper(),)
         rows.append(row)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    numeric = set(range(2, len(header) - 2))
+    numeric = set(range(2, header.index("budget")))
 
     def fmt(row: tuple[str, ...]) -> str:
         return "  ".join(
@@ -147,4 +161,36 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
             "cpu rows count scalar reads and data-dependent shapes; device<->host copies and explicit "
             "synchronizes are visible only on a GPU run"
         )
+    return lines
+
+
+def baseline_lines(results: Iterable[TestResult], updating: bool, notes: Iterable[str] = ()) -> list[str]:
+    """After the table: regressions, improvements (with the command that records them), new tests,
+    environment changes since the baselines were recorded, and the run's notes."""
+    lines: list[str] = []
+    compared = [(r, Comparison.from_dict(r.baseline)) for r in sorted(results, key=lambda r: r.nodeid) if r.baseline]
+    if not updating:
+        for r, c in compared:
+            lines.extend(f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("regression"))
+        improved = [(r, c) for r, c in compared if c.status == "improvement"]
+        for r, c in improved:
+            lines.extend(f"improvement {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("improvement"))
+        new = [r.nodeid for r, c in compared if c.status == "new"]
+        if new:
+            lines.append(f"new (no baseline entry): {', '.join(new)}")
+        if improved or new:
+            ids = " ".join(sorted({r.nodeid for r, _ in improved} | set(new)))
+            lines.append(f"record them with: pytest --syncguard --syncguard-update-baselines {ids}")
+    drift: dict[str, dict[str, list[str | None]]] = {}
+    for _, c in compared:
+        if c.fingerprint_changes:
+            drift.setdefault(c.file, c.fingerprint_changes)
+    for file, changes in sorted(drift.items()):
+        what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in sorted(changes.items()))
+        lines.append(f"warning: {file} was recorded in another environment ({what})")
+    seen = set()
+    for note in [*notes, *(n for r in results for n in r.notes)]:
+        if note not in seen:
+            seen.add(note)
+            lines.append(note)
     return lines

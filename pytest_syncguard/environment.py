@@ -1,0 +1,120 @@
+"""The machine a measurement ran on: the device slug that names its baseline file, the environment
+fingerprint stored with baselines, and the GPU a pytest-xdist worker takes."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from functools import cache
+
+from . import __version__
+
+CPU_SLUG = "cpu"
+#: The fingerprint's keys, in the order reports show them.
+FINGERPRINT_KEYS = ("device_name", "torch", "cuda", "driver", "transformers", "python", "syncguard")
+
+
+def device_slug(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``: the baseline file name of a device."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+@cache
+def cuda_device_name() -> str | None:
+    """The name of the current CUDA device, None without one."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def slug_for(device: str) -> str:
+    """The baseline slug of a result measured on ``device`` ("cpu" or "cuda")."""
+    name = cuda_device_name() if device != "cpu" else None
+    return device_slug(name) if name else CPU_SLUG
+
+
+@cache
+def _driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def fingerprint(device: str) -> dict[str, str | None]:
+    """What a baseline's numbers depend on besides the code: device, torch, CUDA runtime, driver,
+    transformers, Python and syncguard versions (None: not present)."""
+    import torch
+
+    transformers_version: str | None
+    try:
+        from transformers import __version__ as transformers_version
+    except ImportError:
+        transformers_version = None
+    on_cuda = device != "cpu" and cuda_device_name() is not None
+    return {
+        "device_name": cuda_device_name() if on_cuda else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if on_cuda else None,
+        "driver": _driver_version() if on_cuda else None,
+        "transformers": transformers_version,
+        "python": platform.python_version(),
+        "syncguard": __version__,
+    }
+
+
+def fingerprint_changes(recorded: dict[str, str | None], current: dict[str, str | None]) -> dict[str, list[str | None]]:
+    """The keys whose value differs: ``{key: [recorded, current]}`` (keys missing on either side are skipped)."""
+    return {
+        key: [recorded[key], current[key]]
+        for key in FINGERPRINT_KEYS
+        if key in recorded and key in current and recorded[key] != current[key]
+    }
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, without initializing CUDA (which would freeze CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    import torch
+
+    try:
+        count = torch.cuda._device_count_nvml()  # NVML, not the CUDA runtime: nothing is initialized
+    except Exception:
+        count = -1
+    return [str(i) for i in range(max(count, 0))]
+
+
+def assign_worker_gpu(worker_id: str, workers: int) -> tuple[str | None, str | None]:
+    """Give xdist worker ``gwN`` GPU N modulo the visible GPUs, by narrowing CUDA_VISIBLE_DEVICES before CUDA
+    initializes. Returns (the GPU taken or None, a warning or None)."""
+    import torch
+
+    match = re.fullmatch(r"gw(\d+)", worker_id)
+    if match is None:
+        return None, None
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return None, f"syncguard: worker {worker_id}: CUDA was initialized before the plugin could assign a GPU"
+    gpus = _visible_gpus()
+    if len(gpus) == 0:
+        return None, None
+    chosen = gpus[int(match.group(1)) % len(gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+    shared = None
+    if workers > len(gpus):
+        shared = (
+            f"syncguard: {workers} xdist workers share {len(gpus)} GPU(s): GPU timeline budgets and timings of "
+            "tests running at the same time on one GPU disturb each other"
+        )
+    return chosen, shared

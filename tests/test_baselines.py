@@ -1,0 +1,322 @@
+"""Baselines per device: each verdict path, updates that lose nothing (also under pytest-xdist), and errors
+that name the file and leave it as it was (pytester runs of the plugin on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.baselines import SCHEMA, SCHEMA_VERSION, Baseline, compare, read
+
+# READS (an environment variable) sets how many host reads each step makes, so that one test file can
+# regress and improve between runs without being rewritten.
+SUITE = """
+import os
+import pytest
+import torch
+
+def loop(steps):
+    x = torch.ones(4)
+    for _ in range(steps):
+        x = x * 1.0
+        for _ in range(int(os.environ.get("READS", "1"))):
+            x.sum().item()
+
+@pytest.mark.max_syncs_per_token(5)
+def test_decode(syncguard):
+    with syncguard.generation(tokens=4):
+        loop(4)
+
+def test_prefill(syncguard):
+    with syncguard.generation(tokens=2):
+        loop(2)
+"""
+DECODE = "test_suite.py::test_decode"
+PREFILL = "test_suite.py::test_prefill"
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    pytester.makepyfile(test_suite=SUITE)
+    monkeypatch.setenv("READS", "1")
+    return pytester
+
+
+def cpu_baseline(pytester: pytest.Pytester) -> dict:
+    return json.loads((pytester.path / "baselines" / "cpu.json").read_text())
+
+
+def record(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    result = pytester.runpytest("--syncguard", "--syncguard-update-baselines", *args)
+    result.assert_outcomes(passed=2)
+    return result
+
+
+def test_no_file_means_new_tests_and_nothing_is_written(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--syncguard")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            f"new (no baseline entry): {DECODE}, {PREFILL}",
+            f"record them with: pytest --syncguard --syncguard-update-baselines {DECODE} {PREFILL}",
+        ]
+    )
+    assert not (suite.path / "baselines").exists()
+
+
+def test_update_writes_every_metric_sorted_with_the_fingerprint(suite: pytest.Pytester) -> None:
+    result = record(suite)
+    result.stdout.fnmatch_lines(["syncguard: wrote 2 baseline entries to */baselines/cpu.json"])
+    data = cpu_baseline(suite)
+    assert data["schema"] == SCHEMA and data["schema_version"] == SCHEMA_VERSION and data["device"] == "cpu"
+    assert data["tests"][DECODE]["syncs"] == 4 and data["tests"][DECODE]["syncs_per_token"] == 1.0
+    assert data["tests"][PREFILL]["syncs"] == 2
+    assert {"seconds", "tokens_per_second"} <= set(data["tests"][DECODE])
+    import torch
+
+    assert data["fingerprint"]["torch"] == torch.__version__ and data["fingerprint"]["device_name"] == "cpu"
+    text = (suite.path / "baselines" / "cpu.json").read_text()
+    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"  # sorted, one value per line
+    again = suite.runpytest("--syncguard")
+    again.assert_outcomes(passed=2)
+    again.stdout.fnmatch_lines(["*::test_decode * unchanged * PASS"])
+
+
+def test_more_syncs_than_the_baseline_fail_the_test(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    record(suite)
+    monkeypatch.setenv("READS", "2")
+    result = suite.runpytest("--syncguard")
+    result.assert_outcomes(failed=2)  # within the marker's budget of 5, but worse than the baseline
+    result.stdout.fnmatch_lines(
+        [
+            "syncguard: baseline cpu: syncs 4 -> 8 (+4, +100.0%)",
+            "syncguard: baseline cpu: syncs_per_token 1 -> 2 (+1, +100.0%)",
+            f"REGRESSION {DECODE}: baseline cpu: syncs 4 -> 8 (+4, +100.0%)",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*::test_decode * regression * REGRESSION"])
+
+
+def test_fewer_syncs_pass_with_the_command_that_records_them(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("READS", "2")
+    record(suite)
+    before = (suite.path / "baselines" / "cpu.json").read_text()
+    monkeypatch.setenv("READS", "1")
+    result = suite.runpytest("--syncguard")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            f"improvement {DECODE}: baseline cpu: syncs 8 -> 4 (-4, -50.0%)",
+            f"record them with: pytest --syncguard --syncguard-update-baselines {DECODE} {PREFILL}",
+        ]
+    )
+    assert (suite.path / "baselines" / "cpu.json").read_text() == before  # only the update option writes
+
+
+def test_update_of_some_tests_leaves_the_other_entries(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    record(suite)
+    data = cpu_baseline(suite)
+    data["tests"]["gone.py::test_elsewhere"] = {"syncs": 7}
+    (suite.path / "baselines" / "cpu.json").write_text(json.dumps(data))
+    monkeypatch.setenv("READS", "3")
+    suite.runpytest("--syncguard", "--syncguard-update-baselines", "-k", "prefill").assert_outcomes(passed=1)
+    tests = cpu_baseline(suite)["tests"]
+    assert tests["gone.py::test_elsewhere"] == {"syncs": 7}
+    assert tests[DECODE]["syncs"] == 4  # not run: untouched
+    assert tests[PREFILL]["syncs"] == 6
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "cpu.json: not valid JSON"),
+        ('{"tests": {}}', "cpu.json: not a pytest-syncguard baseline file"),
+        (json.dumps({"schema": SCHEMA, "schema_version": 99, "tests": {}}), "cpu.json: baseline schema version 99"),
+        (json.dumps({"schema": SCHEMA, "schema_version": 1, "tests": {DECODE: {"syncs": "4"}}}), "cpu.json: 'tests'"),
+    ],
+    ids=["corrupt", "foreign", "future", "bad-entry"],
+)
+def test_an_unusable_file_is_an_error_naming_it_and_is_left_as_it_was(
+    suite: pytest.Pytester, content: str, message: str
+) -> None:
+    path = suite.path / "baselines" / "cpu.json"
+    path.parent.mkdir()
+    path.write_text(content)
+    result = suite.runpytest("--syncguard")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([f"*{message}*"])
+    updating = suite.runpytest("--syncguard", "--syncguard-update-baselines")
+    assert updating.ret != 0
+    assert path.read_text() == content
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")) == ["cpu.json"]
+
+
+def test_another_environment_is_a_warning_not_a_failure(suite: pytest.Pytester) -> None:
+    record(suite)
+    data = cpu_baseline(suite)
+    data["fingerprint"]["torch"] = "1.0.0"
+    (suite.path / "baselines" / "cpu.json").write_text(json.dumps(data))
+    result = suite.runpytest("--syncguard")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["warning: */baselines/cpu.json was recorded in another environment (torch 1.0.0 -> *)"]
+    )
+
+
+TIMED = """
+import pytest
+import torch
+
+def work():
+    x = torch.ones(64, 64)
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+
+def test_default(syncguard):
+    syncguard.measure(work, tokens=20, repeat=3, warmup=1)
+
+@pytest.mark.syncguard(tolerance=1e9)
+def test_lenient(syncguard):
+    syncguard.measure(work, tokens=20, repeat=3, warmup=1)
+
+def test_one_run(syncguard):
+    with syncguard.generation(tokens=20):
+        work()
+
+@pytest.mark.syncguard(baseline=False)
+def test_opted_out(syncguard):
+    syncguard.measure(work, tokens=20, repeat=3, warmup=1)
+"""
+
+
+def test_noisy_metrics_are_judged_on_medians_with_a_tolerance(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_timed=TIMED)
+    pytester.runpytest("--syncguard", "--syncguard-update-baselines").assert_outcomes(passed=4)
+    data = json.loads((pytester.path / "baselines" / "cpu.json").read_text())
+    assert "test_timed.py::test_opted_out" not in data["tests"]
+    for entry in data["tests"].values():  # a machine 10^6 times faster recorded these
+        entry["seconds"] /= 1e6
+        entry["tokens_per_second"] *= 1e6
+    (pytester.path / "baselines" / "cpu.json").write_text(json.dumps(data))
+    result = pytester.runpytest("--syncguard", "-v")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*baseline cpu: seconds * -> * s (+*", "*baseline cpu: tokens_per_second *"])
+    result.stdout.fnmatch_lines(["*test_default FAILED*"])
+    result.stdout.fnmatch_lines(["*::test_lenient * unchanged * MEASURED"])  # its own tolerance
+    result.stdout.fnmatch_lines(["*::test_one_run * unchanged * MEASURED"])  # one run: timing not compared
+    result.stdout.fnmatch_lines(["*::test_opted_out * - * MEASURED"])
+
+
+def test_compare_arithmetic() -> None:
+    base = Baseline(Path("b/cpu.json"), "cpu", {"torch": "2.0"}, {"t": {"syncs": 4, "busy_fraction": 0.80}})
+
+    def status(values: dict[str, float], runs: int = 5, tolerance: float = 0.1) -> dict[str, str]:
+        samples = dict.fromkeys(values, runs)
+        comparison = compare(base, "cpu", base.path, "t", values, samples, tolerance, {"torch": "2.0"})
+        return {c.metric: c.status for c in comparison.changes}
+
+    assert status({"syncs": 4, "busy_fraction": 0.85}) == {"syncs": "unchanged", "busy_fraction": "unchanged"}
+    assert status({"syncs": 5, "busy_fraction": 0.95}) == {"syncs": "regression", "busy_fraction": "improvement"}
+    assert status({"syncs": 3, "busy_fraction": 0.60})["busy_fraction"] == "regression"
+    assert status({"syncs": 4, "busy_fraction": 0.60}, runs=1)["busy_fraction"] == "not compared"
+    assert status({"syncs": 4, "busy_fraction": 0.60}, tolerance=0.5)["busy_fraction"] == "unchanged"
+    assert status({"syncs": 4}) == {"syncs": "unchanged", "busy_fraction": "missing"}
+    assert status({"syncs": 4, "busy_fraction": 0.8, "max_gap_us": 3.0})["max_gap_us"] == "new"
+    drift = compare(base, "cpu", base.path, "t", {"syncs": 4}, {"syncs": 1}, 0.1, {"torch": "2.1"})
+    assert drift.fingerprint_changes == {"torch": ["2.0", "2.1"]}
+    assert compare(base, "cpu", base.path, "other", {"syncs": 4}, {}, 0.1, {}).status == "new"
+    assert read(Path("does/not/exist.json")) is None
+
+
+MANY = """
+import pytest
+import torch
+
+@pytest.mark.parametrize("reads", range(16))
+def test_case(syncguard, reads):
+    x = torch.ones(4)
+    with syncguard.generation(tokens=1):
+        for _ in range(reads):
+            x.sum().item()
+"""
+
+
+def test_xdist_workers_update_one_file_and_lose_nothing(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_many=MANY)
+    path = pytester.path / "baselines" / "cpu.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"schema": SCHEMA, "schema_version": 1, "tests": {"kept.py::test_x": {"syncs": 1}}}))
+    result = pytester.runpytest_subprocess("-n", "4", "--syncguard", "--syncguard-update-baselines")
+    result.assert_outcomes(passed=16)
+    result.stdout.fnmatch_lines(["syncguard: the xdist workers wrote their tests' entries to */cpu.json"])
+    tests = json.loads(path.read_text())["tests"]
+    assert tests.pop("kept.py::test_x") == {"syncs": 1}
+    assert {nodeid: entry["syncs"] for nodeid, entry in tests.items()} == {
+        f"test_many.py::test_case[{i}]": i for i in range(16)
+    }
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+JUNIT_SUITE = (
+    SUITE
+    + """
+@pytest.mark.max_syncs(0)
+def test_over_budget(syncguard):
+    with syncguard.generation(tokens=1):
+        loop(1)
+"""
+)
+
+
+@pytest.mark.parametrize("family", ["xunit1", "xunit2"])
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_junit_properties_round_trip_through_junitparser(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str | None, family: str
+) -> None:
+    """Every measured metric and the verdict reach the JUnit file, with and without xdist, and read back
+    equal to the JSON results of the same run."""
+    if workers:
+        pytest.importorskip("xdist")
+    from pytest_syncguard.report.junit import read_cases
+
+    monkeypatch.setenv("READS", "1")
+    pytester.makepyfile(test_suite=JUNIT_SUITE)
+    args = ["--syncguard", "--junitxml=out.xml", "--syncguard-json=out.json", "-o", f"junit_family={family}"]
+    result = pytester.runpytest_subprocess(*args, *(["-n", workers] if workers else []))
+    result.assert_outcomes(passed=2, failed=1)
+    cases = {c.nodeid: c for c in read_cases(pytester.path / "out.xml")}
+    results = {t["nodeid"]: t for t in json.loads((pytester.path / "out.json").read_text())["tests"]}
+    assert set(cases) == set(results) == {DECODE, PREFILL, "test_suite.py::test_over_budget"}
+    for nodeid, case in cases.items():
+        assert case.metrics == pytest.approx(results[nodeid]["metrics"], rel=1e-9)
+        assert case.properties["verdict"] == results[nodeid]["verdict"]
+        assert case.properties["baseline"] == "new" and case.device_slug == "cpu"
+    assert cases["test_suite.py::test_over_budget"].outcome == "failed"
+    assert cases["test_suite.py::test_over_budget"].properties["verdict"] == "fail"
+    assert cases[DECODE].outcome == "passed" and cases[DECODE].metrics["syncs"] == 4
+    assert cases[DECODE].properties["budgets"] == "max_syncs_per_token<=5"
+
+
+def test_xdist_workers_take_gpus_round_robin_within_the_visible_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_syncguard.environment import assign_worker_gpu
+
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialized in this process: the assignment is refused")
+    taken = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # a runner that already narrowed the GPUs
+        taken.append(assign_worker_gpu(worker, 3))
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == taken[-1][0]
+    assert [gpu for gpu, _ in taken] == ["3", "5", "3"]
+    assert all("3 xdist workers share 2 GPU(s)" in (warning or "") for _, warning in taken)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert assign_worker_gpu("gw1", 2) == ("5", None)
+    assert assign_worker_gpu("master", 2) == (None, None)
