@@ -54,7 +54,7 @@ def _rounded(value: float) -> float:
 
 def measured(measurement: SyncMeasurement) -> tuple[dict[str, float], dict[str, int]]:
     """The metrics of a measurement and, for each, how many runs its value is the median of."""
-    values: dict[str, float] = {"syncs": float(measurement.syncs)}
+    values: dict[str, float] = {"syncs": measurement.syncs}
     samples: dict[str, int] = {"syncs": 1}
     if measurement.syncs_per_token is not None:
         values["syncs_per_token"] = _rounded(measurement.syncs_per_token)
