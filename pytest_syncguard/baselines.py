@@ -147,6 +147,7 @@ class Comparison:
     """regression, improvement, unchanged, new (no entry), updated (written by this run) or error."""
     changes: list[Change] = field(default_factory=list)
     fingerprint_changes: dict[str, list[str | None]] = field(default_factory=dict)
+    tolerance: float = DEFAULT_TOLERANCE
 
     def of(self, status: str) -> list[Change]:
         return [c for c in self.changes if c.status == status]
@@ -191,7 +192,7 @@ def compare(
     entry = baseline.tests.get(nodeid) if baseline is not None else None
     drift = fingerprint_changes(baseline.fingerprint, dict(fingerprint)) if baseline is not None else {}
     if entry is None:
-        return Comparison(device, str(file), "new", [], drift)
+        return Comparison(device, str(file), "new", [], drift, tolerance)
     changes = []
     for metric in sorted(set(entry) | set(values)):
         if metric not in METRICS:
@@ -204,4 +205,4 @@ def compare(
         changes.append(Change(metric, None if old is None else float(old), new, status))
     statuses = {c.status for c in changes}
     overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"
-    return Comparison(device, str(file), overall, changes, drift)
+    return Comparison(device, str(file), overall, changes, drift, tolerance)

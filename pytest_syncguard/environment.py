@@ -64,7 +64,7 @@ def fingerprint(device: str) -> dict[str, str | None]:
     on_cuda = device != "cpu" and cuda_device_name() is not None
     return {
         "device_name": cuda_device_name() if on_cuda else "cpu",
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda if on_cuda else None,
         "driver": _driver_version() if on_cuda else None,
         "transformers": transformers_version,

@@ -172,13 +172,15 @@ class SyncguardSession:
         except BaselineError as exc:
             return replace(result, error=f"{result.nodeid}: {exc}")
         tolerance = self.tolerance if options.tolerance is None else options.tolerance
+        environment = fingerprint(result.device)
         comparison = compare(
-            self._baselines[path], slug, path, result.nodeid, result.metrics, result.samples, tolerance,
-            fingerprint(result.device),
-        )  # fmt: skip
+            self._baselines[path], slug, path, result.nodeid, result.metrics, result.samples, tolerance, environment
+        )
         if self.update_baselines:
             comparison = replace(comparison, status="updated")
-        return replace(result, baseline=comparison.to_dict(), notes=[*result.notes, *self.notes])
+        return replace(
+            result, baseline=comparison.to_dict(), notes=[*result.notes, *self.notes], fingerprint=environment
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:

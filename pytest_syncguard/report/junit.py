@@ -12,9 +12,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..metrics import METRICS
-from .results import TestResult
+
+if TYPE_CHECKING:
+    from .results import TestResult
 
 PREFIX = "syncguard."
 
@@ -113,9 +116,12 @@ def properties(result: TestResult) -> list[tuple[str, object]]:
     if baseline is not None:
         props.append((f"{PREFIX}baseline", baseline["status"]))
         props.append((f"{PREFIX}device_slug", baseline["device"]))
+        props.append((f"{PREFIX}tolerance", baseline["tolerance"]))
         props.extend(
             (f"{PREFIX}baseline.{c['metric']}", _number(c["old"])) for c in baseline["changes"] if c["old"] is not None
         )
+        if result.fingerprint:
+            props.append((f"{PREFIX}fingerprint", json.dumps(result.fingerprint, sort_keys=True)))
         if baseline["fingerprint_changes"]:
             props.append((f"{PREFIX}fingerprint_changes", json.dumps(baseline["fingerprint_changes"], sort_keys=True)))
     if result.error is not None:

@@ -77,6 +77,8 @@ class TestResult:
     baseline: dict[str, Any] | None = None
     """The comparison with the baseline entry (``Comparison.to_dict``); None when not compared."""
     notes: list[str] = field(default_factory=list)
+    fingerprint: dict[str, str | None] = field(default_factory=dict)
+    """The environment of the run, when compared with a baseline (``environment.fingerprint``)."""
 
     @property
     def verdict(self) -> str:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU suite on a self-hosted runner: the examples under --syncguard (CUDA budgets required), compared with
+# this GPU model's baseline file, with JUnit, JSON results, a Markdown report and the traces and allocator
+# snapshots of failing tests, all under OUT (default syncguard-out/) for upload as one artifact.
+#
+#   bash ci/run_gpu_suite.sh [OUT]
+#
+# PR_NUMBER (optional) is written to OUT/pr-number for the comment workflow, which checks it again.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-syncguard-out}"
+mkdir -p "$out/artifacts"
+
+bash tools/install.sh examples || exit 1
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
+    || exit 1
+slug="$(syncguard device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')" || exit 1
+printf '%s\n' "$slug" > "$out/device-slug"
+if [[ "${PR_NUMBER:-}" =~ ^[0-9]+$ ]]; then
+    printf '%s\n' "$PR_NUMBER" > "$out/pr-number"
+fi
+syncguard device > "$out/device.txt"
+if [ ! -f "baselines/$slug.json" ]; then
+    echo "no baselines/$slug.json: every test is reported as new; record it with" \
+        "pytest examples --syncguard --syncguard-update-baselines" >&2
+fi
+
+# One xdist worker per GPU when the runner has several (each worker takes its own GPU).
+gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
+workers=()
+if [ "${gpus:-0}" -gt 1 ]; then
+    workers=(-n "$gpus")
+fi
+
+python -m pytest examples -p no:cacheprovider "${workers[@]}" \
+    --syncguard --syncguard-require-gpu --syncguard-baselines baselines \
+    --junitxml "$out/junit-$slug.xml" --syncguard-json "$out/results-$slug.json" \
+    --syncguard-artifacts "$out/artifacts"
+status=$?
+
+syncguard report "$out/junit-$slug.xml" --baselines baselines \
+    --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
+exit "$status"

@@ -1,0 +1,165 @@
+"""A run's verdicts as a Markdown PR comment: a one-line verdict, regressions first, then improvements, new
+tests, tests missing from the run and environment changes, the rest in collapsible details.
+
+Everything that comes from the run (test ids, metric text, file names) is escaped: ASCII punctuation is
+backslash-escaped (no Markdown, no HTML), ``@`` and ``#`` get a zero-width space (no mentions, no issue
+links), and control characters and newlines are dropped. The comment is cut to fit GitHub's limit, with a
+note that points to the full report.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Sequence
+
+from ..baselines import Change
+from ..metrics import METRICS
+from .verdicts import CaseVerdict, RunVerdicts
+
+#: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
+COMMENT_LIMIT = 65_536 - 512
+_ZWSP = "\u200b"
+_PUNCTUATION = set(string.punctuation) - {"@", "#"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+MAX_TEXT = 300
+#: Lists of new or missing tests longer than this are collapsed.
+LONG_LIST = 20
+
+
+def escape(text: object) -> str:
+    """Run-supplied text made inert in GitHub Markdown (tables included)."""
+    cleaned = _CONTROL.sub(" ", str(text))[:MAX_TEXT]
+    out = []
+    for char in cleaned:
+        if char in _PUNCTUATION:
+            out.append("\\" + char)
+        elif char in "@#":
+            out.append(char + _ZWSP)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    spec = METRICS.get(metric)
+    return escape(spec.format(value) if spec else f"{value:g}")
+
+
+def _change(change: Change) -> str:
+    if change.old is None or change.new is None:
+        return "-"
+    delta = change.new - change.old
+    relative = f" ({delta / change.old:+.1%})" if change.old else ""
+    return escape(f"{delta:+.4g}{relative}")
+
+
+def _change_rows(rows: Iterable[tuple[CaseVerdict, Change]]) -> list[str]:
+    lines = ["| test | device | metric | baseline → now | change |", "|---|---|---|---|---|"]
+    for verdict, change in rows:
+        lines.append(
+            f"| {escape(verdict.case.nodeid)} | {escape(verdict.case.device_slug)} | {escape(change.metric)} | "
+            f"{_value(change.metric, change.old)} → {_value(change.metric, change.new)} | {_change(change)} |"
+        )
+    return lines
+
+
+def _pairs(verdicts: Sequence[CaseVerdict], status: str) -> list[tuple[CaseVerdict, Change]]:
+    return [(v, c) for v in verdicts for c in v.comparison.of(status)]
+
+
+def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
+    """A list of tests; a long one collapsed."""
+    items = [f"- {escape(nodeid)} on {escape(device)}" for device, nodeid in tests]
+    if len(items) <= LONG_LIST:
+        return [title, "", *items, ""]
+    return [title, "", f"<details><summary>{len(items)} tests</summary>", "", *items, "", "</details>", ""]
+
+
+def headline(run: RunVerdicts) -> str:
+    regressed = run.with_status("regression")
+    counts = (
+        f"{len(run.cases)} tests on {', '.join(escape(d) for d in run.devices) or 'no device'}: "
+        f"{len(regressed)} regressed, {len(run.with_status('improvement'))} improved, "
+        f"{len(run.with_status('new'))} new, {len(run.missing)} missing"
+    )
+    failed = len(run.failed_tests)
+    if failed:
+        counts += f", {failed} failed their budgets"
+    if regressed:
+        return f"**❌ syncguard: {len(regressed)} regressions** ({counts})"
+    if failed:
+        return f"**❌ syncguard: {failed} tests failed** ({counts})"
+    return f"**✅ syncguard: no regressions** ({counts})"
+
+
+def sections(run: RunVerdicts) -> list[list[str]]:
+    """The report's blocks in order of importance (each a list of lines)."""
+    blocks: list[list[str]] = [[headline(run), ""]]
+    regressed = _pairs(run.with_status("regression"), "regression")
+    if regressed:
+        blocks.append(["### Regressions", "", *_change_rows(regressed), ""])
+    failed = run.failed_tests
+    if failed:
+        lines = ["### Failed tests", "", "| test | device | verdict |", "|---|---|---|"]
+        lines.extend(
+            f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.properties.get('verdict'))} |"
+            for v in failed
+        )
+        blocks.append([*lines, ""])
+    improved = _pairs(run.with_status("improvement"), "improvement")
+    if improved:
+        blocks.append(
+            [
+                "### Improvements",
+                "",
+                *_change_rows(improved),
+                "",
+                "Record them with `pytest --syncguard --syncguard-update-baselines` on the same GPU model.",
+                "",
+            ]
+        )
+    new = [(v.case.device_slug, v.case.nodeid) for v in run.with_status("new")]
+    if new:
+        blocks.append(_listing("### New tests (no baseline entry)", new))
+    if run.missing:
+        blocks.append(_listing("### In the baselines, not in this run", run.missing))
+    if run.environment:
+        lines = ["### Environment differs from the baseline's", ""]
+        for device, changes in sorted(run.environment.items()):
+            what = ", ".join(f"{escape(k)} {escape(old)} → {escape(new)}" for k, (old, new) in sorted(changes.items()))
+            lines.append(f"- {escape(device)}: {what}")
+        blocks.append([*lines, ""])
+    details = ["<details><summary>All measured tests</summary>", "", "| test | device | verdict | baseline |"]
+    details.append("|---|---|---|---|")
+    details.extend(
+        f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.properties.get('verdict'))} | "
+        f"{escape(v.comparison.status)} |"
+        for v in run.cases
+    )
+    blocks.append([*details, "", "</details>", ""])
+    return blocks
+
+
+def render(run: RunVerdicts, limit: int = COMMENT_LIMIT, full_report: str | None = None) -> tuple[str, bool]:
+    """The Markdown, cut to ``limit`` characters at line ends if needed; returns (text, truncated)."""
+    lines = [line for block in sections(run) for line in block]
+    text = "\n".join(lines) + "\n"
+    if len(text) <= limit:
+        return text, False
+    where = f" The full report is {escape(full_report)}." if full_report else ""
+    kept: list[str] = []
+    size = 0
+    for index, line in enumerate(lines):
+        note = f"\n_Report truncated: {len(lines) - index} more lines left out to fit a GitHub comment.{where}_\n"
+        if size + len(line) + 1 + len(note) > limit:
+            if kept and kept[-1].startswith("<details>"):
+                kept.pop()
+            opened = sum(k.startswith("<details>") for k in kept) - sum(k == "</details>" for k in kept)
+            kept.extend(["", "</details>"] * opened)
+            return "\n".join(kept) + "\n" + note, True
+        kept.append(line)
+        size += len(line) + 1
+    return text, False

@@ -1,0 +1,191 @@
+"""``syncguard comment`` against a stand-in ``gh`` first on PATH (tests/stand_ins/gh.py): it records every call
+and answers with canned API pages, since nothing here can reach GitHub."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_syncguard.comment import marker
+
+STAND_IN = Path(__file__).parent / "stand_ins" / "gh.py"
+MARK = marker("nvidia-h100-80gb-hbm3")
+
+
+class FakeGitHub:
+    def __init__(self, root: Path, comments: list[dict[str, Any]], login: str | None = "syncguard-bot") -> None:
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        gh = self.bin / "gh"
+        gh.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(STAND_IN)!r}, run_name='__main__')\n")
+        gh.chmod(0o755)
+        self.state = root / "state.json"
+        self.log = root / "calls.jsonl"
+        self.state.write_text(json.dumps({"repo": "acme/decoder", "login": login, "comments": comments}))
+        self.body = root / "body.md"
+        self.body.write_text("**✅ syncguard: no regressions** (3 tests)\n")
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_ACTIONS", "GH_TOKEN", "GITHUB_TOKEN")}
+        env.update(PATH=f"{self.bin}{os.pathsep}{env.get('PATH', '')}", FAKE_GH_STATE=str(self.state))
+        env["FAKE_GH_LOG"] = str(self.log)
+        return env
+
+    def comment(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        args = ["--pr", "7", "--body-file", str(self.body), "--key", "nvidia-h100-80gb-hbm3", *extra]
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_syncguard.cli", "comment", *args],
+            env=env or self.env(),
+            capture_output=True,
+            text=True,
+        )
+
+    @property
+    def comments(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.state.read_text())["comments"])
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+def others(count: int, start: int = 1) -> list[dict[str, Any]]:
+    return [{"id": start + i, "user": {"login": "reviewer"}, "body": f"comment {i}"} for i in range(count)]
+
+
+def test_creates_a_comment_with_the_hidden_marker(tmp_path: Path) -> None:
+    gh = FakeGitHub(tmp_path, others(3))
+    done = gh.comment()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("syncguard comment: created comment 4 ")
+    created = gh.comments[-1]
+    assert created["body"].startswith("**✅ syncguard: no regressions**") and created["body"].rstrip().endswith(MARK)
+    posts = [c for c in gh.calls if "POST" in c["argv"]]
+    assert len(posts) == 1 and posts[0]["argv"][3] == "repos/acme/decoder/issues/7/comments"
+
+
+def test_pages_through_all_comments_and_updates_its_own(tmp_path: Path) -> None:
+    mine = {"id": 180, "user": {"login": "syncguard-bot"}, "body": f"old report\n\n{MARK}\n"}
+    gh = FakeGitHub(tmp_path, [*others(179), mine, *others(30, start=181)])
+    done = gh.comment("--repo", "acme/decoder")
+    assert done.returncode == 0, done.stderr
+    assert "updated comment 180" in done.stdout
+    pages = [c["argv"][1] for c in gh.calls if c["argv"][0] == "api" and c["argv"][1].startswith("repos/")]
+    assert pages == [f"repos/acme/decoder/issues/7/comments?per_page=100&page={p}" for p in (1, 2, 3)]
+    bodies = {c["id"]: c["body"] for c in gh.comments}
+    assert bodies[180].startswith("**✅ syncguard") and len(gh.comments) == 210
+    assert not [c for c in gh.calls if "POST" in c["argv"]]
+
+
+def test_never_edits_someone_elses_comment_even_with_the_marker(tmp_path: Path) -> None:
+    quoted = {"id": 5, "user": {"login": "mallory"}, "body": f"look: {MARK}"}
+    other_key = {"id": 6, "user": {"login": "syncguard-bot"}, "body": marker("cpu")}
+    gh = FakeGitHub(tmp_path, [*others(4), quoted, other_key])
+    done = gh.comment()
+    assert done.returncode == 0, done.stderr
+    assert "created comment 7" in done.stdout
+    bodies = {c["id"]: c["body"] for c in gh.comments}
+    assert bodies[5] == f"look: {MARK}" and bodies[6] == marker("cpu")
+    assert not [c for c in gh.calls if "PATCH" in c["argv"]]
+
+
+def test_a_workflow_token_posts_as_github_actions(tmp_path: Path) -> None:
+    mine = {"id": 2, "user": {"login": "github-actions[bot]"}, "body": MARK}
+    gh = FakeGitHub(tmp_path, [*others(1), mine], login=None)
+    assert "cannot tell which account" in gh.comment().stderr  # outside a workflow: refuses to guess
+    done = gh.comment(env={**gh.env(), "GITHUB_ACTIONS": "true"})
+    assert done.returncode == 0 and "updated comment 2" in done.stdout
+
+
+def test_missing_or_unauthenticated_gh_is_a_clear_error(tmp_path: Path) -> None:
+    gh = FakeGitHub(tmp_path, [])
+    state = json.loads(gh.state.read_text())
+    gh.state.write_text(json.dumps({**state, "authenticated": False}))
+    done = gh.comment()
+    assert done.returncode == 2 and "gh is not authenticated: run `gh auth login`" in done.stderr
+    no_gh = {**gh.env(), "PATH": str(tmp_path / "empty")}
+    done = gh.comment(env=no_gh)
+    assert done.returncode == 2 and "`gh` is not on PATH" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--key", "a b"], "--key 'a b'"),
+        (["--repo", "not a repo"], "--repo 'not a repo'"),
+    ],
+)
+def test_bad_arguments_name_the_option(tmp_path: Path, args: list[str], message: str) -> None:
+    gh = FakeGitHub(tmp_path, [])
+    done = gh.comment(*args)
+    assert done.returncode == 2 and message in done.stderr
+    assert not gh.calls  # nothing was sent
+
+
+def test_a_body_over_githubs_limit_is_refused(tmp_path: Path) -> None:
+    gh = FakeGitHub(tmp_path, [])
+    gh.body.write_text("x" * 70_000)
+    done = gh.comment()
+    assert done.returncode == 2 and "GitHub's limit is 65536" in done.stderr
+
+
+# -- ci/post_pr_comment.py: the workflow_run job's handling of an untrusted artifact ---------------------
+POSTER = Path(__file__).resolve().parents[1] / "ci" / "post_pr_comment.py"
+SHA = "a" * 40
+JUNIT = """<testsuites><testsuite name="pytest" tests="1"><testcase classname="t" name="test_x">
+<properties><property name="syncguard.nodeid" value="t.py::test_x"/><property name="syncguard.verdict" value="pass"/>
+<property name="syncguard.device" value="cuda"/><property name="syncguard.device_slug" value="nvidia-h100-80gb-hbm3"/>
+<property name="syncguard.syncs" value="0"/><property name="syncguard.baseline" value="new"/></properties>
+</testcase></testsuite></testsuites>"""
+
+
+def poster(tmp_path: Path, pr: str, *, head: str = SHA, fork: bool = True) -> tuple[FakeGitHub, Any]:
+    gh = FakeGitHub(tmp_path, [], login=None)
+    state = json.loads(gh.state.read_text())
+    state["pulls"] = {
+        "12": {
+            "head": {"sha": head, "repo": {"full_name": "mallory/decoder" if fork else "acme/decoder"}},
+            "labels": [{"name": "gpu-approved"}, {"name": "perf"}],
+        }
+    }
+    gh.state.write_text(json.dumps(state))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "pr-number").write_text(pr)
+    (artifact / "device-slug").write_text("nvidia-h100-80gb-hbm3\n")
+    (artifact / "junit-nvidia-h100-80gb-hbm3.xml").write_text(JUNIT)
+    env = {**gh.env(), "ARTIFACT": str(artifact), "REPO": "acme/decoder", "HEAD_SHA": SHA, "GITHUB_ACTIONS": "true"}
+    env["RUNNER_TEMP"] = str(tmp_path)
+    bin_dir = Path(sys.executable).parent  # the syncguard console script
+    env["PATH"] = f"{env['PATH']}{os.pathsep}{bin_dir}"
+    done = subprocess.run([sys.executable, str(POSTER)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    return gh, done
+
+
+def test_the_poster_comments_and_removes_the_forks_approval(tmp_path: Path) -> None:
+    gh, done = poster(tmp_path, "12\n")
+    assert done.returncode == 0, done.stderr
+    (created,) = gh.comments
+    assert created["body"].startswith("**✅ syncguard: no regressions** (1 tests on nvidia\\-h100\\-80gb\\-hbm3")
+    assert created["body"].rstrip().endswith(MARK)
+    labels = json.loads(gh.state.read_text())["pulls"]["12"]["labels"]
+    assert labels == [{"name": "perf"}]
+
+
+@pytest.mark.parametrize("pr", ["12; rm -rf /", "$(id)", "0", "", "12\n13"])
+def test_the_poster_refuses_a_malformed_pr_number(tmp_path: Path, pr: str) -> None:
+    gh, done = poster(tmp_path, pr)
+    assert done.returncode == 1 and "pr-number" in done.stderr
+    assert not gh.calls
+
+
+def test_the_poster_refuses_when_the_pr_moved_on(tmp_path: Path) -> None:
+    gh, done = poster(tmp_path, "12", head="b" * 40)
+    assert done.returncode == 1 and "not posting" in done.stderr
+    assert not gh.comments

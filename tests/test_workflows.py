@@ -1,0 +1,86 @@
+"""The CI workflows follow GitHub's guidance for self-hosted runners: checked with zizmor (a workflow linter
+from PyPI) and by reading the YAML for the rules this project relies on."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def load(name: str) -> dict[Any, Any]:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def steps(workflow: dict[Any, Any]) -> list[dict[str, Any]]:
+    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])]
+
+
+@pytest.mark.parametrize("name", ["cpu.yml", "gpu.yml", "gpu-comment.yml"])
+def test_pinned_actions_least_privilege_and_no_injection(name: str) -> None:
+    workflow = load(name)
+    text = (WORKFLOWS / name).read_text()
+    assert "pull_request_target" not in workflow["on"]
+    assert "permissions" in workflow, "every workflow sets its token's permissions"
+    for step in steps(workflow):
+        if "uses" in step:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+        if "actions/checkout" in step.get("uses", ""):
+            assert step.get("with", {}).get("persist-credentials") is False
+        # Event data reaches scripts through env, never spliced into the script text.
+        assert "${{" not in step.get("run", ""), step["run"]
+    assert "secrets." not in text
+
+
+def test_gpu_suite_runs_forks_only_on_a_maintainers_label() -> None:
+    workflow = load("gpu.yml")
+    assert workflow["permissions"] == {"contents": "read"}
+    assert set(workflow["on"]) == {"push", "pull_request"}
+    assert "labeled" in workflow["on"]["pull_request"]["types"]
+    (job,) = workflow["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "gpu"]
+    condition = " ".join(job["if"].split())
+    fork = "github.event.pull_request.head.repo.full_name != github.repository"
+    assert f"({fork} && github.event.action == 'labeled' && github.event.label.name == 'gpu-approved')" in condition
+    same = "github.event.pull_request.head.repo.full_name == github.repository"
+    assert f"({same} && github.event.action != 'labeled')" in condition
+    checkout = next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
+    assert checkout["with"]["ref"] == "${{ github.event.pull_request.head.sha || github.sha }}"
+    assert "permissions" not in job  # nothing beyond the workflow's read-only token
+
+
+def test_the_comment_job_has_only_comment_rights_and_checks_out_no_pr_code() -> None:
+    workflow = load("gpu-comment.yml")
+    assert set(workflow["on"]) == {"workflow_run"}
+    assert workflow["on"]["workflow_run"]["workflows"] == ["GPU suite"] == [load("gpu.yml")["name"]]
+    assert workflow["permissions"] == {}
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert not str(job["runs-on"]).startswith("self-hosted")
+    checkout = next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
+    assert "ref" not in checkout.get("with", {}) and "repository" not in checkout.get("with", {})
+    post = job["steps"][-1]
+    assert post["run"] == "python ci/post_pr_comment.py"
+    assert post["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
+
+
+def test_zizmor_finds_nothing() -> None:
+    zizmor = shutil.which("zizmor")
+    if zizmor is None:
+        pytest.skip("zizmor is not installed (pip install zizmor)")
+    done = subprocess.run(
+        [zizmor, "--offline", "--persona", "auditor", "--no-progress", str(WORKFLOWS)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No findings to report" in done.stdout + done.stderr
