@@ -4,7 +4,7 @@ downloaded)."""
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB = 256
 
@@ -29,3 +29,18 @@ def tiny_llama(device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCau
     """The tiny Llama in eval mode on ``device``, with weights drawn from ``seed``."""
     torch.manual_seed(seed)
     return LlamaForCausalLM(tiny_llama_config()).to(device).eval()
+
+
+def gpt2_config(*, tiny: bool) -> GPT2Config:
+    """GPT-2 124M (the seed article's model), or a two-layer miniature of it for CPU runs."""
+    if tiny:
+        return GPT2Config(
+            vocab_size=512, n_positions=256, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    return GPT2Config()  # 124M: 12 layers, 768 wide, vocabulary 50257
+
+
+def gpt2(device: torch.device | str = "cpu", seed: int = 0, *, tiny: bool = True) -> GPT2LMHeadModel:
+    """GPT-2 (random init from ``seed``) in eval mode on ``device``."""
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(gpt2_config(tiny=tiny)).to(device).eval()

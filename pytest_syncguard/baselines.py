@@ -161,14 +161,19 @@ class Comparison:
         return cls(**{**data, "changes": changes})
 
 
-def _status(metric: str, old: float, new: float, samples: int, tolerance: float) -> str:
+#: Timings on the ``cpu`` slug are not compared: it stands for any CPU, so they would compare machines.
+UNTIMED_DEVICES = frozenset({"cpu"})
+TIMINGS = frozenset({"seconds", "tokens_per_second"})
+
+
+def _status(metric: str, old: float, new: float, samples: int, tolerance: float, device: str) -> str:
     spec = METRICS[metric]
     worse = new < old if spec.higher_is_better else new > old
     if spec.counted:
         if new == old:
             return "unchanged"
         return "regression" if worse else "improvement"
-    if samples < MIN_RUNS:
+    if samples < MIN_RUNS or (device in UNTIMED_DEVICES and metric in TIMINGS):
         return "not compared"
     delta = abs(new - old)
     if delta <= spec.floor or delta <= tolerance * abs(old):
@@ -201,7 +206,7 @@ def compare(
         if old is None or new is None:
             status = "new" if old is None else "missing"
         else:
-            status = _status(metric, float(old), float(new), samples.get(metric, 1), tolerance)
+            status = _status(metric, float(old), float(new), samples.get(metric, 1), tolerance, device)
         changes.append(Change(metric, None if old is None else float(old), new, status))
     statuses = {c.status for c in changes}
     overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"

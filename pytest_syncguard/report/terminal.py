@@ -111,12 +111,19 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _metric(result: TestResult, name: str, digits: int) -> str:
+    value = result.metrics.get(name)
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def summary_lines(results: Iterable[TestResult]) -> list[str]:
     """The summary table: test, device, tokens, syncs, syncs per token, budget, verdict."""
     results = list(results)
     timeline = any(r.timeline for r in results)
     memory = any(r.memory for r in results)
+    timed = any("seconds" in r.metrics for r in results)
     header: tuple[str, ...] = ("test", "device", "tokens", "syncs", "syncs/token")
+    header += ("median ms", "tokens/s") if timed else ()
     header += ("max gap us", "p99 gap us", "busy") if timeline else ()
     header += ("fragmentation", "reserved MiB") if memory else ()
     baselines = any(r.baseline for r in results)
@@ -130,18 +137,17 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
             str(r.syncs),
             _fmt(r.syncs_per_token),
         )
+        if timed:
+            seconds, rate = r.metrics.get("seconds"), r.metrics.get("tokens_per_second")
+            row += ("-" if seconds is None else f"{seconds * 1e3:.1f}", "-" if rate is None else f"{rate:.0f}")
+        # Medians over the test's runs, as baselines store them.
         if timeline:
-            t = r.timeline
-            row += (
-                (f"{t['max_gap_us']:.1f}", f"{t['p99_gap_us']:.1f}", f"{t['busy_fraction']:.3f}") if t else ("-",) * 3
+            row += tuple(
+                _metric(r, name, digits)
+                for name, digits in (("max_gap_us", 1), ("p99_gap_us", 1), ("busy_fraction", 3))
             )
         if memory:
-            worst = max(r.memory, key=lambda m: m["fragmentation"], default=None)
-            row += (
-                (f"{worst['fragmentation']:.3f}", f"{max(m['reserved_peak'] for m in r.memory) / 2**20:.1f}")
-                if worst
-                else ("-", "-")
-            )
+            row += (_metric(r, "fragmentation", 3), _metric(r, "reserved_mb", 1))
         row += (", ".join(b.describe for b in r.budgets) or "-",)
         if baselines:
             row += (r.baseline["status"] if r.baseline else "-",)
