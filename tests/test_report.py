@@ -3,6 +3,7 @@ escaping of hostile test ids, truncation to GitHub's comment limit."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -179,3 +180,20 @@ def test_bad_input_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "plain.xml").write_text('<testsuite name="x" tests="1"><testcase name="t" classname="c"/></testsuite>')
     done = cli(tmp_path, "plain.xml")
     assert done.returncode == 2 and "no measured test in plain.xml" in done.stderr
+
+
+def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
+    """The JUnit file of the strategy suite on an H100 (tests/data/h100_suite), against the baseline it was
+    compared with: the report agrees with the run's own verdicts."""
+    data = Path(__file__).parent / "data" / "h100_suite"
+    junit = tmp_path / "junit-nvidia-h100-80gb-hbm3.xml"
+    junit.write_bytes(gzip.decompress((data / "junit-nvidia-h100-80gb-hbm3.xml.gz").read_bytes()))
+    run_ = judge([junit], data / "baselines")
+    assert run_.devices == ["nvidia-h100-80gb-hbm3"] and len(run_.cases) == 17 and not run_.missing
+    own = {c.case.nodeid: c.case.properties["baseline"] for c in run_.cases}
+    assert {c.case.nodeid: c.comparison.status for c in run_.cases} == own  # same verdicts as the run's
+    speed = next(c for c in run_.cases if c.case.nodeid.endswith("test_speed[cuda_graph]"))
+    assert speed.case.metrics["syncs"] == 1 and speed.comparison.status == "unchanged"
+    text, _ = render(run_)
+    assert text.splitlines()[0].startswith("**❌ syncguard: 6 regressions** (17 tests on nvidia\\-h100\\-80gb\\-hbm3")
+    assert "| seconds | 0\\.664 s → 0\\.9515 s | \\+0\\.2875 \\(\\+43\\.3\\%\\) |" in text
