@@ -10,8 +10,6 @@ a baseline of this schema is an error naming it, and is never overwritten.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from .files import write_atomically
 from .metrics import METRICS
 
 SCHEMA = "pytest-syncguard/baselines"
@@ -101,16 +100,7 @@ def update(
             current = read(path)
             tests = dict(current.tests) if current is not None else {}
             tests.update({nodeid: dict(metrics) for nodeid, metrics in entries.items()})
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(handle, "w", encoding="utf-8") as sink:
-                    sink.write(document(device, fingerprint, tests))
-                    sink.flush()
-                    os.fsync(sink.fileno())
-                os.replace(temporary, path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_atomically(path, document(device, fingerprint, tests))
     except Timeout as exc:
         raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
     return len(entries)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from .files import write_atomically
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -60,19 +60,6 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _write(path: Path, text: str) -> None:
-    """Write atomically: a reader sees the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as sink:
-            sink.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
 def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
     from .report.junit import JUnitError
@@ -90,13 +77,13 @@ def _report(args: argparse.Namespace) -> int:
               "and --junitxml)", file=sys.stderr)  # fmt: skip
         return 2
     if args.json:
-        _write(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
     text, truncated = render(run, full_report=full_path.name if full_path else None)
     if args.markdown:
-        _write(Path(args.markdown), text)
+        write_atomically(Path(args.markdown), text)
         if truncated and full_path is not None:
-            _write(full_path, render(run, limit=sys.maxsize)[0])
+            write_atomically(full_path, render(run, limit=sys.maxsize)[0])
     else:
         print(text, end="")
     regressions = len(run.with_status("regression"))
