@@ -17,6 +17,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from .environment import fingerprint_changes
 from .files import write_atomically
 from .metrics import METRICS
 
@@ -117,12 +118,22 @@ class Change:
     """regression, improvement, unchanged, new (no baseline value), missing (not measured now) or
     not compared (a noisy metric from too few runs)."""
 
+    @property
+    def delta(self) -> float | None:
+        return None if self.old is None or self.new is None else self.new - self.old
+
+    @property
+    def relative(self) -> float | None:
+        """The change as a fraction of the baseline value (None when there is none, or it is 0)."""
+        delta = self.delta
+        return None if delta is None or not self.old else delta / self.old
+
     def describe(self) -> str:
         metric = METRICS.get(self.metric)
-        if metric is None or self.old is None or self.new is None:
+        delta = self.delta
+        if metric is None or self.old is None or self.new is None or delta is None:
             return f"{self.metric} {self.old} -> {self.new}"
-        delta = self.new - self.old
-        relative = f", {delta / self.old:+.1%}" if self.old else ""
+        relative = "" if self.relative is None else f", {self.relative:+.1%}"
         change = ("+" if delta >= 0 else "-") + metric.format(abs(delta))
         return f"{self.metric} {metric.format(self.old)} -> {metric.format(self.new)} ({change}{relative})"
 
@@ -182,8 +193,6 @@ def compare(
     fingerprint: Mapping[str, str | None],
 ) -> Comparison:
     """Each metric against the test's entry (``tolerance`` is relative; counts are exact)."""
-    from .environment import fingerprint_changes
-
     entry = baseline.tests.get(nodeid) if baseline is not None else None
     drift = fingerprint_changes(baseline.fingerprint, dict(fingerprint)) if baseline is not None else {}
     if entry is None:

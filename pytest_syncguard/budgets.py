@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,12 +112,6 @@ def _limit(item: pytest.Item, name: str, value: Any) -> float:
     return float(value)
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 @dataclass(frozen=True)
 class SyncBudget:
     """A limit from one budget marker: on syncs (per token or in total), GPU idle gaps, busy fraction,
@@ -171,14 +166,14 @@ class SyncBudget:
         steps = timelines[-1]
         judged = f"{steps.judged_steps} steps judged after {steps.warmup_steps} warm-up" if steps.steps else "no steps"
         if self.marker == "max_gpu_idle_us":
-            value = _median([t.gap_stat(self.stat) for t in timelines])
+            value = statistics.median([t.gap_stat(self.stat) for t in timelines])
             gaps = len(steps.gaps_us)
             text = (
                 f"{self.marker}: limit {self.limit:g} us ({self.stat} gap), measured {value:.1f} us "
                 f"({runs}{gaps} gaps, {judged})"
             )
             return Verdict(self, value, value <= self.limit, text)
-        value = _median([t.busy_fraction for t in timelines])
+        value = statistics.median([t.busy_fraction for t in timelines])
         text = (
             f"{self.marker}: limit {self.limit:.2f}, measured {value:.3f}: GPU busy {steps.busy_us:.0f} us "
             f"of a {steps.span_us:.0f} us span ({runs}{judged})"

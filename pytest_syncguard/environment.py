@@ -53,7 +53,12 @@ def _driver_version() -> str | None:
 
 def fingerprint(device: str) -> dict[str, str | None]:
     """What a baseline's numbers depend on besides the code: device, torch, CUDA runtime, driver,
-    transformers, Python and syncguard versions (None: not present)."""
+    transformers, Python and syncguard versions (None: not present). A fresh dict; computed once per device."""
+    return dict(_fingerprint(device))
+
+
+@cache
+def _fingerprint(device: str) -> tuple[tuple[str, str | None], ...]:
     import torch
 
     transformers_version: str | None
@@ -62,15 +67,15 @@ def fingerprint(device: str) -> dict[str, str | None]:
     except ImportError:
         transformers_version = None
     on_cuda = device != "cpu" and cuda_device_name() is not None
-    return {
-        "device_name": cuda_device_name() if on_cuda else "cpu",
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda if on_cuda else None,
-        "driver": _driver_version() if on_cuda else None,
-        "transformers": transformers_version,
-        "python": platform.python_version(),
-        "syncguard": __version__,
-    }
+    return (
+        ("device_name", cuda_device_name() if on_cuda else "cpu"),
+        ("torch", str(torch.__version__)),
+        ("cuda", torch.version.cuda if on_cuda else None),
+        ("driver", _driver_version() if on_cuda else None),
+        ("transformers", transformers_version),
+        ("python", platform.python_version()),
+        ("syncguard", __version__),
+    )
 
 
 def fingerprint_changes(recorded: dict[str, str | None], current: dict[str, str | None]) -> dict[str, list[str | None]]:

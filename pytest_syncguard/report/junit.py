@@ -42,21 +42,18 @@ class JUnitCase:
 
     @property
     def metrics(self) -> dict[str, float]:
-        values = {}
-        for name in METRICS:
-            if name in self.properties:
-                try:
-                    values[name] = float(self.properties[name])
-                except ValueError:
-                    continue
-        return values
+        """The measured metrics (``syncguard.<metric>``)."""
+        return self._numbers("")
 
     @property
     def baseline(self) -> dict[str, float]:
         """The baseline values the run compared with (``syncguard.baseline.<metric>``)."""
+        return self._numbers("baseline.")
+
+    def _numbers(self, prefix: str) -> dict[str, float]:
         values = {}
         for name in METRICS:
-            raw = self.properties.get(f"baseline.{name}")
+            raw = self.properties.get(prefix + name)
             if raw is not None:
                 try:
                     values[name] = float(raw)

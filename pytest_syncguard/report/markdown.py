@@ -49,11 +49,10 @@ def _value(metric: str, value: float | None) -> str:
 
 
 def _change(change: Change) -> str:
-    if change.old is None or change.new is None:
+    if change.delta is None:
         return "-"
-    delta = change.new - change.old
-    relative = f" ({delta / change.old:+.1%})" if change.old else ""
-    return escape(f"{delta:+.4g}{relative}")
+    relative = "" if change.relative is None else f" ({change.relative:+.1%})"
+    return escape(f"{change.delta:+.4g}{relative}")
 
 
 def _change_rows(rows: Iterable[tuple[CaseVerdict, Change]]) -> list[str]:

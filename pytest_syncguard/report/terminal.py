@@ -173,8 +173,9 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
 def baseline_lines(results: Iterable[TestResult], updating: bool, notes: Iterable[str] = ()) -> list[str]:
     """After the table: regressions, improvements (with the command that records them), new tests,
     environment changes since the baselines were recorded, and the run's notes."""
+    results = sorted(results, key=lambda r: r.nodeid)
     lines: list[str] = []
-    compared = [(r, Comparison.from_dict(r.baseline)) for r in sorted(results, key=lambda r: r.nodeid) if r.baseline]
+    compared = [(r, Comparison.from_dict(r.baseline)) for r in results if r.baseline]
     if not updating:
         for r, c in compared:
             lines.extend(f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("regression"))
