@@ -3,8 +3,11 @@
 Bare and instrumented runs alternate in one process (with a second bare variant, whose ratio to the first is
 the noise floor); the result is the median of the per-sample ratios, of wall time and of the main thread's
 CPU time (which time stolen by other processes on a shared host does not inflate).
-Run from the repository root: ``python -m bench.bench_overhead [--pairs N] [--runs K]``; it prints the
-machine it ran on.
+``--parts`` adds variants that tell the probe's costs apart: without its dispatcher kernels, and on CUDA
+without its copy checks (the sync-debug warning catcher and the ``non_blocking`` wrappers), and without both.
+On CUDA "no kernels" is no saving: the warning catcher then sees each scalar read instead, at about the same cost.
+Run from the repository root: ``python -m bench.bench_overhead [--pairs N] [--runs K] [--parts]``; it prints
+the machine it ran on.
 """
 
 from __future__ import annotations
@@ -13,23 +16,27 @@ import argparse
 import platform
 import statistics
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import torch
 
 from examples.models import tiny_llama
+from pytest_syncguard.probes import syncs
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
+Sample = tuple[float, float]
+"""Wall time and main-thread CPU time of one run, in seconds."""
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=15, help="samples of each variant")
-    parser.add_argument("--runs", type=int, default=3, help="generates per sample")
-    args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+def generate_run(device: str) -> Callable[[], Sample]:
+    """One timed tiny-Llama generate of 64 tokens on ``device``."""
     model = tiny_llama(device)
     prompt = torch.randint(1, 256, (1, 8), device=device)
 
-    def generate() -> tuple[float, float]:
+    def run() -> Sample:
         if device == "cuda":
             torch.cuda.synchronize()
         start, cpu_start = time.perf_counter(), time.thread_time()
@@ -39,39 +46,96 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start, time.thread_time() - cpu_start
 
-    def instrumented() -> tuple[float, float]:
-        recorder = SyncRecorder(on_device=device != "cpu")
-        with PROBE.recording(recorder):
-            return generate()
+    return run
 
-    variants = {"bare": generate, "instrumented": instrumented, "bare again": generate}
+
+def instrumented(run: Callable[[], Sample], on_device: bool) -> Callable[[], Sample]:
+    def variant() -> Sample:
+        with PROBE.recording(SyncRecorder(on_device=on_device)):
+            return run()
+
+    return variant
+
+
+def without(patches: Callable[[], Iterator[None]], run: Callable[[], Sample]) -> Callable[[], Sample]:
+    """``run`` with parts of the probe switched off by ``patches`` (a generator: patch, yield, restore)."""
+    scoped = contextmanager(patches)
+
+    def variant() -> Sample:
+        with scoped():
+            return run()
+
+    return variant
+
+
+def no_kernels() -> Iterator[None]:
+    with mock.patch.object(syncs, "CATALOGUE", ()):
+        yield
+
+
+def no_copy_checks() -> Iterator[None]:
+    with mock.patch.object(PROBE._copies, "install"), mock.patch.object(PROBE._pageable, "install"):
+        yield
+
+
+def interleave(variants: dict[str, Callable[[], Sample]], pairs: int, runs: int) -> dict[str, list[Sample]]:
+    """``pairs`` samples of each variant, each the sum of ``runs`` runs, in a rotating order."""
     for _ in range(3):
         for run in variants.values():
             run()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    cpu_times: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(args.pairs):
-        # Rotate the order so that no variant always runs first; each sample sums --runs generates.
-        names = list(variants)[i % 3 :] + list(variants)[: i % 3]
-        for name in names:
-            runs = [variants[name]() for _ in range(args.runs)]
-            times[name].append(sum(wall for wall, _ in runs))
-            cpu_times[name].append(sum(cpu for _, cpu in runs))
-    cpu = f"CPU ({platform.processor() or platform.machine()})"
-    machine = torch.cuda.get_device_name() if device == "cuda" else cpu
-    print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
-    for clock, samples_of in (("wall", times), ("thread CPU", cpu_times)):
-        medians = ", ".join(
-            f"{name} {statistics.median(samples) / args.runs * 1e3:.1f} ms" for name, samples in samples_of.items()
-        )
+    samples: dict[str, list[Sample]] = {name: [] for name in variants}
+    names = list(variants)
+    for i in range(pairs):
+        # Rotate the order so that no variant always runs first.
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            measured = [variants[name]() for _ in range(runs)]
+            samples[name].append((sum(wall for wall, _ in measured), sum(cpu for _, cpu in measured)))
+    return samples
+
+
+def report(samples: dict[str, list[Sample]], runs: int) -> None:
+    for clock, index in (("wall", 0), ("thread CPU", 1)):
+        times = {name: [sample[index] for sample in values] for name, values in samples.items()}
+        medians = ", ".join(f"{name} {statistics.median(t) / runs * 1e3:.1f} ms" for name, t in times.items())
         print(f"{clock} time per generate, medians: {medians}")
-        for label, over in (("instrumented/bare", "instrumented"), ("bare again/bare (noise floor)", "bare again")):
-            ratios = sorted(a / b for a, b in zip(samples_of[over], samples_of["bare"], strict=True))
+        for name, values in times.items():
+            if name == "bare":
+                continue
+            ratios = sorted(a / b for a, b in zip(values, times["bare"], strict=True))
             quartiles = statistics.quantiles(ratios, n=4)
+            label = f"{name}/bare" + (" (noise floor)" if name == "bare again" else "")
             print(
                 f"  {label} ratio: median {statistics.median(ratios):.3f} "
                 f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f})"
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=15, help="samples of each variant")
+    parser.add_argument("--runs", type=int, default=3, help="generates per sample")
+    parser.add_argument("--parts", action="store_true", help="add variants without parts of the probe")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    run = generate_run(device)
+    probed = instrumented(run, on_device=device != "cpu")
+    variants = {"bare": run, "instrumented": probed}
+    if args.parts:
+        variants["no kernels"] = without(no_kernels, probed)
+        if device == "cuda":
+            variants["no copy checks"] = without(no_copy_checks, probed)
+            variants["neither"] = without(no_copy_checks, without(no_kernels, probed))
+    variants["bare again"] = run
+    samples = interleave(variants, args.pairs, args.runs)
+    cpu = f"CPU ({platform.processor() or platform.machine()})"
+    machine = torch.cuda.get_device_name() if device == "cuda" else cpu
+    print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
+    report(samples, args.runs)
+    recorder = SyncRecorder(on_device=device != "cpu")
+    with PROBE.recording(recorder):
+        run()
+    kinds = Counter(f"{event.op} ({event.kind})" for event in recorder.events for _ in range(event.syncs))
+    print(f"syncs counted in one instrumented generate: {dict(kinds)}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytest_syncguard.analysis.sites import group_sites
 from pytest_syncguard.probes.copies import PageableCopyCheck
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
@@ -85,6 +86,36 @@ def test_kinds_and_call_site() -> None:
     ]
     site = recorder.events[0].site
     assert site is not None and site.filename == __file__ and site.function.endswith("<lambda>")
+
+
+def _read_in_a_loop(steps: int) -> None:
+    for _ in range(steps):
+        x.sum().item()
+
+
+def _caller_of_the_loop(steps: int) -> None:
+    _read_in_a_loop(steps)
+
+
+def test_each_site_keeps_the_stack_of_its_first_sync_in_every_region() -> None:
+    outer, inner = SyncRecorder(False), SyncRecorder(False)
+    with PROBE.recording(outer):
+        _caller_of_the_loop(3)
+        with PROBE.recording(inner):
+            _caller_of_the_loop(2)
+    loop_line = _read_in_a_loop.__code__.co_firstlineno + 2
+    # Full stacks for the first read of each region (the inner region's first read is in both), the call site
+    # alone for the others.
+    for recorder, full in ((outer, [True, False, False, True, False]), (inner, [True, False])):
+        stacks = [e.stack for e in recorder.events]
+        assert [len(stack) > 1 for stack in stacks] == full
+        assert {stack[0] for stack in stacks} == {stacks[0][0]}
+        first = [(f.function, f.lineno) for f in stacks[0][:3]]
+        assert first[:2] == [("_read_in_a_loop", loop_line), ("_caller_of_the_loop", loop_line + 4)]
+        assert first[2][0] == "test_each_site_keeps_the_stack_of_its_first_sync_in_every_region"
+        # what reports show: one site, with the first read's full stack
+        (site,) = group_sites(recorder.events)
+        assert (site.count, site.stack) == (len(full), stacks[0])
 
 
 def test_kernels_are_removed_on_every_exit_path() -> None:

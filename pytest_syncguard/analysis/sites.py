@@ -27,7 +27,9 @@ class SyncEvent(NamedTuple):
     op: str
     syncs: int
     stack: tuple[Frame, ...]
-    """The first frames outside torch and this plugin, innermost first; empty when none was found."""
+    """The first frames outside torch and this plugin, innermost first; empty when none was found. The probe
+    records the short stack for the first sync of each (op, call site) in a measured region and the call site
+    alone for the others, which is what :func:`group_sites` shows."""
     allowed: bool = False
 
     @property

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -31,6 +30,12 @@ _OFF = 0
 
 #: Called with (operator name, frame of the caller) for each sync seen.
 Emit = Callable[[str, "FrameType | None"], None]
+
+
+class ProbeThreadState(Protocol):
+    """The sync probe's per-thread state: whether its own code is running on this thread."""
+
+    inside: bool
 
 
 def _caller(frame: FrameType | None) -> FrameType | None:
@@ -47,7 +52,7 @@ class BlockingCopySignal:
     already switched it on, their warnings still reach them.
     """
 
-    def __init__(self, local: threading.local) -> None:
+    def __init__(self, local: ProbeThreadState) -> None:
         self._local = local
         self._saved_mode: int | None = None
         self._catcher: warnings.catch_warnings[Any] | None = None
@@ -69,7 +74,7 @@ class BlockingCopySignal:
 
             def showwarning(message: Any, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
                 if issubclass(category, UserWarning) and str(message).startswith(SYNC_WARNING):
-                    if not getattr(local, "inside", False):
+                    if not local.inside:
                         emit("cudaMemcpy+sync", _caller(sys._getframe(1)))
                     if not passthrough:
                         return
@@ -132,6 +137,9 @@ class PageableCopyCheck:
 
         def check(name: str, original: Callable[..., Any], position: int | None) -> Callable[..., Any]:
             def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                # Most calls (``.to(dtype)``, ``.to(device)``) leave here: a positional flag is never first.
+                if len(args) < 2 and not kwargs.get("non_blocking"):
+                    return original(self, *args, **kwargs)
                 if torch.compiler.is_compiling() or not _non_blocking(args, kwargs, position):
                     return original(self, *args, **kwargs)
                 result = original(self, *args, **kwargs)

@@ -36,6 +36,7 @@ from .sync_ops import CATALOGUE, SyncKind, SyncOp
 from .timeline import TIMELINE
 
 STACK_DEPTH = 5
+_new_event = tuple.__new__
 _DISPATCH_KEY = "BackendSelect"
 
 
@@ -52,18 +53,14 @@ class _InternalFiles:
             _package_dir(module.__file__)
             for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
         )
-        #: id(code) -> (code, its frame name or None for internal code). Keyed by id: hashing a code object
-        #: hashes its bytecode and constants, microseconds per frame; the code is kept to check identity.
-        self.names: dict[int, tuple[CodeType, str | None]] = {}
+        self._verdicts: dict[str, bool] = {}
 
     def __contains__(self, filename: str) -> bool:
-        return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
-
-    def name(self, code: CodeType) -> str | None:
-        """The qualified name of ``code`` if it is user code, else None."""
-        name = None if code.co_filename in self else getattr(code, "co_qualname", code.co_name)
-        self.names[id(code)] = (code, name)
-        return name
+        verdict = self._verdicts.get(filename)
+        if verdict is None:
+            verdict = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
+            self._verdicts[filename] = verdict
+        return verdict
 
 
 _INTERNAL = _InternalFiles()
@@ -74,26 +71,44 @@ def is_internal_file(filename: str) -> bool:
     return filename in _INTERNAL
 
 
-#: (id(code), instruction offset) -> (code, Frame): a loop's sync site is resolved once, not once per token
-_SITES: dict[tuple[int, int], tuple[CodeType, Frame]] = {}
+#: (id(code), instruction offset) -> (code, its Frame, or None in internal code): each frame of a loop's stack
+#: is classified and resolved once, not once per token. Keyed by id: hashing a code object hashes its bytecode
+#: and constants, microseconds per frame; the code is kept, so that its id is not reused.
+_FRAMES: dict[tuple[int, int], tuple[CodeType, Frame | None]] = {}
+
+
+def _resolve(frame: FrameType) -> Frame | None:
+    code = frame.f_code
+    if code.co_filename in _INTERNAL:
+        return None
+    return Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
+
+
+def _first_user_frame(frame: FrameType | None) -> tuple[FrameType | None, Frame | None]:
+    """The innermost frame from ``frame`` outwards that lies outside torch and this plugin, and its Frame."""
+    cache = _FRAMES
+    while frame is not None:
+        code = frame.f_code
+        # f_lineno decodes the line table (microseconds in a large function); f_lasti is a plain int.
+        key = (id(code), frame.f_lasti)
+        cached = cache.get(key)
+        if cached is None:
+            cached = cache[key] = (code, _resolve(frame))
+        if cached[1] is not None:
+            return frame, cached[1]
+        frame = frame.f_back
+    return None, None
 
 
 def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
     """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
     frames: list[Frame] = []
-    names, unknown, sites = _INTERNAL.names, _INTERNAL.name, _SITES
-    while frame is not None and len(frames) < depth:
-        code = frame.f_code
-        known = names.get(id(code))
-        name = known[1] if known is not None and known[0] is code else unknown(code)
-        if name is not None:
-            # f_lineno decodes the line table (microseconds in a large function); f_lasti is a plain int.
-            key = (id(code), frame.f_lasti)
-            cached = sites.get(key)
-            if cached is None or cached[0] is not code:
-                cached = sites[key] = (code, Frame(code.co_filename, frame.f_lineno, name))
-            frames.append(cached[1])
-        frame = frame.f_back
+    while len(frames) < depth:
+        found, site = _first_user_frame(frame)
+        if found is None or site is None:
+            break
+        frames.append(site)
+        frame = found.f_back
     return tuple(frames)
 
 
@@ -101,6 +116,12 @@ def _label(kind: SyncKind, frame: FrameType | None) -> str:
     """How a counted sync is annotated in a profiler trace: its kind and Python call site."""
     stack = user_stack(frame, 1)
     return f"{kind.value} at {stack[0] if stack else '?'}"
+
+
+class _ProbeState(threading.local):
+    """Per thread: whether the probe's own code is running (its syncs and their inner ones are not counted)."""
+
+    inside = False
 
 
 class SyncRecorder:
@@ -122,7 +143,9 @@ class SyncProbe:
     def __init__(self) -> None:
         self._recorders: list[SyncRecorder] = []
         self._allowed = 0
-        self._local = threading.local()
+        #: (op, call site, allowed) of the syncs whose short stack was recorded since a recorder last attached
+        self._stacked: set[tuple[str, Frame, bool]] = set()
+        self._local = _ProbeState()
         self._library: torch.library.Library | None = None
         self._restore: list[Callable[[], None]] = []
         self._lock = threading.RLock()
@@ -140,6 +163,7 @@ class SyncProbe:
             if not self._recorders:
                 self._install()
             self._recorders.append(recorder)
+            self._stacked.clear()  # the new recorder gets the stack of each site's first sync
         try:
             yield recorder
         finally:
@@ -161,7 +185,7 @@ class SyncProbe:
     def unobserved(self) -> Iterator[None]:
         """The plugin's own syncs in this block (timing a region) reach no recorder and no sync warning."""
         local, signal = self._local, self._copies
-        outer = getattr(local, "inside", False)
+        outer = local.inside
         muted = signal.muting and not outer
         local.inside = True
         if muted:
@@ -175,33 +199,48 @@ class SyncProbe:
 
     # -- recording ---------------------------------------------------------------------------------
     def _emit(self, op: str, count: int, kind: SyncKind, frame: FrameType | None) -> None:
-        event = SyncEvent(kind.value, op, count, user_stack(frame), allowed=self._allowed > 0)
+        # This runs on every counted sync, so it does the least work that keeps reports whole: the call site
+        # always, the short stack above it only for the first sync from that site since a recorder attached
+        # (reports show one stack per site: the first one's). The event is built as a plain tuple of
+        # SyncEvent's fields, and the kind's string read from the member (``kind.value`` is a Python property).
+        found, site = _first_user_frame(frame)
+        allowed = self._allowed > 0
+        if site is None:
+            stack: tuple[Frame, ...] = ()
+        elif (op, site, allowed) in self._stacked:
+            stack = (site,)
+        else:
+            self._stacked.add((op, site, allowed))
+            stack = (site, *user_stack(found.f_back if found is not None else None, STACK_DEPTH - 1))
+        event = _new_event(SyncEvent, (kind._value_, op, count, stack, allowed))
         for recorder in self._recorders:
             recorder.events.append(event)
 
     def _kernel(self, entry: SyncOp, op: torch._ops.OpOverload) -> Callable[..., Any]:
+        # This runs once per scalar read of a decoding loop, with the caches cold from the model's kernels in
+        # between, so it reads closure variables only and calls the operator handle's redispatch directly
+        # (what ``OpOverload.redispatch`` wraps): each saves microseconds per call (bench/bench_overhead.py).
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
-        local, signal = self._local, self._copies
+        redispatch = op._handle.redispatch_boxed
+        local, signal, recorders, rule = self._local, self._copies, self._recorders, entry.rule
         name = f"aten::{entry.name}"
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "inside", False) or not self._recorders:
-                return op.redispatch(keyset & after, *args, **kwargs)
+            keyset = keyset & after
+            if local.inside or not recorders or args[0].is_meta:
+                return redispatch(keyset, *args, **kwargs)
+            verdict = rule(args, kwargs, recorders[-1].on_device)
             local.inside = True
-            muted = signal.muting
+            muted = verdict is not None and signal.muting
             if muted:
                 signal.mute()
             try:
-                first = args[0]
-                verdict = None
-                if not (isinstance(first, torch.Tensor) and first.is_meta):
-                    verdict = entry.rule(args, kwargs, self._recorders[-1].on_device)
                 if verdict is not None and TIMELINE.active:
                     kind, frame = verdict[1], sys._getframe(1)
                     with TIMELINE.sync(lambda: _label(kind, frame)):
-                        result = op.redispatch(keyset & after, *args, **kwargs)
+                        result = redispatch(keyset, *args, **kwargs)
                 else:
-                    result = op.redispatch(keyset & after, *args, **kwargs)
+                    result = redispatch(keyset, *args, **kwargs)
             finally:
                 local.inside = False
                 if muted:
@@ -217,7 +256,7 @@ class SyncProbe:
 
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "inside", False) or not self._recorders:
+            if local.inside or not self._recorders:
                 return original(*args, **kwargs)
             local.inside = True
             muted = signal.muting
