@@ -32,6 +32,10 @@ _OFF = 0
 Emit = Callable[[str, "FrameType | None"], None]
 
 
+def _nothing() -> None:
+    pass
+
+
 class ProbeThreadState(Protocol):
     """The sync probe's per-thread state: whether its own code is running on this thread."""
 
@@ -57,6 +61,9 @@ class BlockingCopySignal:
         self._saved_mode: int | None = None
         self._catcher: warnings.catch_warnings[Any] | None = None
         self.muting = False
+        #: Called on entry to and exit from the probe's own kernels, which count their syncs themselves.
+        self.mute: Callable[[], None] = _nothing
+        self.unmute: Callable[[], None] = _nothing
 
     def install(self, emit: Emit) -> None:
         saved = torch.cuda.get_sync_debug_mode()
@@ -86,6 +93,7 @@ class BlockingCopySignal:
             catcher.__exit__(None, None, None)
             raise
         self._catcher, self._saved_mode, self.muting = catcher, saved, True
+        self.mute, self.unmute = self._switch(_OFF), self._switch(_WARN)
 
     def uninstall(self) -> None:
         try:
@@ -95,13 +103,12 @@ class BlockingCopySignal:
             if self._catcher is not None:
                 self._catcher.__exit__(None, None, None)
             self._catcher, self._saved_mode, self.muting = None, None, False
+            self.mute = self.unmute = _nothing
 
-    def mute(self) -> None:
-        """Called on entry to the probe's own kernels, which count their syncs themselves."""
-        torch._C._cuda_set_sync_debug_mode(_OFF)
-
-    def unmute(self) -> None:
-        torch._C._cuda_set_sync_debug_mode(_WARN)
+    @staticmethod
+    def _switch(mode: int) -> Callable[[], None]:
+        # A C-level partial: muting runs twice per counted sync, where a Python frame costs microseconds.
+        return functools.partial(torch._C._cuda_set_sync_debug_mode, mode)
 
 
 def _non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any], position: int | None) -> bool:
