@@ -3,7 +3,8 @@
 Bare and instrumented runs alternate in one process (with a second bare variant, whose ratio to the first is
 the noise floor); the result is the median of the per-sample ratios, of wall time and of the main thread's
 CPU time (which time stolen by other processes on a shared host does not inflate).
-``--parts`` adds variants that tell the probe's costs apart: without its dispatcher kernels, and on CUDA
+``--parts`` adds variants that tell the probe's costs apart: no probe but a Python kernel that only
+redispatches each scalar read (what any Python kernel costs), the probe without its dispatcher kernels, and on CUDA
 without its copy checks (the sync-debug warning catcher and the ``non_blocking`` wrappers), and without both.
 On CUDA "no kernels" is no saving: the warning catcher then sees each scalar read instead, at about the same cost.
 Run from the repository root: ``python -m bench.bench_overhead [--pairs N] [--runs K] [--parts]``; it prints
@@ -19,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from unittest import mock
 
 import torch
@@ -78,6 +80,23 @@ def no_copy_checks() -> Iterator[None]:
         yield
 
 
+def pass_through_kernel() -> Iterator[None]:
+    """Only a Python kernel that redispatches, on ``_local_scalar_dense``: the floor of the probe's design."""
+    op = torch.ops.aten._local_scalar_dense.default
+    after = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+    redispatch = op._handle.redispatch_boxed
+
+    def kernel(keyset: Any, tensor: torch.Tensor) -> Any:
+        return redispatch(keyset & after, tensor)
+
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    library.impl("_local_scalar_dense", kernel, "BackendSelect", with_keyset=True)  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
+
+
 def interleave(variants: dict[str, Callable[[], Sample]], pairs: int, runs: int) -> dict[str, list[Sample]]:
     """``pairs`` samples of each variant, each the sum of ``runs`` runs, in a rotating order."""
     for _ in range(3):
@@ -121,6 +140,7 @@ def main() -> None:
     probed = instrumented(run, on_device=device != "cpu")
     variants = {"bare": run, "instrumented": probed}
     if args.parts:
+        variants["pass-through kernel"] = without(pass_through_kernel, run)
         variants["no kernels"] = without(no_kernels, probed)
         if device == "cuda":
             variants["no copy checks"] = without(no_copy_checks, probed)
