@@ -84,7 +84,7 @@ def _resolve(frame: FrameType) -> Frame | None:
     return Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
 
 
-def _first_user_frame(frame: FrameType | None) -> tuple[FrameType | None, Frame | None]:
+def _first_user_frame(frame: FrameType | None) -> tuple[FrameType, Frame] | None:
     """The innermost frame from ``frame`` outwards that lies outside torch and this plugin, and its Frame."""
     cache = _FRAMES
     while frame is not None:
@@ -97,18 +97,18 @@ def _first_user_frame(frame: FrameType | None) -> tuple[FrameType | None, Frame 
         if cached[1] is not None:
             return frame, cached[1]
         frame = frame.f_back
-    return None, None
+    return None
 
 
 def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
     """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
     frames: list[Frame] = []
     while len(frames) < depth:
-        found, site = _first_user_frame(frame)
-        if found is None or site is None:
+        found = _first_user_frame(frame)
+        if found is None:
             break
+        frame, site = found[0].f_back, found[1]
         frames.append(site)
-        frame = found.f_back
     return tuple(frames)
 
 
@@ -203,15 +203,15 @@ class SyncProbe:
         # always, the short stack above it only for the first sync from that site since a recorder attached
         # (reports show one stack per site: the first one's). The event is built as a plain tuple of
         # SyncEvent's fields, and the kind's string read from the member (``kind.value`` is a Python property).
-        found, site = _first_user_frame(frame)
+        found = _first_user_frame(frame)
         allowed = self._allowed > 0
-        if site is None:
-            stack: tuple[Frame, ...] = ()
-        elif (op, site, allowed) in self._stacked:
+        stack: tuple[Frame, ...] = ()
+        if found is not None:
+            caller, site = found
             stack = (site,)
-        else:
-            self._stacked.add((op, site, allowed))
-            stack = (site, *user_stack(found.f_back if found is not None else None, STACK_DEPTH - 1))
+            if (op, site, allowed) not in self._stacked:
+                self._stacked.add((op, site, allowed))
+                stack += user_stack(caller.f_back, STACK_DEPTH - 1)
         event = _new_event(SyncEvent, (kind._value_, op, count, stack, allowed))
         for recorder in self._recorders:
             recorder.events.append(event)
