@@ -80,6 +80,12 @@ def no_copy_checks() -> Iterator[None]:
         yield
 
 
+def python_kernel() -> Iterator[None]:
+    """The probe with its Python kernel for scalar reads instead of the native one."""
+    with mock.patch.object(syncs.NATIVE, "load", return_value=None):
+        yield
+
+
 def pass_through_kernel() -> Iterator[None]:
     """Only a Python kernel that redispatches, on ``_local_scalar_dense``: the floor of the probe's design."""
     op = torch.ops.aten._local_scalar_dense.default
@@ -136,10 +142,13 @@ def main() -> None:
     parser.add_argument("--parts", action="store_true", help="add variants without parts of the probe")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    PROBE.prepare()
     run = generate_run(device)
     probed = instrumented(run, on_device=device != "cpu")
     variants = {"bare": run, "instrumented": probed}
     if args.parts:
+        if PROBE.native_unavailable is None:
+            variants["Python kernel"] = without(python_kernel, probed)
         variants["pass-through kernel"] = without(pass_through_kernel, run)
         variants["no kernels"] = without(no_kernels, probed)
         if device == "cuda":
@@ -150,6 +159,8 @@ def main() -> None:
     cpu = f"CPU ({platform.processor() or platform.machine()})"
     machine = torch.cuda.get_device_name() if device == "cuda" else cpu
     print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
+    unavailable = PROBE.native_unavailable
+    print("scalar reads counted by the " + (f"Python kernel: native {unavailable}" if unavailable else "native kernel"))
     report(samples, args.runs)
     recorder = SyncRecorder(on_device=device != "cpu")
     with PROBE.recording(recorder):

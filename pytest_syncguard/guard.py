@@ -143,6 +143,7 @@ class GenerationRegion:
 
     @contextmanager
     def recording(self) -> Iterator[GenerationRegion]:
+        PROBE.prepare()  # the first region of a process loads the native kernel before its clock starts
         start = self._clock()
         seconds = None
         try:

@@ -223,6 +223,8 @@ class SyncguardSession:
                     except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
                         error = f"{item.nodeid}: GPU timeline analysis failed: {exc}"
                     result = _judge(item.nodeid, budgets, measurement, self.require_gpu, error)
+                    if (fallback := _python_kernel_note()) is not None:
+                        result = replace(result, notes=[*result.notes, fallback])
                     if self.enabled and options.baseline and result.error is None:
                         result = self._compare(result, options)
                     if result.failed and capture.snapshots:
@@ -318,6 +320,16 @@ class SyncguardSession:
             except BaselineError as exc:
                 self.notes.append(f"syncguard: baselines NOT updated: {exc}")
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _python_kernel_note() -> str | None:
+    """Why scalar reads were counted by the slower Python kernel, unless the user switched the native one off."""
+    from .probes.native import NATIVE
+
+    why = NATIVE.unavailable
+    if why is None or why.startswith("switched off"):
+        return None
+    return f"syncguard: scalar reads were counted by the Python kernel (same counts, slower): the native kernel {why}"
 
 
 def _judge(

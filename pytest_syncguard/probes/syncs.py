@@ -4,10 +4,11 @@ How: a Python kernel is registered for each catalogued operator (see :mod:`.sync
 ``BackendSelect`` dispatch key, the last key before the backend kernel. Every call of that operator
 reaches it, from Python or from inside another ATen kernel (``x[mask]`` calls ``nonzero`` in C++), while all
 other operators keep their native speed: there is no per-op cost as with a ``TorchDispatchMode``. The kernel
-records the call and redispatches to the backend. On CUDA the probe also wraps the Python entry points of the
-explicit synchronizations (``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``,
-``torch.accelerator.synchronize``), which are no operators, and catches host<->device copies as described in
-:mod:`.copies` (they get no dispatcher kernel: ``copy_`` is too frequent for one).
+records the call and redispatches to the backend. The hottest operator, ``_local_scalar_dense`` (``.item()``),
+gets a C++ kernel with the same semantics where one can be built (:mod:`.native`). On CUDA the probe also wraps
+the Python entry points of the explicit synchronizations (``torch.cuda.synchronize``, ``Stream.synchronize``,
+``Event.synchronize``, ``torch.accelerator.synchronize``), which are no operators, and catches host<->device
+copies as described in :mod:`.copies` (they get no dispatcher kernel: ``copy_`` is too frequent for one).
 
 The kernels are registered when the first recorder attaches and removed when the last one detaches, on every
 exit path, so nothing outlives a measured region.
@@ -32,12 +33,14 @@ from torch._C import DispatchKey
 
 from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
 from .copies import BlockingCopySignal, PageableCopyCheck
+from .native import NATIVE
 from .sync_ops import CATALOGUE, SyncKind, SyncOp
 from .timeline import TIMELINE
 
 STACK_DEPTH = 5
 _new_event = tuple.__new__
 _DISPATCH_KEY = "BackendSelect"
+_SCALAR_READ = "_local_scalar_dense"
 
 
 def _package_dir(module_file: str | None) -> str:
@@ -82,6 +85,21 @@ def _resolve(frame: FrameType) -> Frame | None:
     if code.co_filename in _INTERNAL:
         return None
     return Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
+
+
+def _is_user_code(code: CodeType) -> bool:
+    return code.co_filename not in _INTERNAL
+
+
+def _site(code: CodeType, lasti: int) -> Frame:
+    """The Frame of user ``code`` paused at instruction offset ``lasti`` (a frame's ``f_lasti``), cached."""
+    key = (id(code), lasti)
+    cached = _FRAMES.get(key)
+    if cached is None or cached[1] is None:
+        line = next((line for start, end, line in code.co_lines() if start <= lasti < end and line), None)
+        site = Frame(code.co_filename, line or code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
+        cached = _FRAMES[key] = (code, site)
+    return cached[1]  # type: ignore[return-value]
 
 
 def _first_user_frame(frame: FrameType | None) -> tuple[FrameType, Frame] | None:
@@ -147,6 +165,7 @@ class SyncProbe:
         self._stacked: set[tuple[str, Frame, bool]] = set()
         self._local = _ProbeState()
         self._library: torch.library.Library | None = None
+        self._native: Any = None  # the native kernel's module while its kernel is registered
         self._restore: list[Callable[[], None]] = []
         self._lock = threading.RLock()
         self._copies = BlockingCopySignal(self._local)
@@ -156,21 +175,38 @@ class SyncProbe:
     def active(self) -> bool:
         return bool(self._recorders)
 
+    @staticmethod
+    def prepare() -> None:
+        """Load (or build) the native kernel now, so that no measured region pays for it."""
+        NATIVE.load()
+
+    @property
+    def native_unavailable(self) -> str | None:
+        """Why scalar reads are counted by the Python kernel (None when the native one counts them)."""
+        return NATIVE.unavailable
+
     @contextmanager
     def recording(self, recorder: SyncRecorder) -> Iterator[SyncRecorder]:
         """Record syncs into ``recorder`` for the duration of the block."""
         with self._lock:
             if not self._recorders:
                 self._install()
+            self._drain()  # queued reads belong to the recorders attached before this one
             self._recorders.append(recorder)
-            self._stacked.clear()  # the new recorder gets the stack of each site's first sync
+            # The new recorder gets the stack of each site's first sync.
+            self._stacked.clear()
+            if self._native is not None:
+                self._native.reset_stacks()
         try:
             yield recorder
         finally:
             with self._lock:
-                self._recorders.remove(recorder)
-                if not self._recorders:
-                    self._uninstall()
+                try:
+                    self._drain()
+                finally:
+                    self._recorders.remove(recorder)
+                    if not self._recorders:
+                        self._uninstall()
 
     @contextmanager
     def allowing(self) -> Iterator[None]:
@@ -203,6 +239,8 @@ class SyncProbe:
         # always, the short stack above it only for the first sync from that site since a recorder attached
         # (reports show one stack per site: the first one's). The event is built as a plain tuple of
         # SyncEvent's fields, and the kind's string read from the member (``kind.value`` is a Python property).
+        if self._native is not None:
+            self._drain()
         found = _first_user_frame(frame)
         allowed = self._allowed > 0
         stack: tuple[Frame, ...] = ()
@@ -215,6 +253,24 @@ class SyncProbe:
         event = _new_event(SyncEvent, (kind._value_, op, count, stack, allowed))
         for recorder in self._recorders:
             recorder.events.append(event)
+
+    def _drain(self) -> None:
+        """Turn the scalar reads the native kernel queued into events, for the recorders attached now."""
+        native = self._native
+        if native is None or not native.pending():
+            return
+        op, kind, stacked = f"aten::{_SCALAR_READ}", SyncKind.SCALAR_READ._value_, self._stacked
+        for code, lasti, allowed, above in native.drain():
+            stack: tuple[Frame, ...] = ()
+            if code is not None:
+                site = _site(code, lasti)
+                stack = (site,)
+                if above is not None and (op, site, allowed) not in stacked:
+                    stacked.add((op, site, allowed))
+                    stack += tuple(_site(c, offset) for c, offset in above)
+            event = _new_event(SyncEvent, (kind, op, 1, stack, allowed))
+            for recorder in self._recorders:
+                recorder.events.append(event)
 
     def _kernel(self, entry: SyncOp, op: torch._ops.OpOverload) -> Callable[..., Any]:
         # This runs once per scalar read of a decoding loop, with the caches cold from the model's kernels in
@@ -278,6 +334,7 @@ class SyncProbe:
     # -- installation --------------------------------------------------------------------------------
     def _install(self) -> None:
         cuda = torch.cuda.is_available()
+        native = NATIVE.load()
         library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
         try:
             for entry in CATALOGUE:
@@ -287,6 +344,9 @@ class SyncProbe:
                     raise RuntimeError(
                         f"syncguard: aten::{entry.name} already has a {_DISPATCH_KEY} kernel; refusing to replace it"
                     )
+                if entry.name == _SCALAR_READ and native is not None:
+                    self._install_native(native)
+                    continue
                 op = getattr(getattr(torch.ops.aten, base), overload or "default")
                 kernel = self._kernel(entry, op)
                 library.impl(entry.name, kernel, _DISPATCH_KEY, with_keyset=True)  # type: ignore[no-untyped-call]
@@ -300,9 +360,24 @@ class SyncProbe:
                 self._copies.install(self._copy_emitter(SyncKind.BLOCKING_COPY))
         except BaseException:
             library._destroy()  # type: ignore[no-untyped-call]
+            self._uninstall_native()
             self._unpatch()
             raise
         self._library = library
+
+    def _install_native(self, native: Any) -> None:
+        kind = SyncKind.SCALAR_READ
+
+        def annotate(frame: FrameType | None) -> Any:
+            return TIMELINE.sync(lambda: _label(kind, frame))
+
+        native.install(self, self._local, self._recorders, self._copies, TIMELINE, annotate, _is_user_code, STACK_DEPTH)
+        self._native = native
+
+    def _uninstall_native(self) -> None:
+        if self._native is not None:
+            self._native.uninstall()
+            self._native = None
 
     def _patch(self, owner: Any, attribute: str, name: str) -> None:
         original = owner.__dict__[attribute]
@@ -328,8 +403,11 @@ class SyncProbe:
 
     def _uninstall(self) -> None:
         try:
-            if self._library is not None:
-                self._library._destroy()  # type: ignore[no-untyped-call]
+            try:
+                self._uninstall_native()
+            finally:
+                if self._library is not None:
+                    self._library._destroy()  # type: ignore[no-untyped-call]
         finally:
             self._library = None
             self._unpatch()
@@ -337,7 +415,7 @@ class SyncProbe:
     @property
     def installed(self) -> bool:
         """Whether the dispatcher kernels are registered right now (for tests of the restore paths)."""
-        return self._library is not None
+        return self._library is not None or self._native is not None
 
 
 PROBE = SyncProbe()

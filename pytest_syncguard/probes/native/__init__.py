@@ -1,0 +1,85 @@
+"""The native scalar-read kernel (``scalar_read.cpp``): built once per machine and torch version, loaded once
+per process.
+
+It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
+``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache
+afterwards. Where it cannot be built the probe falls back to its Python kernel, which counts the same syncs
+more slowly, and says why in :data:`NATIVE`. ``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a
+failed build an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+ENVIRONMENT = "SYNCGUARD_NATIVE"
+SOURCE = Path(__file__).with_name("scalar_read.cpp")
+
+
+class NativeKernelError(RuntimeError):
+    """``SYNCGUARD_NATIVE=1`` and the native kernel could not be built or loaded."""
+
+
+class NativeKernel:
+    """Loads the extension at most once per process; remembers why it is unavailable if it is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tried = False
+        self._module: ModuleType | None = None
+        self.unavailable: str | None = None
+
+    def _setting(self) -> str:
+        value = os.environ.get(ENVIRONMENT, "auto").strip().lower()
+        if value in ("", "auto"):
+            return "auto"
+        if value in ("0", "off", "false", "no"):
+            return "off"
+        if value in ("1", "on", "true", "yes", "require"):
+            return "require"
+        raise NativeKernelError(f"{ENVIRONMENT}={os.environ[ENVIRONMENT]!r}: expected auto, 0 or 1")
+
+    def load(self) -> ModuleType | None:
+        """The extension module, or None when it is switched off or cannot be built here."""
+        with self._lock:
+            if self._tried:
+                return self._module
+            setting = self._setting()
+            self._tried = True
+            if setting == "off":
+                self.unavailable = f"switched off by {ENVIRONMENT}=0"
+                return None
+            try:
+                self._module = _build()
+            except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
+                self.unavailable = f"could not be built ({type(exc).__name__}: {_reason(exc)})"
+                if setting == "require":
+                    raise NativeKernelError(f"syncguard: the native scalar-read kernel {self.unavailable}") from exc
+            return self._module
+
+
+def _reason(exc: Exception) -> str:
+    """The line of a build failure that says what went wrong: the compiler's first error, else the last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    compiler = [line for line in lines if "error:" in line]
+    return (compiler[0] if compiler else lines[-1])[:300]
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    # One build per torch version: the kernel links against torch's C++ ABI.
+    version = re.sub(r"\W", "_", torch.__version__)
+    module: ModuleType = load(
+        name=f"syncguard_scalar_read_{version}", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
+    )
+    return module
+
+
+NATIVE = NativeKernel()

@@ -1,0 +1,195 @@
+"""The native scalar-read kernel records exactly what the Python kernel records, and leaves nothing behind.
+
+Each scenario runs twice in one process, once per kernel, and the recorded events (kind, op, count, call
+site, short stack, allowed) must be equal. ``.ci/run`` sets ``SYNCGUARD_NATIVE=1``, so there a kernel that
+cannot be built fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+import pytest
+import torch
+
+from pytest_syncguard.analysis.sites import SyncEvent
+from pytest_syncguard.probes import native, syncs
+from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
+
+pytestmark = pytest.mark.skipif(
+    native.NATIVE.load() is None, reason=f"native kernel unavailable: {native.NATIVE.unavailable}"
+)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@contextmanager
+def python_kernel() -> Iterator[None]:
+    saved = native.NATIVE._module
+    native.NATIVE._module = None
+    try:
+        yield
+    finally:
+        native.NATIVE._module = saved
+
+
+def record(scenario: Callable[[], object], on_device: bool) -> list[SyncEvent]:
+    recorder = SyncRecorder(on_device=on_device)
+    with PROBE.recording(recorder):
+        scenario()
+    return recorder.events
+
+
+def both(scenario: Callable[[], object], on_device: bool = False) -> tuple[list[SyncEvent], list[SyncEvent]]:
+    """The events of ``scenario`` under the native kernel, then under the Python kernel (from the same line,
+    so that the stacks can be equal)."""
+    events = []
+    for kernel in (nullcontext, python_kernel):
+        with kernel():
+            events.append(record(scenario, on_device))
+        assert syncs.PROBE._native is None and not PROBE.installed
+    return events[0], events[1]
+
+
+def _inner(t: torch.Tensor) -> float:
+    return t.sum().item()
+
+
+def _middle(t: torch.Tensor) -> float:
+    return _inner(t) + _inner(t * 2)
+
+
+def _decode_like(device: str) -> None:
+    t = torch.arange(6.0, device=device)
+    for step in range(4):
+        _middle(t + step)
+        if bool((t > step).any()):
+            int(t[step])
+        with PROBE.allowing():
+            _inner(t)
+        torch.nonzero(t > 2)  # a Python-kernel sync between queued native reads: order is kept
+    float(torch.tensor(1.5))  # a host tensor: counted on CPU runs only
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_events_as_the_python_kernel(device: str) -> None:
+    native_events, python_events = both(lambda: _decode_like(device), on_device=device != "cpu")
+    assert native_events == python_events
+    assert sum(e.syncs for e in native_events) == 4 * 6 + (device == "cpu")
+    assert any(e.allowed for e in native_events) and any(len(e.stack) > 2 for e in native_events)
+
+
+def test_same_events_in_nested_regions() -> None:
+    def scenario(events: dict[str, list[SyncEvent]]) -> None:
+        outer, inner = SyncRecorder(on_device=False), SyncRecorder(on_device=False)
+        with PROBE.recording(outer):
+            _middle(torch.ones(3))
+            with PROBE.recording(inner):
+                _middle(torch.ones(3))
+            _inner(torch.ones(3))
+        events.update(outer=outer.events, inner=inner.events)
+
+    native_events: dict[str, list[SyncEvent]] = {}
+    python_events: dict[str, list[SyncEvent]] = {}
+    for kernel, events in ((nullcontext, native_events), (python_kernel, python_events)):
+        with kernel():
+            scenario(events)
+    assert native_events == python_events
+    assert [sum(e.syncs for e in native_events[k]) for k in ("outer", "inner")] == [5, 2]
+
+
+def test_same_events_from_another_thread() -> None:
+    def scenario() -> None:
+        worker = threading.Thread(target=_middle, args=(torch.ones(2),))
+        worker.start()
+        worker.join()
+        _inner(torch.ones(2))
+
+    native_events, python_events = both(scenario)
+    assert native_events == python_events
+    assert sum(e.syncs for e in native_events) == 3
+
+
+def test_same_events_for_hf_generate() -> None:
+    transformers = pytest.importorskip("transformers")
+    from examples.models import tiny_llama
+
+    assert transformers
+    model = tiny_llama("cpu")
+    prompt = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def generate() -> None:
+        with torch.inference_mode():
+            model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+
+    native_events, python_events = both(generate)
+    assert native_events == python_events
+    assert sum(e.syncs for e in native_events) >= 8
+
+
+def test_a_failing_read_records_nothing_and_leaves_no_kernel() -> None:
+    sparse = torch.ones(1).to_sparse()
+
+    def scenario() -> None:
+        with pytest.raises(NotImplementedError, match="from the 'SparseCPU' backend"):
+            torch.ops.aten._local_scalar_dense(sparse)
+        _inner(torch.ones(1))
+
+    native_events, python_events = both(scenario)
+    assert native_events == python_events
+    assert sum(e.syncs for e in native_events) == 1
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_local_scalar_dense", "BackendSelect")
+
+
+def test_reads_outside_a_region_are_not_queued() -> None:
+    module = native.NATIVE.load()
+    assert module is not None
+    with PROBE.recording(SyncRecorder(on_device=False)):
+        pass
+    _inner(torch.ones(1))
+    assert module.pending() == 0 and not PROBE.installed
+
+
+def test_the_environment_variable_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENVIRONMENT, "sometimes")
+    with pytest.raises(native.NativeKernelError, match="SYNCGUARD_NATIVE='sometimes'"):
+        native.NativeKernel().load()
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    off = native.NativeKernel()
+    assert off.load() is None
+    assert off.unavailable == "switched off by SYNCGUARD_NATIVE=0"
+
+
+BUDGETED = """
+import pytest, torch
+
+@pytest.mark.max_syncs(1)
+def test_reads():
+    torch.ones(1).item()
+"""
+
+
+@pytest.mark.parametrize("setting", ["auto", "1"])
+def test_a_kernel_that_cannot_be_built(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """Auto: the Python kernel counts, and the summary says why; required: the test errors, naming the variable."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(pytester.path / "extensions"))
+    monkeypatch.setenv("CXX", "/bin/false")  # the compiler fails
+    monkeypatch.setenv(native.ENVIRONMENT, setting)
+    pytester.makepyfile(BUDGETED)
+    result = pytester.runpytest_subprocess("--syncguard")
+    if setting == "auto":
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(
+            [
+                "*scalar reads were counted by the Python kernel (same counts, slower): the native kernel could not be built*"
+            ]
+        )
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            ["*NativeKernelError: syncguard: the native scalar-read kernel could not be built*"]
+        )
