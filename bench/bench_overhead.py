@@ -3,7 +3,8 @@
 Bare and instrumented runs alternate in one process (with a second bare variant, whose ratio to the first is
 the noise floor); the result is the median of the per-sample ratios, of wall time and of the main thread's
 CPU time (which time stolen by other processes on a shared host does not inflate).
-``--parts`` adds variants that tell the probe's costs apart: no probe but a Python kernel that only
+``--parts`` adds variants that tell the probe's costs apart: the probe with its Python kernel for scalar reads
+instead of the native one (when that one is built), no probe but a Python kernel that only
 redispatches each scalar read (what any Python kernel costs), the probe without its dispatcher kernels, and on CUDA
 without its copy checks (the sync-debug warning catcher and the ``non_blocking`` wrappers), and without both.
 On CUDA "no kernels" is no saving: the warning catcher then sees each scalar read instead, at about the same cost.

@@ -273,9 +273,10 @@ class SyncProbe:
                 recorder.events.append(event)
 
     def _kernel(self, entry: SyncOp, op: torch._ops.OpOverload) -> Callable[..., Any]:
-        # This runs once per scalar read of a decoding loop, with the caches cold from the model's kernels in
-        # between, so it reads closure variables only and calls the operator handle's redispatch directly
-        # (what ``OpOverload.redispatch`` wraps): each saves microseconds per call (bench/bench_overhead.py).
+        # Without the native kernel this runs once per scalar read of a decoding loop, with the caches cold
+        # from the model's kernels in between, so it reads closure variables only and calls the operator
+        # handle's redispatch directly (what ``OpOverload.redispatch`` wraps): each saves microseconds per
+        # call (bench/bench_overhead.py).
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
         redispatch = op._handle.redispatch_boxed
         local, signal, recorders, rule = self._local, self._copies, self._recorders, entry.rule
