@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -35,6 +35,8 @@ _BUDGETS = pytest.StashKey["tuple[SyncBudget, ...]"]()
 _OPTIONS = pytest.StashKey[TestOptions]()
 _GUARD = pytest.StashKey["SyncGuard"]()
 _RESULT = pytest.StashKey["TestResult"]()
+#: What an xdist worker sends its controller about the baselines it wrote: {"written": {file: n}, "errors": [...]}.
+_WORKER_BASELINES = "syncguard_baselines"
 REPORT_ATTRIBUTE = "syncguard_result"
 
 
@@ -147,6 +149,10 @@ class SyncguardSession:
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, TestResult] = {}
         self.notes: list[str] = []
+        #: Baseline entries written per file, and the files that could not be written (this process's and,
+        #: on the xdist controller, its workers').
+        self.written: dict[str, int] = {}
+        self.baseline_errors: list[str] = []
         self._baselines: dict[Path, Baseline | None] = {}
         if self.enabled and self.is_worker:
             self._assign_gpu()
@@ -280,31 +286,49 @@ class SyncguardSession:
             return
         for line in summary_lines(self.results.values()):
             terminalreporter.write_line(line)
-        for line in baseline_lines(self.results.values(), self.update_baselines, self._distributed_notes()):
+        for line in baseline_lines(self.results.values(), self.update_baselines, [*self.notes, *self._update_notes()]):
             terminalreporter.write_line(line)
         if self.json_path is not None:
             terminalreporter.write_line(f"syncguard results written to {self.json_path}")
 
-    def _distributed_notes(self) -> list[str]:
-        notes = list(self.notes)
-        if self.update_baselines and self.config.pluginmanager.has_plugin("dsession"):
-            files = sorted({r.baseline["file"] for r in self.results.values() if r.baseline and r.error is None})
-            notes.extend(f"syncguard: the xdist workers wrote their tests' entries to {f}" for f in files)
-        return notes
+    def _update_notes(self) -> list[str]:
+        if not self.update_baselines:
+            return []
+        by = " by the xdist workers" if self.config.pluginmanager.has_plugin("dsession") else ""
+        notes = [f"syncguard: wrote {n} baseline entries to {file}{by}" for file, n in sorted(self.written.items())]
+        return notes + [f"syncguard: baselines NOT updated: {error}" for error in self.baseline_errors]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """On the xdist controller: take in what a finished worker wrote, and what it could not."""
+        if error is not None and self.update_baselines:
+            worker = getattr(getattr(node, "gateway", None), "id", "?")
+            self.baseline_errors.append(f"xdist worker {worker} went down ({error}): its tests' entries are lost")
+        sent = getattr(node, "workeroutput", {}).get(_WORKER_BASELINES)
+        if not sent:
+            return
+        for file, written in sent["written"].items():
+            self.written[file] = self.written.get(file, 0) + written
+        self.baseline_errors.extend(sent["errors"])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        # Workers write their own tests' baselines (under the file's lock); the controller writes only what
-        # it ran itself.
+        # Workers write their own tests' baselines (under the file's lock) and tell the controller; the
+        # controller writes only what it ran itself.
         distributing = self.config.pluginmanager.has_plugin("dsession")
         if self.update_baselines and not distributing:
-            self._write_baselines(session)
+            self._write_baselines()
+            if self.is_worker:
+                output = {"written": self.written, "errors": self.baseline_errors}
+                self.config.workeroutput[_WORKER_BASELINES] = output  # type: ignore[attr-defined]
+        if self.baseline_errors and not self.is_worker:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.json_path is None or self.is_worker:
             return
         from .report.json_file import write_results
 
         write_results(self.json_path, self.results.values())
 
-    def _write_baselines(self, session: pytest.Session) -> None:
+    def _write_baselines(self) -> None:
         from .baselines import BaselineError, update
         from .environment import fingerprint
 
@@ -316,10 +340,9 @@ class SyncguardSession:
         for (file, slug, device), entries in sorted(by_file.items()):
             try:
                 written = update(Path(file), slug, entries, fingerprint(device))
-                self.notes.append(f"syncguard: wrote {written} baseline entries to {file}")
+                self.written[file] = self.written.get(file, 0) + written
             except BaselineError as exc:
-                self.notes.append(f"syncguard: baselines NOT updated: {exc}")
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                self.baseline_errors.append(str(exc))
 
 
 def _python_kernel_note() -> str | None:

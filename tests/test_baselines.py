@@ -265,13 +265,59 @@ def test_xdist_workers_update_one_file_and_lose_nothing(pytester: pytest.Pyteste
     path.write_text(json.dumps({"schema": SCHEMA, "schema_version": 1, "tests": {"kept.py::test_x": {"syncs": 1}}}))
     result = pytester.runpytest_subprocess("-n", "4", "--syncguard", "--syncguard-update-baselines")
     result.assert_outcomes(passed=16)
-    result.stdout.fnmatch_lines(["syncguard: the xdist workers wrote their tests' entries to */cpu.json"])
+    result.stdout.fnmatch_lines(["syncguard: wrote 16 baseline entries to */cpu.json by the xdist workers"])
     tests = json.loads(path.read_text())["tests"]
     assert tests.pop("kept.py::test_x") == {"syncs": 1}
     assert {nodeid: entry["syncs"] for nodeid, entry in tests.items()} == {
         f"test_many.py::test_case[{i}]": i for i in range(16)
     }
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+# Garbles the baseline file just before the plugin writes it (in each xdist worker too), so every write fails.
+GARBLER = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    (session.config.rootpath / "baselines" / "cpu.json").write_text("{garbled")
+"""
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_a_failed_update_fails_the_run_and_says_why(pytester: pytest.Pytester, workers: str | None) -> None:
+    """Also from xdist workers, whose own exit status the controller does not take over."""
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makepyfile(test_many=MANY)
+    pytester.makeconftest(GARBLER)
+    (pytester.path / "baselines").mkdir()
+    args = ["-n", workers] if workers else []
+    result = pytester.runpytest_subprocess(*args, "--syncguard", "--syncguard-update-baselines")
+    result.assert_outcomes(passed=16)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["syncguard: baselines NOT updated: */cpu.json: not valid JSON*left as it is"])
+    result.stdout.no_fnmatch_line("*syncguard: wrote*")
+    assert (pytester.path / "baselines" / "cpu.json").read_text() == "{garbled"
+
+
+def test_a_worker_that_goes_down_is_named_in_the_summary(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        test_crash="""
+import os
+
+def test_measured(syncguard):
+    with syncguard.generation(tokens=1):
+        pass
+
+def test_crash():
+    os._exit(3)
+"""
+    )
+    result = pytester.runpytest_subprocess("-n", "1", "--syncguard", "--syncguard-update-baselines")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["syncguard: baselines NOT updated: xdist worker gw0 went down (*): *entries are lost"])
 
 
 JUNIT_SUITE = (
