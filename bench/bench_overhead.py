@@ -148,7 +148,7 @@ def main() -> None:
     probed = instrumented(run, on_device=device != "cpu")
     variants = {"bare": run, "instrumented": probed}
     if args.parts:
-        if PROBE.native_unavailable is None:
+        if syncs.NATIVE.unavailable is None:
             variants["Python kernel"] = without(python_kernel, probed)
         variants["pass-through kernel"] = without(pass_through_kernel, run)
         variants["no kernels"] = without(no_kernels, probed)
@@ -160,8 +160,7 @@ def main() -> None:
     cpu = f"CPU ({platform.processor() or platform.machine()})"
     machine = torch.cuda.get_device_name() if device == "cuda" else cpu
     print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
-    unavailable = PROBE.native_unavailable
-    print("scalar reads counted by the " + (f"Python kernel: native {unavailable}" if unavailable else "native kernel"))
+    print(f"scalar reads counted by the {PROBE.scalar_read_kernel}")
     report(samples, args.runs)
     recorder = SyncRecorder(on_device=device != "cpu")
     with PROBE.recording(recorder):

@@ -181,9 +181,10 @@ class SyncProbe:
         NATIVE.load()
 
     @property
-    def native_unavailable(self) -> str | None:
-        """Why scalar reads are counted by the Python kernel (None when the native one counts them)."""
-        return NATIVE.unavailable
+    def scalar_read_kernel(self) -> str:
+        """Which kernel counts scalar reads, and for the Python one why the native one does not."""
+        why = NATIVE.unavailable
+        return f"Python kernel: native {why}" if why else "native kernel"
 
     @contextmanager
     def recording(self, recorder: SyncRecorder) -> Iterator[SyncRecorder]:
