@@ -6,6 +6,7 @@ pytest runs that do not use it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Generator
 from dataclasses import replace
 from pathlib import Path
@@ -151,7 +152,7 @@ class SyncguardSession:
         self.notes: list[str] = []
         #: Baseline entries written per file, and the files that could not be written (this process's and,
         #: on the xdist controller, its workers').
-        self.written: dict[str, int] = {}
+        self.written: Counter[str] = Counter()
         self.baseline_errors: list[str] = []
         self._baselines: dict[Path, Baseline | None] = {}
         if self.enabled and self.is_worker:
@@ -307,8 +308,7 @@ class SyncguardSession:
         sent = getattr(node, "workeroutput", {}).get(_WORKER_BASELINES)
         if not sent:
             return
-        for file, written in sent["written"].items():
-            self.written[file] = self.written.get(file, 0) + written
+        self.written.update(sent["written"])
         self.baseline_errors.extend(sent["errors"])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -318,7 +318,7 @@ class SyncguardSession:
         if self.update_baselines and not distributing:
             self._write_baselines()
             if self.is_worker:
-                output = {"written": self.written, "errors": self.baseline_errors}
+                output = {"written": dict(self.written), "errors": self.baseline_errors}
                 self.config.workeroutput[_WORKER_BASELINES] = output  # type: ignore[attr-defined]
         if self.baseline_errors and not self.is_worker:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -339,8 +339,7 @@ class SyncguardSession:
                 by_file.setdefault(key, {})[result.nodeid] = result.metrics
         for (file, slug, device), entries in sorted(by_file.items()):
             try:
-                written = update(Path(file), slug, entries, fingerprint(device))
-                self.written[file] = self.written.get(file, 0) + written
+                self.written[file] += update(Path(file), slug, entries, fingerprint(device))
             except BaselineError as exc:
                 self.baseline_errors.append(str(exc))
 
