@@ -13,41 +13,48 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .analysis.sites import Frame, SyncEvent, SyncSite
-    from .budgets import BudgetError, SyncBudget, Verdict
-    from .guard import GenerationRegion, SyncGuard, SyncguardUsageError, SyncMeasurement
+    from .budgets import Budget, BudgetCheck, BudgetError
+    from .guard import GenerationRegion, Measurement, SyncGuard, SyncguardUsageError
     from .probes.sync_ops import SyncKind
+    from .result import MeasuredTest
 
 _PUBLIC = {
     "Frame": ".analysis.sites",
     "SyncEvent": ".analysis.sites",
     "SyncSite": ".analysis.sites",
+    "Budget": ".budgets",
+    "BudgetCheck": ".budgets",
     "BudgetError": ".budgets",
-    "SyncBudget": ".budgets",
-    "Verdict": ".budgets",
     "GenerationRegion": ".guard",
+    "Measurement": ".guard",
     "SyncGuard": ".guard",
     "SyncguardUsageError": ".guard",
-    "SyncMeasurement": ".guard",
+    "MeasuredTest": ".result",
     "SyncKind": ".probes.sync_ops",
 }
 
+#: Names of 0.1.0 kept for code that imported them: a measurement and a budget are not only about syncs.
+_RENAMED = {"SyncMeasurement": "Measurement", "SyncBudget": "Budget"}
+
 __all__ = [
+    "Budget",
+    "BudgetCheck",
     "BudgetError",
     "Frame",
     "GenerationRegion",
-    "SyncBudget",
+    "MeasuredTest",
+    "Measurement",
     "SyncEvent",
     "SyncGuard",
     "SyncKind",
-    "SyncMeasurement",
     "SyncSite",
     "SyncguardUsageError",
-    "Verdict",
     "__version__",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    name = _RENAMED.get(name, name)
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'pytest_syncguard' has no attribute {name!r}")

@@ -10,22 +10,23 @@ a baseline of this schema is an error naming it, and is never overwritten.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
-from .environment import fingerprint_changes
+from .comparison import Comparison, compare
 from .files import write_atomically
-from .metrics import METRICS
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/baselines"
 SCHEMA_VERSION = 1
-DEFAULT_TOLERANCE = 0.10
-#: Noisy metrics are compared only when they are the median of at least this many runs.
-MIN_RUNS = 3
 LOCK_TIMEOUT_S = 120.0
 
 
@@ -35,6 +36,9 @@ class BaselineError(Exception):
 
 @dataclass(frozen=True)
 class Baseline:
+    """One baseline file: the device slug it is for, the environment it was recorded in, and per test node id
+    the metrics recorded."""
+
     path: Path
     device: str
     fingerprint: dict[str, str | None]
@@ -107,106 +111,79 @@ def update(
     return len(entries)
 
 
-@dataclass(frozen=True)
-class Change:
-    """One metric against its baseline value."""
+class BaselineStore:
+    """The baselines folder of a pytest run: each file read once, each measured test compared with its entry,
+    and with ``--syncguard-update-baselines`` the entries of the tests that ran written at the end.
 
-    metric: str
-    old: float | None
-    new: float | None
-    status: str
-    """regression, improvement, unchanged, new (no baseline value), missing (not measured now) or
-    not compared (a noisy metric from too few runs)."""
+    Under pytest-xdist every worker writes its own tests' entries (under the file's lock) and sends the
+    controller what it wrote and what it could not (:meth:`worker_output`, :meth:`add_worker_output`).
+    """
 
-    @property
-    def delta(self) -> float | None:
-        return None if self.old is None or self.new is None else self.new - self.old
+    #: The key of :meth:`worker_output` in an xdist worker's ``workeroutput``.
+    WORKER_KEY = "syncguard_baselines"
 
-    @property
-    def relative(self) -> float | None:
-        """The change as a fraction of the baseline value (None when there is none, or it is 0)."""
-        delta = self.delta
-        return None if delta is None or not self.old else delta / self.old
+    def __init__(self, directory: Path, tolerance: float, *, updating: bool) -> None:
+        self.directory = directory
+        self.tolerance = tolerance
+        self.updating = updating
+        self._files: dict[Path, Baseline | None] = {}
+        #: Entries written per file, and the files that could not be written (this process's and, on the
+        #: xdist controller, its workers').
+        self.written: Counter[str] = Counter()
+        self.errors: list[str] = []
 
-    def describe(self) -> str:
-        metric = METRICS.get(self.metric)
-        delta = self.delta
-        if metric is None or self.old is None or self.new is None or delta is None:
-            return f"{self.metric} {self.old} -> {self.new}"
-        relative = "" if self.relative is None else f", {self.relative:+.1%}"
-        change = ("+" if delta >= 0 else "-") + metric.format(abs(delta))
-        return f"{self.metric} {metric.format(self.old)} -> {metric.format(self.new)} ({change}{relative})"
+    def compare(self, nodeid: str, device: str, metrics: Metrics, tolerance: float | None = None) -> Comparison:
+        """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"); raises
+        :class:`BaselineError` naming a file that cannot be read."""
+        from .environment import fingerprint, fingerprint_changes, slug_for
 
+        slug = slug_for(device)
+        path = path_for(self.directory, slug)
+        if path not in self._files:
+            self._files[path] = read(path)
+        baseline = self._files[path]
+        environment = fingerprint(device)
+        comparison = compare(
+            baseline.tests.get(nodeid) if baseline is not None else None,
+            metrics,
+            device=slug,
+            file=str(path),
+            tolerance=self.tolerance if tolerance is None else tolerance,
+            fingerprint=environment,
+            drift=fingerprint_changes(baseline.fingerprint, environment) if baseline is not None else {},
+        )
+        return replace(comparison, status="updated") if self.updating else comparison
 
-@dataclass(frozen=True)
-class Comparison:
-    """A test's metrics against its baseline entry in the file of ``device``."""
+    def write(self, results: Iterable[MeasuredTest]) -> None:
+        """Write the entries of the compared tests that ended without a syncguard error, one update per file."""
+        by_file: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
+        environments: dict[tuple[str, str], Mapping[str, str | None]] = {}
+        for result in results:
+            comparison = result.comparison
+            if comparison is not None and result.error is None:
+                key = (comparison.file, comparison.device)
+                by_file.setdefault(key, {})[result.nodeid] = result.metrics.values
+                environments[key] = comparison.fingerprint
+        for (file, slug), entries in sorted(by_file.items()):
+            try:
+                self.written[file] += update(Path(file), slug, entries, environments[(file, slug)])
+            except BaselineError as exc:
+                self.errors.append(str(exc))
 
-    device: str
-    file: str
-    status: str
-    """regression, improvement, unchanged, new (no entry), updated (written by this run) or error."""
-    changes: list[Change] = field(default_factory=list)
-    fingerprint_changes: dict[str, list[str | None]] = field(default_factory=dict)
-    tolerance: float = DEFAULT_TOLERANCE
+    def worker_output(self) -> dict[str, Any]:
+        return {"written": dict(self.written), "errors": list(self.errors)}
 
-    def of(self, status: str) -> list[Change]:
-        return [c for c in self.changes if c.status == status]
+    def add_worker_output(self, sent: Mapping[str, Any]) -> None:
+        self.written.update(sent["written"])
+        self.errors.extend(sent["errors"])
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def worker_lost(self, worker: str, error: object) -> None:
+        self.errors.append(f"xdist worker {worker} went down ({error}): its tests' entries are lost")
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
-        changes = [Change(**c) for c in data.get("changes", [])]
-        return cls(**{**data, "changes": changes})
-
-
-#: Timings on the ``cpu`` slug are not compared: it stands for any CPU, so they would compare machines.
-UNTIMED_DEVICES = frozenset({"cpu"})
-TIMINGS = frozenset({"seconds", "tokens_per_second"})
-
-
-def _status(metric: str, old: float, new: float, samples: int, tolerance: float, device: str) -> str:
-    spec = METRICS[metric]
-    worse = new < old if spec.higher_is_better else new > old
-    if spec.counted:
-        if new == old:
-            return "unchanged"
-        return "regression" if worse else "improvement"
-    if samples < MIN_RUNS or (device in UNTIMED_DEVICES and metric in TIMINGS):
-        return "not compared"
-    delta = abs(new - old)
-    if delta <= spec.floor or delta <= tolerance * abs(old):
-        return "unchanged"
-    return "regression" if worse else "improvement"
-
-
-def compare(
-    baseline: Baseline | None,
-    device: str,
-    file: Path,
-    nodeid: str,
-    values: Mapping[str, float],
-    samples: Mapping[str, int],
-    tolerance: float,
-    fingerprint: Mapping[str, str | None],
-) -> Comparison:
-    """Each metric against the test's entry (``tolerance`` is relative; counts are exact)."""
-    entry = baseline.tests.get(nodeid) if baseline is not None else None
-    drift = fingerprint_changes(baseline.fingerprint, dict(fingerprint)) if baseline is not None else {}
-    if entry is None:
-        return Comparison(device, str(file), "new", [], drift, tolerance)
-    changes = []
-    for metric in sorted(set(entry) | set(values)):
-        if metric not in METRICS:
-            continue
-        old, new = entry.get(metric), values.get(metric)
-        if old is None or new is None:
-            status = "new" if old is None else "missing"
-        else:
-            status = _status(metric, float(old), float(new), samples.get(metric, 1), tolerance, device)
-        changes.append(Change(metric, None if old is None else float(old), new, status))
-    statuses = {c.status for c in changes}
-    overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"
-    return Comparison(device, str(file), overall, changes, drift, tolerance)
+    def notes(self, *, by_workers: bool) -> list[str]:
+        """What an update wrote (per file) and what it could not."""
+        if not self.updating:
+            return []
+        by = " by the xdist workers" if by_workers else ""
+        notes = [f"syncguard: wrote {n} baseline entries to {file}{by}" for file, n in sorted(self.written.items())]
+        return notes + [f"syncguard: baselines NOT updated: {error}" for error in self.errors]

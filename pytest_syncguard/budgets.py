@@ -1,20 +1,22 @@
-"""Budget markers: parsed and validated into frozen budgets, judged against a measurement."""
+"""Budget markers: each kind described once (:data:`KINDS`), parsed and validated into frozen budgets, and
+checked against a measurement."""
 
 from __future__ import annotations
 
 import inspect
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .analysis.gaps import parse_stat
+from .metrics import MIB, Metric, gap_metric_name, metric
 
 if TYPE_CHECKING:
     import pytest
 
-    from .guard import SyncMeasurement
+    from .guard import Measurement
 
 
 class BudgetError(Exception):
@@ -62,25 +64,120 @@ def syncguard(
     noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
 
 
-BUDGET_MARKERS: dict[str, Callable[..., None]] = {
-    "max_syncs_per_token": max_syncs_per_token,
-    "max_syncs": max_syncs,
-    "max_gpu_idle_us": max_gpu_idle_us,
-    "min_gpu_busy": min_gpu_busy,
-    "max_fragmentation": max_fragmentation,
-    "max_reserved_mb": max_reserved_mb,
-}
-#: The signal each budget needs: syncs are counted everywhere, the rest need a CUDA run.
-SIGNAL = {
-    "max_syncs_per_token": "syncs",
-    "max_syncs": "syncs",
-    "max_gpu_idle_us": "timeline",
-    "min_gpu_busy": "timeline",
-    "max_fragmentation": "memory",
-    "max_reserved_mb": "memory",
-}
-#: Budgets whose limit is a fraction in [0, 1].
-_FRACTIONS = frozenset({"min_gpu_busy", "max_fragmentation"})
+Signal = Literal["syncs", "timeline", "memory"]
+
+
+def closest_run(values: Sequence[float], value: float) -> int:
+    """The index of the run whose value is nearest ``value`` (the median a verdict reads, or the worst): the run
+    a sentence or a report shows as an example of it."""
+    return min(range(len(values)), key=lambda i: abs(values[i] - value))
+
+
+@dataclass(frozen=True)
+class BudgetKind:
+    """One budget marker, described once: its signature (the marker function), the signal it needs, the metric
+    it reads and how it aggregates that metric's runs, its bounds and direction, and its sentence."""
+
+    marker: str
+    signature: Callable[..., None]
+    signal: Signal
+    metric: Callable[[str], str]
+    """The name of the metric it reads, given the budget's ``stat``."""
+    aggregate: Callable[[list[float]], float]
+    """Over the metric's runs: the median (noisy metrics), or the worst run (memory)."""
+    sentence: Callable[[Budget, float, Measurement], str]
+    """The arithmetic of a check in words, from the value it read and the measurement."""
+    limit_argument: str = "limit"
+    upper: bool = True
+    """True: the value may not exceed the limit; False: it may not fall below it."""
+    fraction: bool = False
+    """The limit is a fraction in [0, 1]."""
+    needs_tokens: bool = False
+    unmeasured: str = ""
+    """Why there is no value when the signal was captured but the metric has no run."""
+
+
+def _per_token(budget: Budget, value: float, m: Measurement) -> str:
+    return (
+        f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
+        f"{m.syncs} syncs over {m.tokens} tokens"
+    )
+
+
+def _total(budget: Budget, value: float, m: Measurement) -> str:
+    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
+
+
+def _judged_steps(m: Measurement, index: int) -> str:
+    timelines = [t for t in m.timelines if t is not None]
+    shown = timelines[index]
+    runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
+    steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up" if shown.steps else "no steps"
+    return runs + steps
+
+
+def _idle(budget: Budget, value: float, m: Measurement) -> str:
+    runs = budget.metric.runs(m) if budget.metric.runs else []
+    index = closest_run(runs, value)
+    gaps = len([t for t in m.timelines if t is not None][index].gaps_us)
+    return (
+        f"{budget.marker}: limit {budget.limit:g} us ({budget.stat} gap), measured {value:.1f} us "
+        f"({gaps} gaps, {_judged_steps(m, index)})"
+    )
+
+
+def _busy(budget: Budget, value: float, m: Measurement) -> str:
+    runs = budget.metric.runs(m) if budget.metric.runs else []
+    index = closest_run(runs, value)
+    shown = [t for t in m.timelines if t is not None][index]
+    return (
+        f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: GPU busy {shown.busy_us:.0f} us "
+        f"of a {shown.span_us:.0f} us span ({_judged_steps(m, index)})"
+    )
+
+
+def _fragmentation(budget: Budget, value: float, m: Measurement) -> str:
+    worst = m.memory[closest_run([s.fragmentation for s in m.memory], value)]
+    return (
+        f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: 1 - allocated peak "
+        f"{worst.allocated_peak / MIB:.1f} MiB / reserved peak {worst.reserved_peak / MIB:.1f} MiB"
+    )
+
+
+def _reserved(budget: Budget, value: float, m: Measurement) -> str:
+    return f"{budget.marker}: limit {budget.limit:g} MiB, measured reserved peak {value:.1f} MiB"
+
+
+def _named(name: str) -> Callable[[str], str]:
+    return lambda stat: name
+
+
+KINDS: dict[str, BudgetKind] = {
+    kind.marker: kind
+    for kind in (
+        BudgetKind(
+            "max_syncs_per_token", max_syncs_per_token, "syncs", _named("syncs_per_token"), max, _per_token,
+            needs_tokens=True,
+        ),
+        BudgetKind("max_syncs", max_syncs, "syncs", _named("syncs"), max, _total),
+        BudgetKind(
+            "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, statistics.median, _idle,
+            unmeasured="the region launched no GPU work",
+        ),
+        BudgetKind(
+            "min_gpu_busy", min_gpu_busy, "timeline", _named("busy_fraction"), statistics.median, _busy,
+            limit_argument="fraction", upper=False, fraction=True, unmeasured="the region launched no GPU work",
+        ),
+        BudgetKind(
+            "max_fragmentation", max_fragmentation, "memory", _named("fragmentation"), max, _fragmentation,
+            fraction=True, unmeasured="no CUDA memory stats for the region",
+        ),
+        BudgetKind(
+            "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), max, _reserved,
+            unmeasured="no CUDA memory stats for the region",
+        ),
+    )
+}  # fmt: skip
 
 
 def _signature(function: Callable[..., None]) -> inspect.Signature:
@@ -90,6 +187,12 @@ def _signature(function: Callable[..., None]) -> inspect.Signature:
 def marker_help(name: str, function: Callable[..., None]) -> str:
     """The ``markers`` ini line of a marker: its signature and its docstring."""
     return f"{name}{_signature(function)}: {' '.join((inspect.getdoc(function) or '').split())}"
+
+
+def marker_lines() -> list[str]:
+    """The ``markers`` ini lines of every marker of the plugin."""
+    functions = {name: kind.signature for name, kind in KINDS.items()}
+    return [marker_help(name, function) for name, function in {**functions, "syncguard": syncguard}.items()]
 
 
 def _bind(
@@ -103,114 +206,84 @@ def _bind(
     return dict(bound.arguments)
 
 
-def _limit(item: pytest.Item, name: str, value: Any) -> float:
+def _limit(item: pytest.Item, kind: BudgetKind, value: Any) -> float:
     bad = isinstance(value, bool) or not isinstance(value, (int, float))
     if bad or not math.isfinite(value) or value < 0:
-        raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: limit must be a finite number >= 0, got {value!r}")
-    if name in _FRACTIONS and value > 1:
-        raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: limit is a fraction in [0, 1], got {value!r}")
+        raise BudgetError(
+            f"{item.nodeid}: @pytest.mark.{kind.marker}: limit must be a finite number >= 0, got {value!r}"
+        )
+    if kind.fraction and value > 1:
+        raise BudgetError(f"{item.nodeid}: @pytest.mark.{kind.marker}: limit is a fraction in [0, 1], got {value!r}")
     return float(value)
 
 
 @dataclass(frozen=True)
-class SyncBudget:
-    """A limit from one budget marker: on syncs (per token or in total), GPU idle gaps, busy fraction,
-    fragmentation or reserved memory."""
+class Budget:
+    """A limit from one budget marker (``stat`` matters to ``max_gpu_idle_us`` only)."""
 
     marker: str
     limit: float
     stat: str = "max"
 
     @property
-    def per_token(self) -> bool:
-        return self.marker == "max_syncs_per_token"
+    def kind(self) -> BudgetKind:
+        return KINDS[self.marker]
 
     @property
-    def signal(self) -> str:
-        return SIGNAL[self.marker]
+    def signal(self) -> Signal:
+        return self.kind.signal
+
+    @property
+    def metric(self) -> Metric:
+        found = metric(self.kind.metric(self.stat))
+        assert found is not None, self
+        return found
 
     def describe(self) -> str:
-        limit = f"{self.limit:g}"
-        if self.marker == "max_gpu_idle_us":
-            return f"{self.marker}({self.stat})<={limit}"
-        return f"{self.marker}>={limit}" if self.marker == "min_gpu_busy" else f"{self.marker}<={limit}"
+        """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``."""
+        name = f"{self.marker}({self.stat})" if self.marker == "max_gpu_idle_us" else self.marker
+        return f"{name}{'<=' if self.kind.upper else '>='}{self.limit:g}"
 
-    def not_measured(self, reason: str, *, required: bool = False) -> Verdict:
+    def not_measured(self, reason: str, *, required: bool = False) -> BudgetCheck:
         """No value: the signal is missing (a CPU run). With ``required`` that fails the budget."""
         suffix = " (--syncguard-require-gpu)" if required else ""
-        return Verdict(self, None, False if required else None, f"{self.marker}: not measured: {reason}{suffix}")
+        return BudgetCheck(self, None, False if required else None, f"{self.marker}: not measured: {reason}{suffix}")
 
-    def judge(self, measurement: SyncMeasurement) -> Verdict:
-        if self.signal == "timeline":
-            return self._judge_timeline(measurement)
-        if self.signal == "memory":
-            return self._judge_memory(measurement)
-        syncs = measurement.syncs
-        if self.per_token:
-            tokens = measurement.tokens or 0
-            value = syncs / tokens
-            text = (
-                f"{self.marker}: limit {self.limit:.2f} per token, measured {value:.2f}: "
-                f"{syncs} syncs over {tokens} tokens"
-            )
-        else:
-            value = float(syncs)
-            text = f"{self.marker}: limit {self.limit:g}, measured {syncs} syncs"
-        return Verdict(self, value, value <= self.limit, text)
-
-    def _judge_timeline(self, measurement: SyncMeasurement) -> Verdict:
-        timelines = [t for t in measurement.timelines if t is not None]
-        if not timelines:
-            return self.not_measured("the region launched no GPU work")
-        runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
-        steps = timelines[-1]
-        judged = f"{steps.judged_steps} steps judged after {steps.warmup_steps} warm-up" if steps.steps else "no steps"
-        if self.marker == "max_gpu_idle_us":
-            value = statistics.median([t.gap_stat(self.stat) for t in timelines])
-            gaps = len(steps.gaps_us)
-            text = (
-                f"{self.marker}: limit {self.limit:g} us ({self.stat} gap), measured {value:.1f} us "
-                f"({runs}{gaps} gaps, {judged})"
-            )
-            return Verdict(self, value, value <= self.limit, text)
-        value = statistics.median([t.busy_fraction for t in timelines])
-        text = (
-            f"{self.marker}: limit {self.limit:.2f}, measured {value:.3f}: GPU busy {steps.busy_us:.0f} us "
-            f"of a {steps.span_us:.0f} us span ({runs}{judged})"
-        )
-        return Verdict(self, value, value >= self.limit, text)
-
-    def _judge_memory(self, measurement: SyncMeasurement) -> Verdict:
-        stats = [m for m in measurement.memory if m is not None]
-        if not stats:
-            return self.not_measured("no CUDA memory stats for the region")
-        worst = max(stats, key=lambda m: m.fragmentation if self.marker == "max_fragmentation" else m.reserved_peak)
-        mib = 1024 * 1024
-        if self.marker == "max_fragmentation":
-            value = worst.fragmentation
-            text = (
-                f"{self.marker}: limit {self.limit:.2f}, measured {value:.3f}: 1 - allocated peak "
-                f"{worst.allocated_peak / mib:.1f} MiB / reserved peak {worst.reserved_peak / mib:.1f} MiB"
-            )
-        else:
-            value = worst.reserved_peak / mib
-            text = f"{self.marker}: limit {self.limit:g} MiB, measured reserved peak {value:.1f} MiB"
-        return Verdict(self, value, value <= self.limit, text)
+    def check(self, measurement: Measurement) -> BudgetCheck:
+        """The value the budget's metric takes over the measurement's runs, against the limit."""
+        runs = self.metric.runs(measurement) if self.metric.runs else []
+        if not runs:
+            return self.not_measured(self.kind.unmeasured or "nothing was measured")
+        value = self.kind.aggregate(runs)
+        held = value <= self.limit if self.kind.upper else value >= self.limit
+        return BudgetCheck(self, value, held, self.kind.sentence(self, value, measurement))
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The outcome of one budget: the measured value, whether it held (None: not measured), and the
-    arithmetic in words."""
+class BudgetCheck:
+    """One budget against a measurement: the value its metric took, whether it held (None: not measured or not
+    checked), and the arithmetic in words."""
 
-    budget: SyncBudget
+    budget: Budget
     value: float | None
-    passed: bool | None
+    held: bool | None
     text: str
 
+    def to_dict(self) -> dict[str, Any]:
+        budget = self.budget
+        return {
+            "marker": budget.marker, "limit": budget.limit, "stat": budget.stat, "describe": budget.describe(),
+            "value": self.value, "passed": self.held, "text": self.text,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BudgetCheck:
+        budget = Budget(data["marker"], data["limit"], data.get("stat", "max"))
+        return cls(budget, data["value"], data["passed"], data["text"])
+
 
 @dataclass(frozen=True)
-class TestOptions:
+class GuardOptions:
     """The ``syncguard`` marker's per-test options."""
 
     device: str | None = None
@@ -220,30 +293,29 @@ class TestOptions:
     baseline: bool = True
 
 
-def budgets_for(item: pytest.Item) -> tuple[SyncBudget, ...]:
+def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
     """The budgets a test carries; the closest marker of each name wins (function over class over module)."""
     budgets = []
-    for name, function in BUDGET_MARKERS.items():
+    for name, kind in KINDS.items():
         marker = item.get_closest_marker(name)
         if marker is None:
             continue
-        arguments = _bind(item, name, function, marker.args, marker.kwargs)
-        limit_argument = "fraction" if name == "min_gpu_busy" else "limit"
+        arguments = _bind(item, name, kind.signature, marker.args, marker.kwargs)
         stat = arguments.get("stat", "max")
         if name == "max_gpu_idle_us":
             try:
                 parse_stat(stat)
             except ValueError as exc:
                 raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: {exc}") from None
-        budgets.append(SyncBudget(name, _limit(item, name, arguments[limit_argument]), stat))
+        budgets.append(Budget(name, _limit(item, kind, arguments[kind.limit_argument]), stat))
     return tuple(budgets)
 
 
-def options_for(item: pytest.Item) -> TestOptions:
+def options_for(item: pytest.Item) -> GuardOptions:
     """The test's ``syncguard`` marker options, validated."""
     marker = item.get_closest_marker("syncguard")
     if marker is None:
-        return TestOptions()
+        return GuardOptions()
     arguments = _bind(item, "syncguard", syncguard, marker.args, marker.kwargs)
     device, warmup, warmup_steps = arguments["device"], arguments["warmup"], arguments["warmup_steps"]
     if device is not None and device not in ("cpu", "cuda"):
@@ -262,7 +334,7 @@ def options_for(item: pytest.Item) -> TestOptions:
             raise BudgetError(f"{item.nodeid}: @pytest.mark.syncguard: tolerance {exc}") from None
     if not isinstance(baseline, bool):
         raise BudgetError(f"{item.nodeid}: @pytest.mark.syncguard: baseline must be True or False, got {baseline!r}")
-    return TestOptions(device, warmup, warmup_steps, tolerance, baseline)
+    return GuardOptions(device, warmup, warmup_steps, tolerance, baseline)
 
 
 def parse_tolerance(value: Any) -> float:
@@ -275,3 +347,36 @@ def parse_tolerance(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _unmeasured(budget: Budget, measurement: Measurement) -> str | None:
+    """Why the budget's signal is missing from the measurement, if it is."""
+    if measurement.unmeasured is not None:
+        return measurement.unmeasured
+    if budget.signal != "syncs" and not measurement.on_device:
+        return f"needs CUDA; ran on {measurement.device}"
+    if budget.signal == "timeline" and not measurement.timelines:
+        return "no GPU timeline was recorded"
+    return None
+
+
+def check_budgets(
+    nodeid: str, budgets: Sequence[Budget], measurement: Measurement, *, require_gpu: bool
+) -> tuple[list[BudgetCheck], str | None]:
+    """Each budget against the measurement, and the usage error that kept some from being checked (a per-token
+    budget without a token count). A budget whose signal is missing is "not measured", which fails it with
+    ``require_gpu``; it never passes."""
+    checks = []
+    error = None
+    for budget in budgets:
+        if budget.kind.needs_tokens and not measurement.tokens:
+            error = error or (
+                f"{nodeid}: @pytest.mark.{budget.marker} needs a token count: pass tokens= or model= to "
+                "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
+            )
+            checks.append(BudgetCheck(budget, None, None, "not checked"))
+        elif (reason := _unmeasured(budget, measurement)) is not None:
+            checks.append(budget.not_measured(reason, required=require_gpu))
+        else:
+            checks.append(budget.check(measurement))
+    return checks, error

@@ -1,9 +1,9 @@
-"""What one test's call records beyond syncs, and what happens to it afterwards.
+"""Running one test's capture: its syncs (the test's regions, else the whole call), and the GPU timeline and
+allocator history when its budgets need them and it runs on CUDA; afterwards the measurement, its budget
+checks, its baseline comparison and the files of a failing test.
 
-The GPU timeline and the allocator history are recorded over the whole call when the test's budgets need
-them and it runs on CUDA (torch.profiler does not nest, so regions are annotated inside one session and found
-again in the trace). After the call the trace is analysed per region, and the files of a failing test are
-kept in the artifacts folder.
+torch.profiler does not nest, so the timeline is recorded over the whole call with the regions annotated, and
+found again per region in the trace.
 """
 
 from __future__ import annotations
@@ -11,18 +11,21 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .analysis import gaps, snapshot, trace_file
-from .guard import SyncMeasurement
+from .analysis.snapshot import AllocationSite
+from .baselines import BaselineError, BaselineStore
+from .budgets import Budget, GuardOptions, check_budgets
+from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
 from .probes.timeline import TIMELINE
+from .result import MeasuredTest
 
 
 def artifact_stem(nodeid: str) -> str:
@@ -30,58 +33,125 @@ def artifact_stem(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", nodeid).strip("_")[:180] or "test"
 
 
-@dataclass
-class TestCapture:
-    """The timeline and allocator recordings of one test's call."""
+def _python_kernel_note() -> str | None:
+    """Why scalar reads were counted by the slower Python kernel, unless the user switched the native one off."""
+    from .probes.native import NATIVE
 
+    why = NATIVE.unavailable
+    if why is None or why.startswith("switched off"):
+        return None
+    return f"syncguard: scalar reads were counted by the Python kernel (same counts, slower): the native kernel {why}"
+
+
+@dataclass
+class CallCapture:
+    """The capture of one test's call: its guard's regions, else the whole call, and the timeline and allocator
+    recordings its budgets need."""
+
+    nodeid: str
+    guard: SyncGuard
+    budgets: Sequence[Budget]
+    options: GuardOptions
     timeline: bool
     memory: bool
     trace_files: list[Path] = field(default_factory=list)
     snapshots: list[Path] = field(default_factory=list)
+    whole_call: GenerationRegion | None = None
 
     @classmethod
-    def for_signals(cls, signals: set[str], device: str) -> TestCapture:
+    def of(cls, nodeid: str, guard: SyncGuard, budgets: Sequence[Budget], options: GuardOptions) -> CallCapture:
+        device = guard.default_device()
         cuda = device != "cpu" and torch.cuda.is_available()
-        return cls(timeline=cuda and "timeline" in signals, memory=cuda and "memory" in signals)
+        signals = {b.signal for b in budgets}
+        return cls(nodeid, guard, budgets, options, cuda and "timeline" in signals, cuda and "memory" in signals)
 
     @contextmanager
-    def recording(self) -> Iterator[TestCapture]:
+    def recording(self) -> Iterator[CallCapture]:
+        self.whole_call = GenerationRegion(None, self.guard.default_device(), track_memory=self.memory)
         with ExitStack() as stack:
             if self.timeline:
                 self.trace_files = stack.enter_context(TIMELINE.capturing())
             if self.memory:
                 self.snapshots = stack.enter_context(allocation_history())
+            stack.enter_context(self.whole_call.recording())
             yield self
 
-    def with_timelines(self, measurement: SyncMeasurement, warmup_steps: int) -> SyncMeasurement:
+    def result(
+        self,
+        *,
+        raised: bool,
+        require_gpu: bool,
+        store: BaselineStore | None,
+        artifacts: Path | None,
+        notes: Sequence[str] = (),
+    ) -> MeasuredTest | None:
+        """The test's result after its call (None when nothing was measured): budgets checked, compared with its
+        baseline (``store``), allocation sites of a failure, and its recordings kept in ``artifacts`` when it
+        failed (removed otherwise)."""
+        result = None
+        try:
+            result = self._result(require_gpu, store, notes)
+        finally:
+            kept = self.keep(artifacts, raised or (result is not None and result.failed))
+        return None if result is None else replace(result, artifacts=tuple(kept))
+
+    def _result(self, require_gpu: bool, store: BaselineStore | None, notes: Sequence[str]) -> MeasuredTest | None:
+        whole = [self.whole_call.measurement] if self.whole_call and self.whole_call.measurement else []
+        chosen = self.guard.measurements or whole
+        if not chosen:
+            return None
+        measurement = Measurement.combine(chosen)
+        error = None
+        try:
+            measurement = self.with_timelines(measurement)
+        except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
+            error = f"{self.nodeid}: GPU timeline analysis failed: {exc}"
+        checks, usage_error = check_budgets(self.nodeid, self.budgets, measurement, require_gpu=require_gpu)
+        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error)
+        fallback = _python_kernel_note()
+        result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
+        if store is not None and self.options.baseline and result.error is None:
+            try:
+                comparison = store.compare(self.nodeid, result.device, result.metrics, self.options.tolerance)
+                result = replace(result, comparison=comparison)
+            except BaselineError as exc:
+                result = replace(result, error=f"{self.nodeid}: {exc}")
+        if result.failed and self.snapshots:
+            try:
+                result = replace(result, allocation_sites=self.allocation_sites())
+            except Exception as exc:  # reported like an unreadable trace
+                result = replace(result, error=f"{self.nodeid}: allocator snapshot analysis failed: {exc}")
+        return result
+
+    def with_timelines(self, measurement: Measurement) -> Measurement:
         """The measurement with the GPU timeline of each of its regions, from the recorded trace."""
         if not self.trace_files:
             return measurement
         trace = trace_file.load(self.trace_files[0])
         windows = gaps.regions(trace)
+        warmup_steps = self.options.warmup_steps
         timelines = tuple(
             gaps.analyze(trace, window=windows[n], warmup_steps=warmup_steps) if n in windows else None
             for n in measurement.region_numbers
         )
         return replace(measurement, timelines=timelines)
 
-    def allocation_sites(self) -> list[dict[str, Any]]:
+    def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""
         from .probes.syncs import is_internal_file
 
-        sites: list[dict[str, Any]] = []
-        for path in self.snapshots:
-            sites.extend(s.to_dict() for s in snapshot.allocation_sites(snapshot.load(path), is_internal_file))
-        return sites
+        return tuple(
+            site for path in self.snapshots for site in snapshot.allocation_sites(snapshot.load(path), is_internal_file)
+        )
 
-    def keep(self, directory: Path | None, nodeid: str, failed: bool) -> list[str]:
+    def keep(self, directory: Path | None, failed: bool) -> list[str]:
         """Move the recordings of a failing test to ``directory`` (trace gzipped); remove them otherwise.
         Returns the paths kept."""
         kept: list[str] = []
         try:
             if failed and directory is not None:
                 directory.mkdir(parents=True, exist_ok=True)
-                stem = artifact_stem(nodeid)
+                stem = artifact_stem(self.nodeid)
                 for path in self.trace_files:
                     target = directory / f"{stem}.trace.json.gz"
                     with path.open("rb") as source, gzip.open(target, "wb", compresslevel=6) as sink:

@@ -24,15 +24,21 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"syncguard trace: {exc}", file=sys.stderr)
         return 2
     timeline = gaps.analyze(trace, warmup_steps=args.warmup_steps, top=args.top)
+    statistics = {}
+    if timeline is not None:
+        statistics = {"busy_fraction": timeline.busy_fraction, "max_gap_us": timeline.gap_stat("max"),
+                      "p99_gap_us": timeline.gap_stat("p99")}  # fmt: skip
     if args.json:
-        data = {"file": args.file, "events": trace.events_read, "timeline": timeline.to_dict() if timeline else None}
+        data = {"file": args.file, "events": trace.events_read, "timeline": None}
+        if timeline is not None:
+            data["timeline"] = {**timeline.summary().to_dict(), **{k: round(v, 5) for k, v in statistics.items()}}
         print(json.dumps(data, indent=2))
         return 0
     print(f"{args.file}: {trace.events_read} events, {len(trace.gpu_ops)} device ops")
     if timeline is None:
         print("no device activity (kernels, memcpy, memset) in this trace")
         return 0
-    for line in gap_lines(timeline.to_dict()):
+    for line in gap_lines(timeline.summary(), *statistics.values()):
         print(line)
     for stream in timeline.streams:
         print(
@@ -64,11 +70,11 @@ def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
     from .report.junit import JUnitError
     from .report.markdown import render
-    from .report.verdicts import judge
+    from .report.run import compare_run
 
     paths = [Path(p) for p in args.junit]
     try:
-        run = judge(paths, Path(args.baselines) if args.baselines else None, args.tolerance)
+        run = compare_run(paths, Path(args.baselines) if args.baselines else None, args.tolerance)
     except (JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +120,7 @@ def _comment(args: argparse.Namespace) -> int:
 
 def _baselines(args: argparse.Namespace) -> int:
     from .baselines import BaselineError, read
-    from .metrics import METRICS
+    from .metrics import metric as metric_named
 
     try:
         files = [read(Path(f)) for f in args.files]
@@ -132,7 +138,9 @@ def _baselines(args: argparse.Namespace) -> int:
         for key, value in sorted(only.fingerprint.items()):
             print(f"  {key}: {value}")
         for nodeid, entry in sorted(only.tests.items()):
-            metrics = ", ".join(f"{m} {METRICS[m].format(v) if m in METRICS else v}" for m, v in sorted(entry.items()))
+            metrics = ", ".join(
+                f"{m} {spec.format(v) if (spec := metric_named(m)) else v}" for m, v in sorted(entry.items())
+            )
             print(f"{nodeid}: {metrics}")
         return 0
     old, new = files

@@ -46,21 +46,27 @@ def invisible_kinds(on_device: bool) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class SyncMeasurement:
-    """What one region (or several, combined) measured."""
+class Measurement:
+    """What one region (or several, combined) measured: syncs, and when captured the GPU timeline, allocator
+    numbers and wall time of each region."""
 
     device: str
     tokens: int | None
     events: tuple[SyncEvent, ...]
-    regions: int = 1
     region_numbers: tuple[int, ...] = ()
-    """The regions' annotations in a profiler trace (``syncguard.region#N``)."""
+    """The regions' numbers, also their annotations in a profiler trace (``syncguard.region#N``)."""
     timelines: tuple[Timeline | None, ...] = ()
     """Per region: the GPU timeline of its judged steps (None: no GPU work); empty when not captured."""
     memory: tuple[MemoryStats, ...] = ()
     """Per region and device: the caching allocator's numbers; empty when not captured."""
     timings: tuple[RegionTiming, ...] = ()
     """Per region that finished normally: its tokens and wall time (on CUDA, between device syncs)."""
+    unmeasured: str | None = None
+    """Why none of its numbers can be trusted (a region on a device this machine lacks), if so."""
+
+    @property
+    def regions(self) -> int:
+        return len(self.region_numbers)
 
     @property
     def on_device(self) -> bool:
@@ -96,22 +102,22 @@ class SyncMeasurement:
         return dict(sorted(totals.items()))
 
     @staticmethod
-    def combine(measurements: list[SyncMeasurement]) -> SyncMeasurement:
+    def combine(measurements: list[Measurement]) -> Measurement:
         """All regions of a test as one: syncs and tokens add up (tokens unknown if any region lacks them)."""
         if len(measurements) == 1:
             return measurements[0]
         counts = [m.tokens for m in measurements]
         tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
         events = tuple(e for m in measurements for e in m.events)
-        return SyncMeasurement(
+        return Measurement(
             measurements[-1].device,
             tokens,
             events,
-            regions=len(measurements),
             region_numbers=tuple(n for m in measurements for n in m.region_numbers),
             timelines=tuple(t for m in measurements for t in m.timelines),
             memory=tuple(s for m in measurements for s in m.memory),
             timings=tuple(t for m in measurements for t in m.timings),
+            unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
         )
 
 
@@ -123,12 +129,16 @@ def _device_of(model: Any) -> str | None:
 
 @dataclass
 class GenerationRegion:
-    """A measured region of a generation loop; set ``tokens`` inside it if it was not known up front."""
+    """A measured region of a generation loop; set ``tokens`` inside it if it was not known up front.
+
+    After the block it holds its measurement, the way ``pytest.raises(...) as excinfo`` holds the exception:
+    ``syncs``, ``tokens`` (also when counted from ``model=``), ``syncs_per_token``, ``sites()``, ``by_kind()``.
+    """
 
     tokens: int | None
     device: str
     model: torch.nn.Module | None = None
-    measurement: SyncMeasurement | None = None
+    measurement: Measurement | None = None
     forward_calls: int = 0
     track_memory: bool = False
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
@@ -137,6 +147,31 @@ class GenerationRegion:
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
+
+    def _measured(self) -> Measurement:
+        if self.measurement is None:
+            raise SyncguardUsageError("a region's measurement is there after its `with` block, not inside it")
+        return self.measurement
+
+    @property
+    def syncs(self) -> int:
+        """Syncs of the region that count against budgets."""
+        return self._measured().syncs
+
+    @property
+    def allowed_syncs(self) -> int:
+        return self._measured().allowed_syncs
+
+    @property
+    def syncs_per_token(self) -> float | None:
+        return self._measured().syncs_per_token
+
+    def sites(self, *, allowed: bool = False) -> list[SyncSite]:
+        """The region's syncs grouped by (kind, call site), most frequent first."""
+        return self._measured().sites(allowed=allowed)
+
+    def by_kind(self) -> dict[str, int]:
+        return self._measured().by_kind()
 
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.forward_calls += 1
@@ -170,17 +205,24 @@ class GenerationRegion:
                 torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _finish(self, seconds: float | None) -> SyncMeasurement:
+    def _finish(self, seconds: float | None) -> Measurement:
         tokens = self.tokens
         if tokens is None and self.model is not None:
             tokens = self.forward_calls
-        return SyncMeasurement(
+        unmeasured = None
+        if self.device != "cpu" and not torch.cuda.is_available():
+            unmeasured = (
+                f"the region computes on {self.device!r} (@pytest.mark.syncguard(device=...)) but CUDA is not "
+                "available: its host tensors cannot stand for device tensors"
+            )
+        return Measurement(
             self.device,
             tokens,
             tuple(self._recorder.events),
             region_numbers=(self.number,),
             memory=tuple(self._memory),
             timings=() if seconds is None else (RegionTiming(tokens, seconds),),
+            unmeasured=unmeasured,
         )
 
 
@@ -202,10 +244,10 @@ class SyncGuard:
         self._device = device
         self._warmup = warmup
         self.track_memory = track_memory
-        self.measurements: list[SyncMeasurement] = []
+        self.measurements: list[Measurement] = []
 
     @property
-    def last(self) -> SyncMeasurement | None:
+    def last(self) -> Measurement | None:
         """The measurement of the last finished region, for custom assertions."""
         return self.measurements[-1] if self.measurements else None
 
@@ -225,6 +267,7 @@ class SyncGuard:
         assert region.measurement is not None
         tokens = _validated_tokens(region.measurement.tokens, f"{self.nodeid}: region.tokens")
         region.measurement = replace(region.measurement, tokens=tokens)
+        region.tokens = tokens
         self.measurements.append(region.measurement)
 
     def measure(
@@ -235,7 +278,7 @@ class SyncGuard:
         warmup: int | None = None,
         repeat: int = 3,
         model: torch.nn.Module | None = None,
-    ) -> SyncMeasurement:
+    ) -> Measurement:
         """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times measured; keep the worst run.
 
         Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
@@ -248,7 +291,7 @@ class SyncGuard:
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): warmup must be an int >= 0, got {warmup!r}")
         for _ in range(warmup):
             fn()
-        runs: list[SyncMeasurement] = []
+        runs: list[Measurement] = []
         for _ in range(repeat):
             with self.generation(tokens=tokens, model=model):
                 fn()

@@ -1,17 +1,23 @@
-"""The metrics a test's measurement yields, as baselines, JUnit properties and reports carry them.
+"""The metrics a test's measurement yields: how each is read from the measured regions, how it is compared
+with a baseline and how it is shown. The one table of them is :data:`METRICS`.
 
-Counts (syncs) are deterministic and compared exactly; the rest are noisy and are the median over the
-measured runs (regions), with the number of runs beside them.
+Counts (syncs) are deterministic and compared exactly; the rest are noisy: each measured run (region) gives
+one value, and a test's metric is their median, with the number of runs beside it.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .guard import SyncMeasurement
+    from .guard import Measurement
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,9 @@ class Metric:
     higher_is_better: bool
     floor: float
     """Noisy metrics: changes smaller than this (in ``unit``) are never reported, whatever the tolerance."""
+    runs: Callable[[Measurement], list[float]] | None = None
+    """Its value in each measured run of a measurement (empty when not measured); None for metrics that only
+    live in files (read back from a baseline or a JUnit file of another version)."""
 
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
@@ -31,46 +40,103 @@ class Metric:
         return f"{text} {self.unit}" if self.unit else text
 
 
+def _gap_runs(stat: str) -> Callable[[Measurement], list[float]]:
+    return lambda m: [t.gap_stat(stat) for t in m.timelines if t is not None]
+
+
+def _per_token(m: Measurement) -> list[float]:
+    return [m.syncs / m.tokens] if m.tokens else []
+
+
+def _rates(m: Measurement) -> list[float]:
+    return [rate for t in m.timings if (rate := t.tokens_per_second) is not None]
+
+
+_GAP_METRIC = re.compile(r"^(max|mean|p\d+(?:\.\d+)?)_gap_us$")
+
+
+def gap_metric_name(stat: str) -> str:
+    """The metric of an idle-gap statistic: ``p99`` -> ``p99_gap_us``."""
+    return f"{stat}_gap_us"
+
+
+@cache
+def _gap(stat: str) -> Metric:
+    return Metric(gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat))
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0),
-        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0),
-        Metric("max_gap_us", "us", counted=False, higher_is_better=False, floor=2.0),
-        Metric("p99_gap_us", "us", counted=False, higher_is_better=False, floor=2.0),
-        Metric("busy_fraction", "", counted=False, higher_is_better=True, floor=0.01),
-        Metric("fragmentation", "", counted=False, higher_is_better=False, floor=0.01),
-        Metric("reserved_mb", "MiB", counted=False, higher_is_better=False, floor=1.0),
-        Metric("seconds", "s", counted=False, higher_is_better=False, floor=0.0),
-        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0),
+        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)]),
+        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token),
+        _gap("max"),
+        _gap("p99"),
+        Metric(
+            "busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
+            runs=lambda m: [t.busy_fraction for t in m.timelines if t is not None],
+        ),
+        Metric(
+            "fragmentation", "", counted=False, higher_is_better=False, floor=0.01,
+            runs=lambda m: [s.fragmentation for s in m.memory],
+        ),
+        Metric(
+            "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=1.0,
+            runs=lambda m: [s.reserved_peak / MIB for s in m.memory],
+        ),
+        Metric(
+            "seconds", "s", counted=False, higher_is_better=False, floor=0.0,
+            runs=lambda m: [t.seconds for t in m.timings],
+        ),
+        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates),
     )
-}
+}  # fmt: skip
 
 
-def _rounded(value: float) -> float:
+def metric(name: str) -> Metric | None:
+    """The metric called ``name``: one of :data:`METRICS`, or the gap statistic a budget asked for
+    (``p95_gap_us``, ``mean_gap_us``); None for a name this version does not know."""
+    known = METRICS.get(name)
+    if known is not None:
+        return known
+    match = _GAP_METRIC.match(name)
+    return _gap(match.group(1)) if match else None
+
+
+def rounded(value: float) -> float:
     """Six significant digits: baseline files stay readable and diffs small."""
     return float(f"{value:.6g}")
 
 
-def measured(measurement: SyncMeasurement) -> tuple[dict[str, float], dict[str, int]]:
-    """The metrics of a measurement and, for each, how many runs its value is the median of."""
-    values: dict[str, float] = {"syncs": measurement.syncs}
-    samples: dict[str, int] = {"syncs": 1}
-    if measurement.syncs_per_token is not None:
-        values["syncs_per_token"] = _rounded(measurement.syncs_per_token)
-        samples["syncs_per_token"] = 1
+@dataclass(frozen=True)
+class Metrics:
+    """A test's metrics: each value (a count, or the median over runs of a noisy metric) and how many runs it
+    is the median of. The one place a test's numbers are stored."""
 
-    def put(name: str, runs: list[float]) -> None:
-        if runs:
-            values[name] = _rounded(statistics.median(runs))
-            samples[name] = len(runs)
+    values: Mapping[str, float]
+    runs: Mapping[str, int]
 
-    timelines = [t for t in measurement.timelines if t is not None]
-    put("max_gap_us", [t.gap_stat("max") for t in timelines])
-    put("p99_gap_us", [t.gap_stat("p99") for t in timelines])
-    put("busy_fraction", [t.busy_fraction for t in timelines])
-    put("fragmentation", [m.fragmentation for m in measurement.memory])
-    put("reserved_mb", [m.reserved_peak / 2**20 for m in measurement.memory])
-    put("seconds", [t.seconds for t in measurement.timings])
-    put("tokens_per_second", [r for t in measurement.timings if (r := t.tokens_per_second) is not None])
-    return values, samples
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    @classmethod
+    def of(cls, measurement: Measurement, extra: Iterable[str] = ()) -> Metrics:
+        """Every metric of :data:`METRICS` that ``measurement`` has, plus the ``extra`` ones (gap statistics
+        a budget judges), as medians over its runs."""
+        values: dict[str, float] = {}
+        runs: dict[str, int] = {}
+        for name in [*METRICS, *(n for n in extra if n not in METRICS)]:
+            spec = metric(name)
+            if spec is None or spec.runs is None:
+                continue
+            per_run = spec.runs(measurement)
+            if per_run:
+                values[name] = rounded(statistics.median(per_run))
+                runs[name] = len(per_run)
+        return cls(values, runs)

@@ -6,38 +6,25 @@ pytest runs that do not use it.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Generator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .baselines import DEFAULT_TOLERANCE
-from .budgets import (
-    BUDGET_MARKERS,
-    BudgetError,
-    SyncBudget,
-    TestOptions,
-    budgets_for,
-    marker_help,
-    options_for,
-    parse_tolerance,
-)
-from .budgets import syncguard as syncguard_marker
+from .baselines import BaselineStore
+from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
+from .comparison import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
-    from .baselines import Baseline
-    from .guard import SyncGuard, SyncMeasurement
-    from .report.results import TestResult
+    from .guard import SyncGuard
+    from .result import MeasuredTest
 
-_BUDGETS = pytest.StashKey["tuple[SyncBudget, ...]"]()
-_OPTIONS = pytest.StashKey[TestOptions]()
+_BUDGETS = pytest.StashKey[tuple[Budget, ...]]()
+_OPTIONS = pytest.StashKey[GuardOptions]()
 _GUARD = pytest.StashKey["SyncGuard"]()
-_RESULT = pytest.StashKey["TestResult"]()
-#: What an xdist worker sends its controller about the baselines it wrote: {"written": {file: n}, "errors": [...]}.
-_WORKER_BASELINES = "syncguard_baselines"
+_RESULT = pytest.StashKey["MeasuredTest"]()
+#: On an xdist worker's call report: the test's result as plain data (MeasuredTest.to_dict), for the controller.
 REPORT_ATTRIBUTE = "syncguard_result"
 
 
@@ -89,8 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name, function in {**BUDGET_MARKERS, "syncguard": syncguard_marker}.items():
-        config.addinivalue_line("markers", marker_help(name, function))
+    for line in marker_lines():
+        config.addinivalue_line("markers", line)
     config.pluginmanager.register(SyncguardSession(config), "syncguard-session")
 
 
@@ -123,7 +110,7 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
 
     guard = item.stash.get(_GUARD, None)
     if guard is None:
-        options = item.stash.get(_OPTIONS, TestOptions())
+        options = item.stash.get(_OPTIONS, GuardOptions())
         memory = any(b.signal == "memory" for b in item.stash.get(_BUDGETS, ()))
         guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup, track_memory=memory)
         item.stash[_GUARD] = guard
@@ -131,7 +118,7 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
 
 
 class SyncguardSession:
-    """Per-run state: whether the summary is on, and the results gathered from every test's report."""
+    """Per-run state: whether the summary is on, the baseline store, and the results of every test's report."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -142,19 +129,13 @@ class SyncguardSession:
         artifacts = config.getoption("syncguard_artifacts")
         self.artifacts = Path(artifacts) if artifacts else None
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
-        self.update_baselines = bool(config.getoption("syncguard_update_baselines"))
-        if self.update_baselines and not self.enabled:
+        updating = bool(config.getoption("syncguard_update_baselines"))
+        if updating and not self.enabled:
             raise pytest.UsageError("--syncguard-update-baselines needs --syncguard (or ini syncguard = true)")
-        self.baselines_dir = _baselines_dir(config)
-        self.tolerance = _tolerance(config)
+        self.store = BaselineStore(_baselines_dir(config), _tolerance(config), updating=updating)
         self.is_worker = hasattr(config, "workerinput")
-        self.results: dict[str, TestResult] = {}
+        self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []
-        #: Baseline entries written per file, and the files that could not be written (this process's and,
-        #: on the xdist controller, its workers').
-        self.written: Counter[str] = Counter()
-        self.baseline_errors: list[str] = []
-        self._baselines: dict[Path, Baseline | None] = {}
         if self.enabled and self.is_worker:
             self._assign_gpu()
 
@@ -167,27 +148,10 @@ class SyncguardSession:
         if warning:
             self.notes.append(warning)
 
-    def _compare(self, result: TestResult, options: TestOptions) -> TestResult:
-        from .baselines import BaselineError, compare, path_for, read
-        from .environment import fingerprint, slug_for
-
-        slug = slug_for(result.device)
-        path = path_for(self.baselines_dir, slug)
-        try:
-            if path not in self._baselines:
-                self._baselines[path] = read(path)
-        except BaselineError as exc:
-            return replace(result, error=f"{result.nodeid}: {exc}")
-        tolerance = self.tolerance if options.tolerance is None else options.tolerance
-        environment = fingerprint(result.device)
-        comparison = compare(
-            self._baselines[path], slug, path, result.nodeid, result.metrics, result.samples, tolerance, environment
-        )
-        if self.update_baselines:
-            comparison = replace(comparison, status="updated")
-        return replace(
-            result, baseline=comparison.to_dict(), notes=[*result.notes, *self.notes], fingerprint=environment
-        )
+    @property
+    def distributing(self) -> bool:
+        """This is the xdist controller: its workers run the tests."""
+        return bool(self.config.pluginmanager.has_plugin("dsession"))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -204,45 +168,25 @@ class SyncguardSession:
         budgets = item.stash.get(_BUDGETS, ())
         if not budgets and _GUARD not in item.stash:
             return (yield)
-        from .capture import TestCapture
-        from .guard import GenerationRegion, SyncMeasurement
+        from .capture import CallCapture
 
-        guard = _guard_of(item)
-        options = item.stash.get(_OPTIONS, TestOptions())
-        capture = TestCapture.for_signals({b.signal for b in budgets}, guard.default_device())
-        whole_test = GenerationRegion(None, guard.default_device(), track_memory=capture.memory)
+        capture = CallCapture.of(item.nodeid, _guard_of(item), budgets, item.stash.get(_OPTIONS, GuardOptions()))
         raised = True
         try:
-            with capture.recording(), whole_test.recording():
+            with capture.recording():
                 outcome = yield
             raised = False
             return outcome
         finally:
-            # The test's own regions, when it has any; else the whole call.
-            chosen = guard.measurements or ([whole_test.measurement] if whole_test.measurement else [])
-            result = None
-            try:
-                if chosen:
-                    measurement = SyncMeasurement.combine(chosen)
-                    error = None
-                    try:
-                        measurement = capture.with_timelines(measurement, options.warmup_steps)
-                    except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
-                        error = f"{item.nodeid}: GPU timeline analysis failed: {exc}"
-                    result = _judge(item.nodeid, budgets, measurement, self.require_gpu, error)
-                    if (fallback := _python_kernel_note()) is not None:
-                        result = replace(result, notes=[*result.notes, fallback])
-                    if self.enabled and options.baseline and result.error is None:
-                        result = self._compare(result, options)
-                    if result.failed and capture.snapshots:
-                        try:
-                            result = replace(result, allocation_sites=capture.allocation_sites())
-                        except Exception as exc:  # reported like an unreadable trace
-                            result = replace(result, error=f"{item.nodeid}: allocator snapshot analysis failed: {exc}")
-            finally:
-                kept = capture.keep(self.artifacts, item.nodeid, raised or (result is not None and result.failed))
+            result = capture.result(
+                raised=raised,
+                require_gpu=self.require_gpu,
+                store=self.store if self.enabled else None,
+                artifacts=self.artifacts,
+                notes=self.notes,
+            )
             if result is not None:
-                item.stash[_RESULT] = replace(result, artifacts=kept)
+                item.stash[_RESULT] = result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -254,7 +198,9 @@ class SyncguardSession:
             return report
         from .report.terminal import failure_text
 
-        setattr(report, REPORT_ATTRIBUTE, result.to_dict())
+        self.results[item.nodeid] = result
+        if self.is_worker:
+            setattr(report, REPORT_ATTRIBUTE, result.to_dict())
         if self.enabled:
             from .report.junit import properties
 
@@ -270,11 +216,12 @@ class SyncguardSession:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """On the xdist controller: the results its workers measured."""
         data = getattr(report, REPORT_ATTRIBUTE, None)
-        if report.when == "call" and data is not None:
-            from .report.results import TestResult
+        if report.when == "call" and data is not None and not self.is_worker:
+            from .result import MeasuredTest
 
-            self.results[report.nodeid] = TestResult.from_dict(data)
+            self.results[report.nodeid] = MeasuredTest.from_dict(data)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.enabled or self.is_worker:
@@ -287,96 +234,32 @@ class SyncguardSession:
             return
         for line in summary_lines(self.results.values()):
             terminalreporter.write_line(line)
-        for line in baseline_lines(self.results.values(), self.update_baselines, [*self.notes, *self._update_notes()]):
+        notes = [*self.notes, *self.store.notes(by_workers=self.distributing)]
+        for line in baseline_lines(self.results.values(), self.store.updating, notes):
             terminalreporter.write_line(line)
         if self.json_path is not None:
             terminalreporter.write_line(f"syncguard results written to {self.json_path}")
 
-    def _update_notes(self) -> list[str]:
-        if not self.update_baselines:
-            return []
-        by = " by the xdist workers" if self.config.pluginmanager.has_plugin("dsession") else ""
-        notes = [f"syncguard: wrote {n} baseline entries to {file}{by}" for file, n in sorted(self.written.items())]
-        return notes + [f"syncguard: baselines NOT updated: {error}" for error in self.baseline_errors]
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         """On the xdist controller: take in what a finished worker wrote, and what it could not."""
-        if error is not None and self.update_baselines:
-            worker = getattr(getattr(node, "gateway", None), "id", "?")
-            self.baseline_errors.append(f"xdist worker {worker} went down ({error}): its tests' entries are lost")
-        sent = getattr(node, "workeroutput", {}).get(_WORKER_BASELINES)
-        if not sent:
-            return
-        self.written.update(sent["written"])
-        self.baseline_errors.extend(sent["errors"])
+        if error is not None and self.store.updating:
+            self.store.worker_lost(getattr(getattr(node, "gateway", None), "id", "?"), error)
+        sent = getattr(node, "workeroutput", {}).get(BaselineStore.WORKER_KEY)
+        if sent:
+            self.store.add_worker_output(sent)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # Workers write their own tests' baselines (under the file's lock) and tell the controller; the
         # controller writes only what it ran itself.
-        distributing = self.config.pluginmanager.has_plugin("dsession")
-        if self.update_baselines and not distributing:
-            self._write_baselines()
+        if self.store.updating and not self.distributing:
+            self.store.write(self.results.values())
             if self.is_worker:
-                output = {"written": dict(self.written), "errors": self.baseline_errors}
-                self.config.workeroutput[_WORKER_BASELINES] = output  # type: ignore[attr-defined]
-        if self.baseline_errors and not self.is_worker:
+                self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
+        if self.store.errors and not self.is_worker:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.json_path is None or self.is_worker:
             return
         from .report.json_file import write_results
 
         write_results(self.json_path, self.results.values())
-
-    def _write_baselines(self) -> None:
-        from .baselines import BaselineError, update
-        from .environment import fingerprint
-
-        by_file: dict[tuple[str, str, str], dict[str, dict[str, float]]] = {}
-        for result in self.results.values():
-            if result.baseline is not None and result.error is None:
-                key = (result.baseline["file"], result.baseline["device"], result.device)
-                by_file.setdefault(key, {})[result.nodeid] = result.metrics
-        for (file, slug, device), entries in sorted(by_file.items()):
-            try:
-                self.written[file] += update(Path(file), slug, entries, fingerprint(device))
-            except BaselineError as exc:
-                self.baseline_errors.append(str(exc))
-
-
-def _python_kernel_note() -> str | None:
-    """Why scalar reads were counted by the slower Python kernel, unless the user switched the native one off."""
-    from .probes.native import NATIVE
-
-    why = NATIVE.unavailable
-    if why is None or why.startswith("switched off"):
-        return None
-    return f"syncguard: scalar reads were counted by the Python kernel (same counts, slower): the native kernel {why}"
-
-
-def _judge(
-    nodeid: str,
-    budgets: tuple[SyncBudget, ...],
-    measurement: SyncMeasurement,
-    require_gpu: bool,
-    error: str | None = None,
-) -> TestResult:
-    from .report.results import TestResult
-
-    missing = [b for b in budgets if b.per_token and not measurement.tokens]
-    if missing and error is None:
-        error = (
-            f"{nodeid}: @pytest.mark.{missing[0].marker} needs a token count: pass tokens= or model= to "
-            "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
-        )
-    judged = []
-    for budget in budgets:
-        if budget in missing:
-            continue
-        if budget.signal != "syncs" and not measurement.on_device:
-            judged.append(budget.not_measured(f"needs CUDA; ran on {measurement.device}", required=require_gpu))
-        elif budget.signal == "timeline" and not measurement.timelines:
-            judged.append(budget.not_measured("no GPU timeline was recorded", required=require_gpu))
-        else:
-            judged.append(budget.judge(measurement))
-    return TestResult.build(nodeid, measurement, judged, unjudged=missing, error=error)

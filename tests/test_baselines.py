@@ -8,8 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
-from pytest_syncguard.baselines import SCHEMA, SCHEMA_VERSION, Baseline, compare, read
+from pytest_syncguard.baselines import SCHEMA, SCHEMA_VERSION, BaselineStore, read, update
+from pytest_syncguard.comparison import compare
+from pytest_syncguard.metrics import Metrics
 
 # READS (an environment variable) sets how many host reads each step makes, so that one test file can
 # regress and improve between runs without being rewritten.
@@ -220,11 +223,11 @@ def test_cpu_timings_are_recorded_but_never_compared_across_machines(pytester: p
 
 
 def test_compare_arithmetic() -> None:
-    base = Baseline(Path("b/cpu.json"), "cpu", {"torch": "2.0"}, {"t": {"syncs": 4, "busy_fraction": 0.80}})
+    entry = {"syncs": 4, "busy_fraction": 0.80}
 
     def status(values: dict[str, float], runs: int = 5, tolerance: float = 0.1) -> dict[str, str]:
-        samples = dict.fromkeys(values, runs)
-        comparison = compare(base, "gpu-x", base.path, "t", values, samples, tolerance, {"torch": "2.0"})
+        metrics = Metrics(values, dict.fromkeys(values, runs))
+        comparison = compare(entry, metrics, device="gpu-x", file="b/gpu-x.json", tolerance=tolerance)
         return {c.metric: c.status for c in comparison.changes}
 
     assert status({"syncs": 4, "busy_fraction": 0.85}) == {"syncs": "unchanged", "busy_fraction": "unchanged"}
@@ -234,14 +237,24 @@ def test_compare_arithmetic() -> None:
     assert status({"syncs": 4, "busy_fraction": 0.60}, tolerance=0.5)["busy_fraction"] == "unchanged"
     assert status({"syncs": 4}) == {"syncs": "unchanged", "busy_fraction": "missing"}
     assert status({"syncs": 4, "busy_fraction": 0.8, "max_gap_us": 3.0})["max_gap_us"] == "new"
-    timed = Baseline(base.path, "gpu-x", {}, {"t": {"seconds": 1.0}})
     for device, expected in (("gpu-x", "regression"), ("cpu", "not compared")):
-        slower = compare(timed, device, base.path, "t", {"seconds": 1.5}, {"seconds": 3}, 0.1, {})
+        slower = compare({"seconds": 1.0}, Metrics({"seconds": 1.5}, {"seconds": 3}), device=device, file="f",
+                         tolerance=0.1)  # fmt: skip
         assert slower.changes[0].status == expected
-    drift = compare(base, "cpu", base.path, "t", {"syncs": 4}, {"syncs": 1}, 0.1, {"torch": "2.1"})
-    assert drift.fingerprint_changes == {"torch": ["2.0", "2.1"]}
-    assert compare(base, "cpu", base.path, "other", {"syncs": 4}, {}, 0.1, {}).status == "new"
+    assert compare(None, Metrics({"syncs": 4}, {}), device="cpu", file="f", tolerance=0.1).status == "new"
     assert read(Path("does/not/exist.json")) is None
+
+
+def test_the_store_compares_with_the_file_of_the_device_and_says_what_drifted(tmp_path: Path) -> None:
+    update(tmp_path / "cpu.json", "cpu", {"t": {"syncs": 4}}, {"torch": "2.0", "device_name": "cpu"})
+    store = BaselineStore(tmp_path, 0.1, updating=False)
+    comparison = store.compare("t", "cpu", Metrics({"syncs": 5}, {"syncs": 1}))
+    assert comparison.status == "regression" and comparison.file == str(tmp_path / "cpu.json")
+    assert comparison.drift == {"torch": ["2.0", torch.__version__]}
+    assert comparison.fingerprint["torch"] == torch.__version__
+    assert store.compare("other", "cpu", Metrics({"syncs": 5}, {})).status == "new"
+    updating = BaselineStore(tmp_path, 0.1, updating=True)
+    assert updating.compare("t", "cpu", Metrics({"syncs": 5}, {})).status == "updated"
 
 
 MANY = """
@@ -351,13 +364,14 @@ def test_junit_properties_round_trip_through_junitparser(
     results = {t["nodeid"]: t for t in json.loads((pytester.path / "out.json").read_text())["tests"]}
     assert set(cases) == set(results) == {DECODE, PREFILL, "test_suite.py::test_over_budget"}
     for nodeid, case in cases.items():
-        assert case.metrics == pytest.approx(results[nodeid]["metrics"], rel=1e-9)
-        assert case.properties["verdict"] == results[nodeid]["verdict"]
-        assert case.properties["baseline"] == "new" and case.device_slug == "cpu"
+        assert dict(case.metrics.values) == pytest.approx(results[nodeid]["metrics"], rel=1e-9)
+        assert dict(case.metrics.runs) == results[nodeid]["samples"]
+        assert case.verdict == results[nodeid]["verdict"]
+        assert case.baseline_status == "new" and case.device_slug == "cpu"
     assert cases["test_suite.py::test_over_budget"].outcome == "failed"
-    assert cases["test_suite.py::test_over_budget"].properties["verdict"] == "fail"
-    assert cases[DECODE].outcome == "passed" and cases[DECODE].metrics["syncs"] == 4
-    assert cases[DECODE].properties["budgets"] == "max_syncs_per_token<=5"
+    assert cases["test_suite.py::test_over_budget"].verdict == "fail"
+    assert cases[DECODE].outcome == "passed" and cases[DECODE].metrics.values["syncs"] == 4
+    assert cases[DECODE].budgets == "max_syncs_per_token<=5"
 
 
 def test_xdist_workers_take_gpus_round_robin_within_the_visible_ones(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ def test_sites_of_a_real_snapshot_agree_with_its_alloc_actions() -> None:
     assert site.allocations == len(allocs) == 48  # 24 steps: one randn and one cat result each
     assert site.total_bytes == sum(e["size"] for e in allocs)
     assert site.largest_bytes == 8 * 24 * 4096 * 4  # the last cat result: 3 MiB
-    lines = allocation_site_lines([s.to_dict() for s in sites])
+    lines = allocation_site_lines(sites)
     assert lines[1].split() == [
         "3.00",
         "MiB",

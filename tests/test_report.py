@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_syncguard.report.markdown import COMMENT_LIMIT, escape, render
-from pytest_syncguard.report.verdicts import judge
+from pytest_syncguard.report.run import compare_run
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
 # stays put between the baseline run and the PR run.
@@ -132,13 +132,13 @@ def test_hostile_test_ids_cannot_inject_markdown_html_or_mentions(pr_run: Path) 
 
 def test_files_from_several_jobs_are_merged_and_deduplicated(pr_run: Path) -> None:
     run(pr_run, "--junitxml=again.xml", "-k", "steady or improves")
-    merged = judge([pr_run / "pr.xml", pr_run / "again.xml"], pr_run / "baselines")
+    merged = compare_run([pr_run / "pr.xml", pr_run / "again.xml"], pr_run / "baselines")
     assert len(merged.cases) == 8
     assert len([c for c in merged.cases if c.case.nodeid == "test_suite.py::test_steady"]) == 1
 
 
 def test_a_long_report_is_cut_to_githubs_limit_with_the_full_one_as_a_file(pr_run: Path) -> None:
-    run_ = judge([pr_run / "pr.xml"], pr_run / "baselines")
+    run_ = compare_run([pr_run / "pr.xml"], pr_run / "baselines")
     text, cut = render(run_, limit=1200, full_report="comment.full.md")
     assert cut and len(text) <= 1200
     assert text.startswith("**❌ syncguard: 1 regressions**") and "### Regressions" in text
@@ -188,9 +188,9 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
     data = Path(__file__).parent / "data" / "h100_suite"
     junit = tmp_path / "junit-nvidia-h100-80gb-hbm3.xml"
     junit.write_bytes(gzip.decompress((data / "junit-nvidia-h100-80gb-hbm3.xml.gz").read_bytes()))
-    run_ = judge([junit], data / "baselines")
+    run_ = compare_run([junit], data / "baselines")
     assert run_.devices == ["nvidia-h100-80gb-hbm3"] and len(run_.cases) == 17 and not run_.missing
-    own = {c.case.nodeid: c.case.properties["baseline"] for c in run_.cases}
+    own = {c.case.nodeid: c.case.baseline_status for c in run_.cases}
     assert {c.case.nodeid: c.comparison.status for c in run_.cases} == own  # same verdicts as the run's
     speed = next(c for c in run_.cases if c.case.nodeid.endswith("test_speed[cuda_graph]"))
     assert speed.case.metrics["syncs"] == 1 and speed.comparison.status == "unchanged"

@@ -1,7 +1,7 @@
 """CPU sync counts of each operation of the FACTS table, against what a GPU run blocks on.
 
-The expected numbers are the CUDA runtime's sync calls for the same operation, measured on an H100
-(devtools/calibrate_cuda.py); the `gpu` tests check them against a CUDA trace.
+The expected numbers are the CUDA runtime's sync calls for the same operation, measured on an H100;
+tests/test_gpu.py checks the plugin's CUDA counts against the sync calls of a CUDA trace.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from .trace_file import BLOCKING_CALLS, GpuOp, HostCall, HostRange, Trace, paused_gc
@@ -46,6 +46,8 @@ class Gap(NamedTuple):
 
 @dataclass(frozen=True)
 class AttributedGap:
+    """One of the largest idle gaps of a region, with its cause and what the host did before it."""
+
     duration_us: float
     start_us: float
     step: int | None
@@ -53,15 +55,11 @@ class AttributedGap:
     detail: str
     next_op: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "duration_us": round(self.duration_us, 3), "start_us": round(self.start_us, 3), "step": self.step,
-            "cause": self.cause, "detail": self.detail, "next_op": self.next_op,
-        }  # fmt: skip
-
 
 @dataclass(frozen=True)
 class StreamView:
+    """One stream of a region on its own: its ops, busy time and widest gap."""
+
     stream: int
     ops: int
     busy_us: float
@@ -74,8 +72,8 @@ class StreamView:
 
 
 @dataclass(frozen=True)
-class Timeline:
-    """What the device did in the judged steps of a region."""
+class JudgedSteps:
+    """The decode steps of a region that a timeline judges, and what the device did in them."""
 
     steps: int
     """Decode steps seen in the region (0 when the trace has no step annotations)."""
@@ -84,6 +82,38 @@ class Timeline:
     gpu_ops: int
     span_us: float
     busy_us: float
+
+
+@dataclass(frozen=True)
+class TimelineSummary(JudgedSteps):
+    """What a report keeps of one region's timeline: its steps, size and largest gaps, with their causes. The
+    statistics that budgets and baselines read (max and p99 gap, busy fraction) are the test's metrics."""
+
+    region: int
+    """Which of the test's regions with GPU work it is (1-based)."""
+    gaps: int
+    p50_gap_us: float
+    top_gaps: tuple[AttributedGap, ...]
+    streams: tuple[StreamView, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **vars(self), "top_gaps": [vars(g) for g in self.top_gaps], "streams": [vars(s) for s in self.streams],
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TimelineSummary:
+        return cls(
+            **{k: v for k, v in data.items() if k not in ("top_gaps", "streams")},
+            top_gaps=tuple(AttributedGap(**g) for g in data["top_gaps"]),
+            streams=tuple(StreamView(**s) for s in data["streams"]),
+        )
+
+
+@dataclass(frozen=True)
+class Timeline(JudgedSteps):
+    """What the device did in the judged steps of a region, every gap included."""
+
     gaps_us: tuple[float, ...]
     """Every idle gap between device ops, in time order."""
     top_gaps: tuple[AttributedGap, ...]
@@ -97,19 +127,12 @@ class Timeline:
         """``max``, ``mean`` or a percentile ``pNN`` (linear interpolation) of the gaps; 0 when there is none."""
         return gap_stat(self.gaps_us, stat)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps, "warmup_steps": self.warmup_steps, "judged_steps": self.judged_steps,
-            "gpu_ops": self.gpu_ops, "span_us": round(self.span_us, 3), "busy_us": round(self.busy_us, 3),
-            "busy_fraction": round(self.busy_fraction, 5), "gaps": len(self.gaps_us),
-            "max_gap_us": round(self.gap_stat("max"), 3), "p50_gap_us": round(self.gap_stat("p50"), 3),
-            "p99_gap_us": round(self.gap_stat("p99"), 3), "top_gaps": [g.to_dict() for g in self.top_gaps],
-            "streams": [
-                {"stream": s.stream, "ops": s.ops, "busy_fraction": round(s.busy_fraction, 5),
-                 "max_gap_us": round(s.max_gap_us, 3)}
-                for s in self.streams
-            ],
-        }  # fmt: skip
+    def summary(self, region: int = 1) -> TimelineSummary:
+        judged = {f.name: getattr(self, f.name) for f in fields(JudgedSteps)}
+        return TimelineSummary(
+            **judged, region=region, gaps=len(self.gaps_us), p50_gap_us=self.gap_stat("p50"), top_gaps=self.top_gaps,
+            streams=self.streams,
+        )  # fmt: skip
 
 
 def parse_stat(stat: str) -> float | None:

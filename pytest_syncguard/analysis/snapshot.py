@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import pickle
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,6 @@ class AllocationSite:
     allocations: int
     total_bytes: int
     largest_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -88,12 +88,10 @@ class HostRange(NamedTuple):
 class Trace:
     """The events of one trace that the analysis uses, each list sorted by start time."""
 
-    source: str
     gpu_ops: list[GpuOp] = field(default_factory=list)
     host_calls: list[HostCall] = field(default_factory=list)
     ranges: list[HostRange] = field(default_factory=list)
     events_read: int = 0
-    schema: Any = None
 
 
 def _number(value: Any) -> float | None:
@@ -102,9 +100,9 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def from_events(events: Iterable[Any], source: str = "<events>", schema: Any = None) -> Trace:
+def from_events(events: Iterable[Any]) -> Trace:
     """Sort the trace events into the kinds the analysis uses; malformed entries are skipped."""
-    trace = Trace(source, schema=schema)
+    trace = Trace()
     gpu, host, ranges = trace.gpu_ops, trace.host_calls, trace.ranges
     count = 0
     for event in events:
@@ -160,11 +158,7 @@ def load(path: str | Path) -> Trace:
             data = _loads(raw)
         except ValueError as exc:
             raise TraceError(f"{path}: not a JSON trace (truncated or corrupt?): {exc}") from None
-        if isinstance(data, dict):
-            events = data.get("traceEvents")
-            schema = data.get("schemaVersion")
-        else:
-            events, schema = data, None
+        events = data.get("traceEvents") if isinstance(data, dict) else data
         if not isinstance(events, list):
             raise TraceError(f"{path}: no 'traceEvents' list: not a Chrome/PyTorch profiler trace")
-        return from_events(events, str(path), schema)
+        return from_events(events)

@@ -3,7 +3,7 @@
 Each entry is a dispatcher operator together with a rule that says, from the operator's arguments, how many
 blocking host-device synchronizations a CUDA run of it performs and of which kind. The counts were calibrated
 against the CUDA runtime (``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``cudaEventSynchronize`` calls in
-a profiler trace, see ``devtools/calibrate_cuda.py``) and are checked by the ``gpu``-marked tests.
+a profiler trace) and are checked that way by ``tests/test_gpu.py``.
 
 Only the outermost catalogued operator of a call is counted: ``masked_select`` calls ``nonzero`` inside, and
 ``repeat_interleave`` calls ``.item()`` twice inside, on CPU and CUDA alike; the rule of the outer operator
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 
-class SyncKind(str, enum.Enum):
+class SyncKind(enum.StrEnum):
     """Why the host waited for the device."""
 
     SCALAR_READ = "scalar read"

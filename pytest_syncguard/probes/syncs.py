@@ -56,14 +56,14 @@ class _InternalFiles:
             _package_dir(module.__file__)
             for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
         )
-        self._verdicts: dict[str, bool] = {}
+        self._internal: dict[str, bool] = {}
 
     def __contains__(self, filename: str) -> bool:
-        verdict = self._verdicts.get(filename)
-        if verdict is None:
-            verdict = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
-            self._verdicts[filename] = verdict
-        return verdict
+        internal = self._internal.get(filename)
+        if internal is None:
+            internal = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
+            self._internal[filename] = internal
+        return internal
 
 
 _INTERNAL = _InternalFiles()

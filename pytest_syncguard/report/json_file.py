@@ -10,13 +10,13 @@ from typing import Any
 
 from .. import __version__
 from ..files import write_atomically
-from .results import TestResult
+from ..result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/results"
 SCHEMA_VERSION = 1
 
 
-def results_document(results: Iterable[TestResult]) -> dict[str, Any]:
+def results_document(results: Iterable[MeasuredTest]) -> dict[str, Any]:
     import torch
 
     return {
@@ -29,6 +29,6 @@ def results_document(results: Iterable[TestResult]) -> dict[str, Any]:
     }
 
 
-def write_results(path: Path, results: Iterable[TestResult]) -> None:
+def write_results(path: Path, results: Iterable[MeasuredTest]) -> None:
     """Write the document atomically: a reader sees the old file or the whole new one."""
     write_atomically(path, json.dumps(results_document(results), indent=2, sort_keys=True) + "\n")

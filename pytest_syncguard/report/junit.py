@@ -9,17 +9,40 @@ properties, so a strict XSD validator may reject the file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..metrics import METRICS
+from ..comparison import Drift, Fingerprint
+from ..metrics import Metrics, metric
 
 if TYPE_CHECKING:
-    from .results import TestResult
+    from ..result import MeasuredTest
 
 PREFIX = "syncguard."
+
+
+class Prop:
+    """The names of the ``syncguard.*`` properties (without the prefix): one list for writer and reader."""
+
+    NODEID = "nodeid"
+    VERDICT = "verdict"
+    DEVICE = "device"
+    TOKENS = "tokens"
+    BUDGETS = "budgets"
+    BASELINE = "baseline"
+    """The comparison's status (new, unchanged, regression, ...)."""
+    DEVICE_SLUG = "device_slug"
+    TOLERANCE = "tolerance"
+    FINGERPRINT = "fingerprint"
+    FINGERPRINT_CHANGES = "fingerprint_changes"
+    ERROR = "error"
+    RUNS = "runs."
+    """``runs.<metric>``: how many runs a noisy metric is the median of (written when more than 1)."""
+    BASELINE_VALUE = "baseline."
+    """``baseline.<metric>``: the baseline entry's value the run compared with."""
 
 
 class JUnitError(ValueError):
@@ -28,38 +51,81 @@ class JUnitError(ValueError):
 
 @dataclass(frozen=True)
 class JUnitCase:
-    """One measured test case of a JUnit file: its node id, outcome and syncguard properties."""
+    """One measured test case of a JUnit file, its ``syncguard.*`` properties parsed once."""
 
     nodeid: str
     outcome: str
     """passed, failed, error or skipped, as the JUnit file says."""
-    properties: dict[str, str]
-    source: str
+    verdict: str
+    device_slug: str
+    budgets: str | None
+    """The test's budgets in short (``max_syncs_per_token<=1; ...``)."""
+    metrics: Metrics
+    baseline_status: str | None
+    """The comparison the run made (None: it made none)."""
+    baseline_values: Mapping[str, float]
+    tolerance: float | None
+    fingerprint: Fingerprint
+    drift: Drift
 
     @property
-    def device_slug(self) -> str:
-        return self.properties.get("device_slug") or self.properties.get("device", "?")
+    def compared(self) -> bool:
+        """The run compared the test with a baseline entry (values in ``baseline_values``)."""
+        return self.baseline_status not in (None, "new")
 
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The measured metrics (``syncguard.<metric>``)."""
-        return self._numbers("")
 
-    @property
-    def baseline(self) -> dict[str, float]:
-        """The baseline values the run compared with (``syncguard.baseline.<metric>``)."""
-        return self._numbers("baseline.")
+def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
+    """``<prefix><metric>`` properties of metrics this version knows, with a finite number as value."""
+    values = {}
+    for key, raw in properties.items():
+        name = key[len(prefix) :] if key.startswith(prefix) else None
+        if name and metric(name) is not None:
+            try:
+                value = float(raw)
+            except ValueError:
+                continue
+            if math.isfinite(value):
+                values[name] = value
+    return values
 
-    def _numbers(self, prefix: str) -> dict[str, float]:
-        values = {}
-        for name in METRICS:
-            raw = self.properties.get(prefix + name)
-            if raw is not None:
-                try:
-                    values[name] = float(raw)
-                except ValueError:
-                    continue
-        return values
+
+def _json_object(raw: str | None) -> dict[str, Any]:
+    try:
+        data = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
+    metrics = _numbers(found, "")
+    runs = {}
+    for name in metrics:
+        raw = found.get(f"{Prop.RUNS}{name}", "1")
+        runs[name] = int(raw) if raw.isascii() and raw.isdigit() else 1
+    try:
+        tolerance: float | None = float(found[Prop.TOLERANCE])
+    except (KeyError, ValueError):
+        tolerance = None
+    fingerprint = {str(k): None if v is None else str(v) for k, v in _json_object(found.get(Prop.FINGERPRINT)).items()}
+    drift = {
+        str(k): [None if x is None else str(x) for x in v]
+        for k, v in _json_object(found.get(Prop.FINGERPRINT_CHANGES)).items()
+        if isinstance(v, list) and len(v) == 2
+    }
+    return JUnitCase(
+        nodeid=nodeid,
+        outcome=outcome,
+        verdict=found[Prop.VERDICT],
+        device_slug=found.get(Prop.DEVICE_SLUG) or found.get(Prop.DEVICE, "?"),
+        budgets=found.get(Prop.BUDGETS),
+        metrics=Metrics(metrics, runs),
+        baseline_status=found.get(Prop.BASELINE),
+        baseline_values=_numbers(found, Prop.BASELINE_VALUE),
+        tolerance=tolerance,
+        fingerprint=fingerprint,
+        drift=drift,
+    )
 
 
 def read_cases(path: Path) -> list[JUnitCase]:
@@ -79,9 +145,12 @@ def read_cases(path: Path) -> list[JUnitCase]:
     for suite in suites:
         for case in suite:
             props = case.child(Properties)  # type: ignore[no-untyped-call]
-            found = {p.name[len(PREFIX) :]: p.value for p in props} if props is not None else {}
-            found = {k: v for k, v in found.items() if k and v is not None}
-            if "verdict" not in found:
+            found = {
+                p.name[len(PREFIX) :]: p.value
+                for p in (props if props is not None else [])
+                if isinstance(p.name, str) and p.name.startswith(PREFIX) and isinstance(p.value, str)
+            }
+            if Prop.VERDICT not in found:
                 continue
             results = case.result
             outcome = "passed"
@@ -91,39 +160,39 @@ def read_cases(path: Path) -> list[JUnitCase]:
                 outcome = "failed"
             elif any(isinstance(r, Skipped) for r in results):
                 outcome = "skipped"
-            nodeid = found.get("nodeid") or f"{case.classname}::{case.name}"
-            cases.append(JUnitCase(nodeid, outcome, found, str(path)))
+            cases.append(_case(found.get(Prop.NODEID) or f"{case.classname}::{case.name}", outcome, found))
     return cases
 
 
-def properties(result: TestResult) -> list[tuple[str, object]]:
+def properties(result: MeasuredTest) -> list[tuple[str, object]]:
     """Verdict, device, every measured metric, the budgets and the baseline comparison of one test."""
     props: list[tuple[str, object]] = [
-        (f"{PREFIX}nodeid", result.nodeid),
-        (f"{PREFIX}verdict", result.verdict),
-        (f"{PREFIX}device", result.device),
+        (Prop.NODEID, result.nodeid),
+        (Prop.VERDICT, result.verdict),
+        (Prop.DEVICE, result.device),
     ]
     if result.tokens is not None:
-        props.append((f"{PREFIX}tokens", result.tokens))
-    props.extend((f"{PREFIX}{name}", _number(value)) for name, value in sorted(result.metrics.items()))
-    props.extend((f"{PREFIX}runs.{name}", n) for name, n in sorted(result.samples.items()) if n > 1)
-    if result.budgets:
-        props.append((f"{PREFIX}budgets", "; ".join(b.describe for b in result.budgets)))
-    baseline = result.baseline
-    if baseline is not None:
-        props.append((f"{PREFIX}baseline", baseline["status"]))
-        props.append((f"{PREFIX}device_slug", baseline["device"]))
-        props.append((f"{PREFIX}tolerance", baseline["tolerance"]))
+        props.append((Prop.TOKENS, result.tokens))
+    metrics = result.metrics
+    props.extend((name, _number(value)) for name, value in sorted(metrics.values.items()))
+    props.extend((f"{Prop.RUNS}{name}", n) for name, n in sorted(metrics.runs.items()) if n > 1)
+    if result.checks:
+        props.append((Prop.BUDGETS, "; ".join(c.budget.describe() for c in result.checks)))
+    comparison = result.comparison
+    if comparison is not None:
+        props.append((Prop.BASELINE, comparison.status))
+        props.append((Prop.DEVICE_SLUG, comparison.device))
+        props.append((Prop.TOLERANCE, comparison.tolerance))
         props.extend(
-            (f"{PREFIX}baseline.{c['metric']}", _number(c["old"])) for c in baseline["changes"] if c["old"] is not None
+            (f"{Prop.BASELINE_VALUE}{name}", _number(old)) for name, old in comparison.baseline_values().items()
         )
-        if result.fingerprint:
-            props.append((f"{PREFIX}fingerprint", json.dumps(result.fingerprint, sort_keys=True)))
-        if baseline["fingerprint_changes"]:
-            props.append((f"{PREFIX}fingerprint_changes", json.dumps(baseline["fingerprint_changes"], sort_keys=True)))
+        if comparison.fingerprint:
+            props.append((Prop.FINGERPRINT, json.dumps(comparison.fingerprint, sort_keys=True)))
+        if comparison.drift:
+            props.append((Prop.FINGERPRINT_CHANGES, json.dumps(comparison.drift, sort_keys=True)))
     if result.error is not None:
-        props.append((f"{PREFIX}error", result.error))
-    return props
+        props.append((Prop.ERROR, result.error))
+    return [(PREFIX + name, value) for name, value in props]
 
 
 def _number(value: float) -> object:

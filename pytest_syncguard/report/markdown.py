@@ -13,9 +13,9 @@ import re
 import string
 from collections.abc import Iterable, Sequence
 
-from ..baselines import Change
-from ..metrics import METRICS
-from .verdicts import CaseVerdict, RunVerdicts
+from ..comparison import Change
+from ..metrics import metric
+from .run import CaseComparison, RunComparison
 
 #: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
 COMMENT_LIMIT = 65_536 - 512
@@ -41,10 +41,10 @@ def escape(text: object) -> str:
     return "".join(out)
 
 
-def _value(metric: str, value: float | None) -> str:
+def _value(name: str, value: float | None) -> str:
     if value is None:
         return "-"
-    spec = METRICS.get(metric)
+    spec = metric(name)
     return escape(spec.format(value) if spec else f"{value:g}")
 
 
@@ -55,7 +55,7 @@ def _change(change: Change) -> str:
     return escape(f"{change.delta:+.4g}{relative}")
 
 
-def _change_rows(rows: Iterable[tuple[CaseVerdict, Change]]) -> list[str]:
+def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
     lines = ["| test | device | metric | baseline → now | change |", "|---|---|---|---|---|"]
     for verdict, change in rows:
         lines.append(
@@ -65,7 +65,7 @@ def _change_rows(rows: Iterable[tuple[CaseVerdict, Change]]) -> list[str]:
     return lines
 
 
-def _pairs(verdicts: Sequence[CaseVerdict], status: str) -> list[tuple[CaseVerdict, Change]]:
+def _pairs(verdicts: Sequence[CaseComparison], status: str) -> list[tuple[CaseComparison, Change]]:
     return [(v, c) for v in verdicts for c in v.comparison.of(status)]
 
 
@@ -77,7 +77,7 @@ def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
     return [title, "", f"<details><summary>{len(items)} tests</summary>", "", *items, "", "</details>", ""]
 
 
-def headline(run: RunVerdicts) -> str:
+def headline(run: RunComparison) -> str:
     regressed = run.with_status("regression")
     counts = (
         f"{len(run.cases)} tests on {', '.join(escape(d) for d in run.devices) or 'no device'}: "
@@ -94,7 +94,7 @@ def headline(run: RunVerdicts) -> str:
     return f"**✅ syncguard: no regressions** ({counts})"
 
 
-def sections(run: RunVerdicts) -> list[list[str]]:
+def sections(run: RunComparison) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines)."""
     blocks: list[list[str]] = [[headline(run), ""]]
     regressed = _pairs(run.with_status("regression"), "regression")
@@ -104,8 +104,7 @@ def sections(run: RunVerdicts) -> list[list[str]]:
     if failed:
         lines = ["### Failed tests", "", "| test | device | verdict |", "|---|---|---|"]
         lines.extend(
-            f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.properties.get('verdict'))} |"
-            for v in failed
+            f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.verdict)} |" for v in failed
         )
         blocks.append([*lines, ""])
     improved = _pairs(run.with_status("improvement"), "improvement")
@@ -134,7 +133,7 @@ def sections(run: RunVerdicts) -> list[list[str]]:
     details = ["<details><summary>All measured tests</summary>", "", "| test | device | verdict | baseline |"]
     details.append("|---|---|---|---|")
     details.extend(
-        f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.properties.get('verdict'))} | "
+        f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.verdict)} | "
         f"{escape(v.comparison.status)} |"
         for v in run.cases
     )
@@ -142,7 +141,7 @@ def sections(run: RunVerdicts) -> list[list[str]]:
     return blocks
 
 
-def render(run: RunVerdicts, limit: int = COMMENT_LIMIT, full_report: str | None = None) -> tuple[str, bool]:
+def render(run: RunComparison, limit: int = COMMENT_LIMIT, full_report: str | None = None) -> tuple[str, bool]:
     """The Markdown, cut to ``limit`` characters at line ends if needed; returns (text, truncated)."""
     lines = [line for block in sections(run) for line in block]
     text = "\n".join(lines) + "\n"

@@ -2,93 +2,95 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from ..baselines import Comparison
-from .results import TestResult
-
-SYNC_MARKERS = frozenset({"max_syncs_per_token", "max_syncs"})
-TIMELINE_MARKERS = frozenset({"max_gpu_idle_us", "min_gpu_busy"})
-MEMORY_MARKERS = frozenset({"max_fragmentation", "max_reserved_mb"})
+from ..analysis.gaps import TimelineSummary
+from ..analysis.memory import MemoryStats
+from ..analysis.snapshot import AllocationSite
+from ..metrics import MIB
+from ..result import MeasuredTest
 
 STACK_LINES = 4
 
 
-def failure_text(result: TestResult) -> str:
+def failure_text(result: MeasuredTest) -> str:
     """Budget against measurement with the arithmetic, then the sync sites, most frequent first."""
     lines: list[str] = []
     if result.error is not None:
         lines.append(f"syncguard: {result.error}")
-    broken = [b for b in result.budgets if b.passed is False]
+    broken = [c for c in result.checks if c.held is False]
+    signals = {c.budget.signal for c in broken}
     if broken:
-        lines.append(f"syncguard: {len(broken)} of {len(result.budgets)} budgets exceeded on {result.device}")
-        lines.extend(f"  {b.text}" for b in broken)
-    if result.baseline is not None and result.baseline["status"] == "regression":
-        lines.extend(regression_lines(result))
-    if any(b.marker in SYNC_MARKERS for b in broken) or not broken:
+        lines.append(f"syncguard: {len(broken)} of {len(result.checks)} budgets exceeded on {result.device}")
+        lines.extend(f"  {c.text}" for c in broken)
+    if result.comparison is not None and result.comparison.status == "regression":
+        device = result.comparison.device
+        lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
+    if "syncs" in signals or not broken:
         lines.extend(site_lines(result))
-    if result.timeline is not None and any(b.marker in TIMELINE_MARKERS for b in broken):
-        lines.extend(gap_lines(result.timeline))
-    if result.memory and any(b.marker in MEMORY_MARKERS for b in broken):
+    if result.timeline is not None and "timeline" in signals:
+        lines.extend(timeline_lines(result))
+    if result.memory and "memory" in signals:
         lines.extend(memory_lines(result.memory))
         lines.extend(allocation_site_lines(result.allocation_sites))
     lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
     return "\n".join(lines)
 
 
-def regression_lines(result: TestResult) -> list[str]:
-    """``baseline <slug>: metric old -> new (change)`` for each metric that regressed."""
-    assert result.baseline is not None
-    comparison = Comparison.from_dict(result.baseline)
-    return [f"syncguard: baseline {comparison.device}: {c.describe()}" for c in comparison.of("regression")]
+def timeline_lines(result: MeasuredTest) -> list[str]:
+    """The test's GPU timeline metrics (medians over its regions), then the largest gaps of its median region."""
+    assert result.timeline is not None
+    metrics = result.metrics
+    busy, largest, p99 = (metrics.get(name) or 0.0 for name in ("busy_fraction", "max_gap_us", "p99_gap_us"))
+    runs = metrics.runs.get("max_gap_us", 1)
+    return gap_lines(result.timeline, busy, largest, p99, regions=runs)
 
 
-def gap_lines(timeline: dict[str, Any]) -> list[str]:
-    """The largest idle gaps of the device, with their cause, decode step and source."""
-    lines = [
-        f"GPU timeline: busy {timeline['busy_fraction']:.3f} of {timeline['span_us']:.0f} us; "
-        f"{timeline['gaps']} gaps, max {timeline['max_gap_us']:.1f} us, p99 {timeline['p99_gap_us']:.1f} us, "
-        f"p50 {timeline['p50_gap_us']:.1f} us ({timeline['judged_steps']} of {timeline['steps']} steps judged)",
+def gap_lines(summary: TimelineSummary, busy: float, max_gap: float, p99_gap: float, *, regions: int = 1) -> list[str]:
+    """Busy fraction and gap statistics, then the largest idle gaps with their cause, decode step and source."""
+    median = f" (median of {regions} regions)" if regions > 1 else ""
+    which = f"region {summary.region} of {regions} (its max gap nearest the median): " if regions > 1 else ""
+    return [
+        f"GPU timeline{median}: busy {busy:.3f}, max gap {max_gap:.1f} us, p99 gap {p99_gap:.1f} us",
+        f"{which}{summary.gaps} gaps over {summary.span_us:.0f} us, p50 {summary.p50_gap_us:.1f} us "
+        f"({summary.judged_steps} of {summary.steps} steps judged)",
         "largest gaps (duration, cause, step, before op):",
+        *(
+            line
+            for gap in summary.top_gaps
+            for line in (
+                f"  {gap.duration_us:>9.1f} us  {gap.cause:<12}  step {'-' if gap.step is None else gap.step:<4}  "
+                f"before {gap.next_op[:60]}",
+                f"               {gap.detail}",
+            )
+        ),
     ]
-    for gap in timeline["top_gaps"]:
-        step = "-" if gap["step"] is None else gap["step"]
-        before = gap["next_op"][:60]
-        lines.append(f"  {gap['duration_us']:>9.1f} us  {gap['cause']:<12}  step {step:<4}  before {before}")
-        lines.append(f"               {gap['detail']}")
-    return lines
 
 
-def memory_lines(memory: list[dict[str, Any]]) -> list[str]:
-    mib = 1024 * 1024
-    lines = []
-    for m in memory:
-        lines.append(
-            f"CUDA allocator on device {m['device']}: allocated peak {m['allocated_peak'] / mib:.1f} MiB, "
-            f"reserved peak {m['reserved_peak'] / mib:.1f} MiB, fragmentation {m['fragmentation']:.3f}, "
-            f"inactive split peak {m['inactive_split_peak'] / mib:.1f} MiB, cudaMalloc {m['device_mallocs']}, "
-            f"cudaFree {m['device_frees']}, alloc retries {m['alloc_retries']}, OOMs {m['ooms']}, "
-            f"expandable segments {'on' if m['expandable_segments'] else 'off'}"
-        )
-    return lines
+def memory_lines(memory: Sequence[MemoryStats]) -> list[str]:
+    return [
+        f"CUDA allocator on device {m.device}: allocated peak {m.allocated_peak / MIB:.1f} MiB, "
+        f"reserved peak {m.reserved_peak / MIB:.1f} MiB, fragmentation {m.fragmentation:.3f}, "
+        f"inactive split peak {m.inactive_split_peak / MIB:.1f} MiB, cudaMalloc {m.device_mallocs}, "
+        f"cudaFree {m.device_frees}, alloc retries {m.alloc_retries}, OOMs {m.ooms}, "
+        f"expandable segments {'on' if m.expandable_segments else 'off'}"
+        for m in memory
+    ]
 
 
-def allocation_site_lines(sites: list[dict[str, Any]]) -> list[str]:
+def allocation_site_lines(sites: Sequence[AllocationSite]) -> list[str]:
     """The call sites that made the largest allocations, from the test's allocator history."""
     if not sites:
         return []
-    mib = 1024 * 1024
     lines = ["largest allocation sites (largest single allocation, allocations, total allocated):"]
     for s in sites:
         lines.append(
-            f"  {s['largest_bytes'] / mib:>9.2f} MiB  {s['allocations']:>6} x  {s['total_bytes'] / mib:>10.1f} MiB"
-            f"  at {s['site']}"
+            f"  {s.largest_bytes / MIB:>9.2f} MiB  {s.allocations:>6} x  {s.total_bytes / MIB:>10.1f} MiB  at {s.site}"
         )
     return lines
 
 
-def site_lines(result: TestResult) -> list[str]:
+def site_lines(result: MeasuredTest) -> list[str]:
     lines: list[str] = []
     if result.sites:
         lines.append(f"sync sites ({result.syncs} syncs, by kind and call site, most frequent first):")
@@ -111,22 +113,22 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _metric(result: TestResult, name: str, digits: int) -> str:
+def _metric(result: MeasuredTest, name: str, digits: int) -> str:
     value = result.metrics.get(name)
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def summary_lines(results: Iterable[TestResult]) -> list[str]:
+def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
     """The summary table: test, device, tokens, syncs, syncs per token, budget, verdict."""
     results = list(results)
-    timeline = any(r.timeline for r in results)
-    memory = any(r.memory for r in results)
+    timeline = any("max_gap_us" in r.metrics for r in results)
+    memory = any("fragmentation" in r.metrics for r in results)
     timed = any("seconds" in r.metrics for r in results)
     header: tuple[str, ...] = ("test", "device", "tokens", "syncs", "syncs/token")
     header += ("median ms", "tokens/s") if timed else ()
     header += ("max gap us", "p99 gap us", "busy") if timeline else ()
     header += ("fragmentation", "reserved MiB") if memory else ()
-    baselines = any(r.baseline for r in results)
+    baselines = any(r.comparison for r in results)
     header += ("budget", "baseline", "verdict") if baselines else ("budget", "verdict")
     rows = []
     for r in sorted(results, key=lambda r: r.nodeid):
@@ -148,9 +150,9 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
             )
         if memory:
             row += (_metric(r, "fragmentation", 3), _metric(r, "reserved_mb", 1))
-        row += (", ".join(b.describe for b in r.budgets) or "-",)
+        row += (", ".join(c.budget.describe() for c in r.checks) or "-",)
         if baselines:
-            row += (r.baseline["status"] if r.baseline else "-",)
+            row += (r.comparison.status if r.comparison else "-",)
         row += (r.verdict.upper(),)
         rows.append(row)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -170,12 +172,12 @@ def summary_lines(results: Iterable[TestResult]) -> list[str]:
     return lines
 
 
-def baseline_lines(results: Iterable[TestResult], updating: bool, notes: Iterable[str] = ()) -> list[str]:
+def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Iterable[str] = ()) -> list[str]:
     """After the table: regressions, improvements (with the command that records them), new tests,
     environment changes since the baselines were recorded, and the run's notes."""
     results = sorted(results, key=lambda r: r.nodeid)
     lines: list[str] = []
-    compared = [(r, Comparison.from_dict(r.baseline)) for r in results if r.baseline]
+    compared = [(r, r.comparison) for r in results if r.comparison]
     if not updating:
         for r, c in compared:
             lines.extend(f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("regression"))
@@ -190,8 +192,8 @@ def baseline_lines(results: Iterable[TestResult], updating: bool, notes: Iterabl
             lines.append(f"record them with: pytest --syncguard --syncguard-update-baselines {ids}")
     drift: dict[str, dict[str, list[str | None]]] = {}
     for _, c in compared:
-        if c.fingerprint_changes:
-            drift.setdefault(c.file, c.fingerprint_changes)
+        if c.drift:
+            drift.setdefault(c.file, c.drift)
     for file, changes in sorted(drift.items()):
         what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in sorted(changes.items()))
         lines.append(f"warning: {file} was recorded in another environment ({what})")

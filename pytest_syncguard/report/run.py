@@ -1,0 +1,115 @@
+"""A CI run's results: the measured test cases of its JUnit files, merged, each compared with its baseline.
+
+The cases come from one or several JUnit files (xdist, several jobs or GPU models) and are de-duplicated by
+(device, node id): the last file read wins. Each is compared with its baseline entry: from a baselines folder
+when one is given, else with the entry the run itself compared with (``syncguard.baseline.<metric>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..baselines import Baseline, path_for, read
+from ..comparison import DEFAULT_TOLERANCE, Comparison, Drift, compare
+from ..environment import fingerprint_changes
+from .junit import JUnitCase, read_cases
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    case: JUnitCase
+    comparison: Comparison
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.case.device_slug, self.case.nodeid
+
+
+@dataclass
+class RunComparison:
+    """Every measured test of a run against its baseline, plus what the baselines have that the run lacks."""
+
+    cases: list[CaseComparison] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    """(device slug, node id) of baseline entries that this run did not measure."""
+    environment: dict[str, Drift] = field(default_factory=dict)
+    """Per device slug: the fingerprint keys that differ from the baseline's."""
+    sources: list[str] = field(default_factory=list)
+
+    def with_status(self, status: str) -> list[CaseComparison]:
+        return [c for c in self.cases if c.comparison.status == status]
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({c.case.device_slug for c in self.cases})
+
+    @property
+    def failed_tests(self) -> list[CaseComparison]:
+        """Tests that failed for another reason than a regression (a budget, an error)."""
+        return [c for c in self.cases if c.case.outcome in ("failed", "error") and c.comparison.status != "regression"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "pytest-syncguard/report",
+            "schema_version": 1,
+            "sources": self.sources,
+            "devices": self.devices,
+            "tests": [
+                {
+                    "nodeid": c.case.nodeid,
+                    "device": c.case.device_slug,
+                    "outcome": c.case.outcome,
+                    "verdict": c.case.verdict,
+                    "metrics": dict(c.case.metrics.values),
+                    "comparison": c.comparison.to_dict(),
+                }
+                for c in self.cases
+            ],
+            "missing": [{"device": d, "nodeid": n} for d, n in self.missing],
+            "environment": self.environment,
+        }
+
+
+def merge_cases(paths: Sequence[Path]) -> list[JUnitCase]:
+    """The cases of all files, one per (device, node id), in a stable order."""
+    merged: dict[tuple[str, str], JUnitCase] = {}
+    for path in paths:
+        for case in read_cases(path):
+            merged[(case.device_slug, case.nodeid)] = case
+    return [merged[key] for key in sorted(merged)]
+
+
+def compare_run(paths: Sequence[Path], baselines: Path | None, tolerance: float | None = None) -> RunComparison:
+    """Compare every measured case of the JUnit files; raises ``JUnitError``/``BaselineError`` naming a file."""
+    run = RunComparison(sources=[str(p) for p in paths])
+    files: dict[str, Baseline | None] = {}
+    for case in merge_cases(paths):
+        slug = case.device_slug
+        within = tolerance if tolerance is not None else case.tolerance
+        within = DEFAULT_TOLERANCE if within is None else within
+        if baselines is not None:
+            path = path_for(baselines, slug)
+            if slug not in files:
+                files[slug] = read(path)
+            baseline = files[slug]
+            entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
+            drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
+        else:
+            path = Path(f"{slug}.json")
+            entry = case.baseline_values if case.compared else None
+            drift = case.drift
+        comparison = compare(
+            entry, case.metrics, device=slug, file=str(path), tolerance=within, fingerprint=case.fingerprint,
+            drift=drift,
+        )  # fmt: skip
+        if drift:
+            run.environment.setdefault(slug, drift)
+        run.cases.append(CaseComparison(case, comparison))
+    seen = {c.key for c in run.cases}
+    for slug, baseline in sorted(files.items()):
+        if baseline is not None:
+            run.missing.extend((slug, nodeid) for nodeid in sorted(baseline.tests) if (slug, nodeid) not in seen)
+    return run

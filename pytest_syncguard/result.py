@@ -1,0 +1,173 @@
+"""One test's measured result, typed, from the measurement to every report (failure text, summary, JSON,
+JUnit, baselines). Each number is stored once; :meth:`MeasuredTest.to_dict` and :meth:`MeasuredTest.from_dict`
+are its one writer and one reader at the pytest-xdist and JSON boundary. No torch here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .analysis.gaps import TimelineSummary
+from .analysis.memory import MemoryStats
+from .analysis.sites import Frame
+from .analysis.snapshot import AllocationSite
+from .budgets import BudgetCheck, closest_run
+from .comparison import Comparison
+from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .guard import Measurement
+
+TOP_SITES = 10
+
+
+def _display(frame: Frame) -> str:
+    """A frame as ``file:line in function``, the file relative to the working directory when inside it."""
+    path = os.path.abspath(frame.filename)
+    cwd = os.getcwd() + os.sep
+    shown = path[len(cwd) :] if path.startswith(cwd) else frame.filename
+    return f"{shown}:{frame.lineno} in {frame.function}"
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    """The syncs of one kind from one call site, as reports show them."""
+
+    kind: str
+    op: str
+    site: str
+    count: int
+    stack: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MeasuredTest:
+    """Everything the plugin knows about one measured test."""
+
+    nodeid: str
+    device: str
+    tokens: int | None
+    regions: int
+    metrics: Metrics
+    """Counts, and medians over runs of the noisy metrics: what the summary, baselines and JUnit show."""
+    allowed_syncs: int
+    by_kind: Mapping[str, int]
+    invisible_kinds: tuple[str, ...]
+    checks: tuple[BudgetCheck, ...] = ()
+    sites: tuple[SiteRecord, ...] = ()
+    more_sites: int = 0
+    more_syncs: int = 0
+    timeline: TimelineSummary | None = None
+    """The region whose max gap is nearest the median: the example the failure text shows."""
+    memory: tuple[MemoryStats, ...] = ()
+    """Allocator numbers per region and device."""
+    allocation_sites: tuple[AllocationSite, ...] = ()
+    """The largest allocation sites of a failing test's allocator history."""
+    comparison: Comparison | None = None
+    """Against the baseline entry; None when not compared."""
+    artifacts: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def syncs(self) -> int:
+        return int(self.metrics.values["syncs"])
+
+    @property
+    def syncs_per_token(self) -> float | None:
+        return self.metrics.get("syncs_per_token")
+
+    @property
+    def verdict(self) -> str:
+        """error, fail, regression (against the baseline), pass, "not measured" (nothing failed, something
+        could not be measured) or measured (no budget)."""
+        if self.error is not None:
+            return "error"
+        if any(c.held is False for c in self.checks):
+            return "fail"
+        if self.comparison is not None and self.comparison.status == "regression":
+            return "regression"
+        if not self.checks:
+            return "measured"
+        return "pass" if all(c.held for c in self.checks) else "not measured"
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in ("fail", "error", "regression")
+
+    @classmethod
+    def of(
+        cls, nodeid: str, measurement: Measurement, checks: Sequence[BudgetCheck], error: str | None = None
+    ) -> MeasuredTest:
+        """The result of a measurement and its budget checks; the metrics include the gap statistic each
+        idle-gap budget reads."""
+        sites = measurement.sites()
+        shown, rest = sites[:TOP_SITES], sites[TOP_SITES:]
+        timelines = [t for t in measurement.timelines if t is not None]
+        metrics = Metrics.of(measurement, extra=[c.budget.metric.name for c in checks])
+        timeline = None
+        if timelines:
+            index = closest_run([t.gap_stat("max") for t in timelines], metrics.values["max_gap_us"])
+            timeline = timelines[index].summary(region=index + 1)
+        return cls(
+            nodeid=nodeid,
+            device=measurement.device,
+            tokens=measurement.tokens,
+            regions=measurement.regions,
+            metrics=metrics,
+            allowed_syncs=measurement.allowed_syncs,
+            by_kind=measurement.by_kind(),
+            invisible_kinds=measurement.invisible_kinds,
+            checks=tuple(checks),
+            sites=tuple(
+                SiteRecord(s.kind, s.op, _display(s.site) if s.site else "?", s.count, tuple(map(_display, s.stack)))
+                for s in shown
+            ),
+            more_sites=len(rest),
+            more_syncs=sum(s.count for s in rest),
+            timeline=timeline,
+            memory=measurement.memory,
+            error=error,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for pytest-xdist and the JSON results (``syncs``, ``syncs_per_token`` and ``verdict`` are
+        written for readers of the file; :meth:`from_dict` ignores them)."""
+        return {
+            "nodeid": self.nodeid, "device": self.device, "tokens": self.tokens, "regions": self.regions,
+            "syncs": self.syncs, "syncs_per_token": self.syncs_per_token, "allowed_syncs": self.allowed_syncs,
+            "metrics": dict(self.metrics.values), "samples": dict(self.metrics.runs), "by_kind": dict(self.by_kind),
+            "invisible_kinds": list(self.invisible_kinds), "budgets": [c.to_dict() for c in self.checks],
+            "sites": [vars(s) | {"stack": list(s.stack)} for s in self.sites], "more_sites": self.more_sites,
+            "more_syncs": self.more_syncs, "timeline": self.timeline.to_dict() if self.timeline else None,
+            "memory": [m.to_dict() for m in self.memory],
+            "allocation_sites": [vars(s) for s in self.allocation_sites],
+            "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
+            "notes": list(self.notes), "error": self.error, "verdict": self.verdict,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MeasuredTest:
+        return cls(
+            nodeid=data["nodeid"],
+            device=data["device"],
+            tokens=data["tokens"],
+            regions=data["regions"],
+            metrics=Metrics(data["metrics"], data["samples"]),
+            allowed_syncs=data["allowed_syncs"],
+            by_kind=data["by_kind"],
+            invisible_kinds=tuple(data["invisible_kinds"]),
+            checks=tuple(BudgetCheck.from_dict(c) for c in data["budgets"]),
+            sites=tuple(SiteRecord(**{**s, "stack": tuple(s["stack"])}) for s in data["sites"]),
+            more_sites=data["more_sites"],
+            more_syncs=data["more_syncs"],
+            timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
+            memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
+            allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),
+            comparison=Comparison.from_dict(data["baseline"]) if data["baseline"] else None,
+            artifacts=tuple(data["artifacts"]),
+            notes=tuple(data["notes"]),
+            error=data["error"],
+        )

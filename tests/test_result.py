@@ -1,0 +1,223 @@
+"""One typed result from measurement to report: the region object after its block, the xdist/JSON round trip,
+one value per number in every rendering, the CLI without torch, and the names pytest must not collect."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import pytest_syncguard
+from pytest_syncguard import SyncGuard, SyncguardUsageError
+from pytest_syncguard.analysis import gaps, trace_file
+from pytest_syncguard.budgets import KINDS, Budget, check_budgets
+from pytest_syncguard.comparison import compare
+from pytest_syncguard.guard import Measurement
+from pytest_syncguard.metrics import Metrics, metric
+from pytest_syncguard.report.junit import read_cases
+from pytest_syncguard.report.terminal import failure_text, summary_lines
+from pytest_syncguard.result import MeasuredTest
+
+DATA = Path(__file__).parent / "data"
+
+
+class Stepper(torch.nn.Module):
+    """A decode step that reads the device once per call, like a stop check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.weight
+        if y.sum() > 1e9:  # one scalar read
+            y = y * 0
+        return y
+
+
+def test_region_holds_its_measurement_after_the_block() -> None:
+    model = Stepper()
+    with torch.no_grad(), SyncGuard("t").generation(model=model) as region:
+        x = torch.ones(4)
+        for _ in range(5):
+            x = model(x)
+        with pytest.raises(SyncguardUsageError, match="after its `with` block"):
+            _ = region.syncs
+        x.sum().item()  # one more, outside the model
+    assert region.tokens == 5  # counted from model=
+    assert region.syncs == 6
+    assert region.syncs_per_token == pytest.approx(6 / 5)
+    assert region.by_kind() == {"scalar read": 6}
+    (first, second) = region.sites()
+    assert (first.count, first.site and first.site.function) == (5, "Stepper.forward")
+    assert (second.count, second.site and second.site.function) == (
+        1,
+        "test_region_holds_its_measurement_after_the_block",
+    )
+
+
+def _timelines() -> tuple[gaps.Timeline, ...]:
+    """Three different timelines of one real H100 trace (tests/data): its steps judged after 1, 6 and 9 warm-up steps."""
+    trace = trace_file.load(DATA / "item_loop.trace.json.gz")
+    timelines = tuple(gaps.analyze(trace, warmup_steps=n) for n in (1, 6, 9))
+    assert all(t is not None for t in timelines)
+    return timelines  # type: ignore[return-value]
+
+
+def _measured(budgets: tuple[Budget, ...]) -> MeasuredTest:
+    guard = SyncGuard("test_x.py::test_loop", device="cpu")
+    with guard.generation(tokens=4):
+        for _ in range(8):
+            torch.ones(2).sum().item()
+    measurement = Measurement("cuda", 4, guard.measurements[0].events, region_numbers=(1, 2, 3), timelines=_timelines())
+    checks, error = check_budgets("test_x.py::test_loop", budgets, measurement, require_gpu=False)
+    assert error is None
+    result = MeasuredTest.of("test_x.py::test_loop", measurement, checks)
+    comparison = compare({"syncs": 4, "max_gap_us": 10.0}, result.metrics, device="nvidia-h100", file="b.json",
+                         tolerance=0.1, fingerprint={"torch": "2.11"}, drift={"torch": ["2.10", "2.11"]})  # fmt: skip
+    return MeasuredTest(**{**vars(result), "comparison": comparison, "notes": ("a note",)})
+
+
+def test_every_rendering_reads_the_same_median_of_the_regions() -> None:
+    result = _measured((Budget("max_gpu_idle_us", 1.0), Budget("min_gpu_busy", 0.99), Budget("max_syncs", 100)))
+    per_region = sorted(t.gap_stat("max") for t in _timelines())
+    median = per_region[1]
+    assert per_region[0] < per_region[2]  # the regions differ, so "which one" matters
+    idle, _busy, syncs = result.checks
+    assert idle.value == pytest.approx(median) and idle.held is False
+    assert result.metrics.values["max_gap_us"] == pytest.approx(median, rel=1e-5)
+    assert result.metrics.runs["max_gap_us"] == 3
+    assert syncs.value == 8 and syncs.held
+    text = failure_text(result)
+    assert f"GPU timeline (median of 3 regions): busy {result.metrics.values['busy_fraction']:.3f}, " in text
+    assert f"max gap {median:.1f} us" in text and f"measured {median:.1f} us" in text
+    assert result.timeline is not None and result.timeline.region in (1, 2, 3)
+    assert f"region {result.timeline.region} of 3 (its max gap nearest the median)" in text
+    assert "baseline nvidia-h100: syncs 4 -> 8" in text  # the regression, from the typed comparison
+    (row,) = summary_lines([result])[2:3]
+    assert f"{median:.1f}" in row.split()
+
+
+def test_the_xdist_and_json_round_trip_gives_back_the_same_result() -> None:
+    result = _measured((Budget("max_gpu_idle_us", 50.0, "p95"), Budget("max_syncs_per_token", 1)))
+    assert "p95_gap_us" in result.metrics  # the gap statistic a budget read is a metric too
+    data = json.loads(json.dumps(result.to_dict()))
+    assert MeasuredTest.from_dict(data) == result
+    assert data["syncs"] == 8 and data["syncs_per_token"] == 2.0 and data["regions"] == 3
+    assert data["verdict"] == "fail"
+
+
+def test_junit_properties_are_read_back_into_the_same_numbers(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.max_syncs_per_token(3)
+        def test_loop(syncguard):
+            syncguard.measure(lambda: [torch.ones(2).sum().item() for _ in range(4)], tokens=2, repeat=5)
+        """
+    )
+    result = pytester.runpytest("--syncguard", "--junitxml=out.xml", "--syncguard-json=out.json")
+    result.assert_outcomes(passed=1)
+    (case,) = read_cases(pytester.path / "out.xml")
+    (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
+    assert test["regions"] == 5  # measure(repeat=5) is five regions
+    assert dict(case.metrics.values) == test["metrics"] and dict(case.metrics.runs) == {
+        name: n for name, n in test["samples"].items()
+    }
+    assert case.metrics.values["syncs_per_token"] == 2.0 and case.verdict == "pass" and case.baseline_status == "new"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_region_on_a_machine_without_cuda_is_not_measured(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.syncguard(device="cuda")
+        @pytest.mark.max_syncs(0)
+        def test_loop(syncguard):
+            with syncguard.generation(tokens=3):
+                for _ in range(3):
+                    torch.ones(2).sum().item()
+        """
+    )
+    result = pytester.runpytest("--syncguard")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_loop*max_syncs<=0*NOT MEASURED"])
+    required = pytester.runpytest("--syncguard", "--syncguard-require-gpu")
+    required.assert_outcomes(failed=1)
+    required.stdout.fnmatch_lines(["*max_syncs: not measured: the region computes on 'cuda'*CUDA is not available*"])
+
+
+def test_no_class_of_the_package_is_collected_as_a_test(pytester: pytest.Pytester) -> None:
+    named_test = []
+    for module_info in pkgutil.walk_packages(pytest_syncguard.__path__, "pytest_syncguard."):
+        if module_info.name.endswith(".plugin"):
+            continue
+        module = importlib.import_module(module_info.name)
+        named_test += [
+            f"{module.__name__}.{n}" for n, v in vars(module).items() if inspect.isclass(v) and n.startswith("Test")
+        ]
+    assert named_test == []
+    pytester.makepyfile(
+        "from pytest_syncguard import *\nfrom pytest_syncguard.budgets import *\nfrom pytest_syncguard.capture import *\n"
+        "from pytest_syncguard.result import *\n\ndef test_one():\n    pass\n"
+    )
+    pytester.runpytest("-W", "error::pytest.PytestCollectionWarning").assert_outcomes(passed=1)
+
+
+def test_every_budget_kind_reads_a_known_metric() -> None:
+    for name, kind in KINDS.items():
+        stat = "p90" if name == "max_gpu_idle_us" else "max"
+        spec = metric(kind.metric(stat))
+        assert spec is not None and spec.runs is not None, name
+        assert Budget(name, 0.5, stat).metric == spec
+    assert Metrics.of(Measurement("cpu", None, ())).values == {"syncs": 0.0}
+
+
+@pytest.fixture
+def no_torch(tmp_path: Path) -> dict[str, str]:
+    """An environment in which ``import torch`` fails."""
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is made unimportable by this test')\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), str(Path(__file__).parents[1])])}
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_syncguard.cli", *args], env=env, capture_output=True, text=True
+    )
+
+
+def test_the_cli_commands_run_without_torch(no_torch: dict[str, str], tmp_path: Path) -> None:
+    assert subprocess.run([sys.executable, "-c", "import torch"], env=no_torch, capture_output=True).returncode == 1
+    trace = _cli(no_torch, "trace", str(DATA / "graph_loop.trace.json.gz"))
+    assert trace.returncode == 0, trace.stderr
+    assert "largest gaps" in trace.stdout
+    junit = tmp_path / "junit.xml"
+    junit.write_bytes(
+        __import__("gzip").decompress((DATA / "h100_suite" / "junit-nvidia-h100-80gb-hbm3.xml.gz").read_bytes())
+    )
+    report = _cli(no_torch, "report", str(junit), "--baselines", str(DATA / "h100_suite" / "baselines"))
+    assert report.returncode == 0, report.stderr
+    assert "syncguard" in report.stdout
+    (baseline,) = (DATA / "h100_suite" / "baselines").glob("*.json")
+    shown = _cli(no_torch, "baselines", str(baseline))
+    assert shown.returncode == 0 and "tests" in shown.stdout, shown.stderr
+
+    from tests.test_comment import FakeGitHub
+
+    github = FakeGitHub(tmp_path, [])
+    posted = github.comment(env={**github.env(), "PYTHONPATH": no_torch["PYTHONPATH"]})
+    assert posted.returncode == 0, posted.stderr
+    assert "created comment" in posted.stdout
