@@ -110,7 +110,8 @@ class CallCapture:
         result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error)
         fallback = _python_kernel_note()
         result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
-        if store is not None and self.options.baseline and result.error is None:
+        # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.
+        if store is not None and self.options.baseline and result.error is None and not measurement.unmeasured:
             try:
                 comparison = store.compare(self.nodeid, result.device, result.metrics, self.options.tolerance)
                 result = replace(result, comparison=comparison)

@@ -153,6 +153,9 @@ def test_a_cuda_region_on_a_machine_without_cuda_is_not_measured(pytester: pytes
     result = pytester.runpytest("--syncguard")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_loop*max_syncs<=0*NOT MEASURED"])
+    assert not (pytester.path / "baselines").exists()  # its numbers were not compared, nor recorded
+    pytester.runpytest("--syncguard", "--syncguard-update-baselines").assert_outcomes(passed=1)
+    assert not (pytester.path / "baselines" / "cpu.json").exists()
     required = pytester.runpytest("--syncguard", "--syncguard-require-gpu")
     required.assert_outcomes(failed=1)
     required.stdout.fnmatch_lines(["*max_syncs: not measured: the region computes on 'cuda'*CUDA is not available*"])
