@@ -85,8 +85,9 @@ class BudgetKind:
     """The name of the metric it reads, given the budget's ``stat``."""
     aggregate: Callable[[list[float]], float]
     """Over the metric's runs: the median (noisy metrics), or the worst run (memory)."""
-    sentence: Callable[[Budget, float, Measurement], str]
-    """The arithmetic of a check in words, from the value it read and the measurement."""
+    sentence: Callable[[Budget, float, Measurement, int], str]
+    """The arithmetic of a check in words, from the value it read, the measurement and the index of the run
+    nearest that value (the example the sentence quotes)."""
     limit_argument: str = "limit"
     upper: bool = True
     """True: the value may not exceed the limit; False: it may not fall below it."""
@@ -97,54 +98,50 @@ class BudgetKind:
     """Why there is no value when the signal was captured but the metric has no run."""
 
 
-def _per_token(budget: Budget, value: float, m: Measurement) -> str:
+def _per_token(budget: Budget, value: float, m: Measurement, example: int) -> str:
     return (
         f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
         f"{m.syncs} syncs over {m.tokens} tokens"
     )
 
 
-def _total(budget: Budget, value: float, m: Measurement) -> str:
+def _total(budget: Budget, value: float, m: Measurement, example: int) -> str:
     return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
 
 
-def _judged_steps(m: Measurement, index: int) -> str:
-    timelines = [t for t in m.timelines if t is not None]
-    shown = timelines[index]
+def _judged_steps(m: Measurement, example: int) -> str:
+    timelines = m.gpu_timelines
+    shown = timelines[example]
     runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
     steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up" if shown.steps else "no steps"
     return runs + steps
 
 
-def _idle(budget: Budget, value: float, m: Measurement) -> str:
-    runs = budget.metric.runs(m) if budget.metric.runs else []
-    index = closest_run(runs, value)
-    gaps = len([t for t in m.timelines if t is not None][index].gaps_us)
+def _idle(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    gaps = len(m.gpu_timelines[example].gaps_us)
     return (
         f"{budget.marker}: limit {budget.limit:g} us ({budget.stat} gap), measured {value:.1f} us "
-        f"({gaps} gaps, {_judged_steps(m, index)})"
+        f"({gaps} gaps, {_judged_steps(m, example)})"
     )
 
 
-def _busy(budget: Budget, value: float, m: Measurement) -> str:
-    runs = budget.metric.runs(m) if budget.metric.runs else []
-    index = closest_run(runs, value)
-    shown = [t for t in m.timelines if t is not None][index]
+def _busy(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    shown = m.gpu_timelines[example]
     return (
         f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: GPU busy {shown.busy_us:.0f} us "
-        f"of a {shown.span_us:.0f} us span ({_judged_steps(m, index)})"
+        f"of a {shown.span_us:.0f} us span ({_judged_steps(m, example)})"
     )
 
 
-def _fragmentation(budget: Budget, value: float, m: Measurement) -> str:
-    worst = m.memory[closest_run([s.fragmentation for s in m.memory], value)]
+def _fragmentation(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    worst = m.memory[example]
     return (
         f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: 1 - allocated peak "
         f"{worst.allocated_peak / MIB:.1f} MiB / reserved peak {worst.reserved_peak / MIB:.1f} MiB"
     )
 
 
-def _reserved(budget: Budget, value: float, m: Measurement) -> str:
+def _reserved(budget: Budget, value: float, m: Measurement, example: int) -> str:
     return f"{budget.marker}: limit {budget.limit:g} MiB, measured reserved peak {value:.1f} MiB"
 
 
@@ -251,12 +248,13 @@ class Budget:
 
     def check(self, measurement: Measurement) -> BudgetCheck:
         """The value the budget's metric takes over the measurement's runs, against the limit."""
-        runs = self.metric.runs(measurement) if self.metric.runs else []
+        runs = self.metric.runs(measurement)
         if not runs:
             return self.not_measured(self.kind.unmeasured or "nothing was measured")
         value = self.kind.aggregate(runs)
         held = value <= self.limit if self.kind.upper else value >= self.limit
-        return BudgetCheck(self, value, held, self.kind.sentence(self, value, measurement))
+        text = self.kind.sentence(self, value, measurement, closest_run(runs, value))
+        return BudgetCheck(self, value, held, text)
 
 
 @dataclass(frozen=True)

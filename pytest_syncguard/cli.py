@@ -29,7 +29,7 @@ def _trace(args: argparse.Namespace) -> int:
         statistics = {"busy_fraction": timeline.busy_fraction, "max_gap_us": timeline.gap_stat("max"),
                       "p99_gap_us": timeline.gap_stat("p99")}  # fmt: skip
     if args.json:
-        data = {"file": args.file, "events": trace.events_read, "timeline": None}
+        data: dict[str, object] = {"file": args.file, "events": trace.events_read, "timeline": None}
         if timeline is not None:
             data["timeline"] = {**timeline.summary().to_dict(), **{k: round(v, 5) for k, v in statistics.items()}}
         print(json.dumps(data, indent=2))
@@ -38,7 +38,10 @@ def _trace(args: argparse.Namespace) -> int:
     if timeline is None:
         print("no device activity (kernels, memcpy, memset) in this trace")
         return 0
-    for line in gap_lines(timeline.summary(), *statistics.values()):
+    lines = gap_lines(
+        timeline.summary(), statistics["busy_fraction"], statistics["max_gap_us"], statistics["p99_gap_us"]
+    )
+    for line in lines:
         print(line)
     for stream in timeline.streams:
         print(

@@ -69,6 +69,11 @@ class Measurement:
         return len(self.region_numbers)
 
     @property
+    def gpu_timelines(self) -> list[Timeline]:
+        """The timelines of the regions that launched GPU work, in region order."""
+        return [t for t in self.timelines if t is not None]
+
+    @property
     def on_device(self) -> bool:
         return self.device != "cpu"
 

@@ -29,9 +29,8 @@ class Metric:
     higher_is_better: bool
     floor: float
     """Noisy metrics: changes smaller than this (in ``unit``) are never reported, whatever the tolerance."""
-    runs: Callable[[Measurement], list[float]] | None = None
-    """Its value in each measured run of a measurement (empty when not measured); None for metrics that only
-    live in files (read back from a baseline or a JUnit file of another version)."""
+    runs: Callable[[Measurement], list[float]]
+    """Its value in each measured run of a measurement (empty when not measured)."""
 
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
@@ -41,7 +40,7 @@ class Metric:
 
 
 def _gap_runs(stat: str) -> Callable[[Measurement], list[float]]:
-    return lambda m: [t.gap_stat(stat) for t in m.timelines if t is not None]
+    return lambda m: [t.gap_stat(stat) for t in m.gpu_timelines]
 
 
 def _per_token(m: Measurement) -> list[float]:
@@ -74,7 +73,7 @@ METRICS: dict[str, Metric] = {
         _gap("p99"),
         Metric(
             "busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
-            runs=lambda m: [t.busy_fraction for t in m.timelines if t is not None],
+            runs=lambda m: [t.busy_fraction for t in m.gpu_timelines],
         ),
         Metric(
             "fragmentation", "", counted=False, higher_is_better=False, floor=0.01,
@@ -133,7 +132,7 @@ class Metrics:
         runs: dict[str, int] = {}
         for name in [*METRICS, *(n for n in extra if n not in METRICS)]:
             spec = metric(name)
-            if spec is None or spec.runs is None:
+            if spec is None:
                 continue
             per_run = spec.runs(measurement)
             if per_run:

@@ -105,7 +105,7 @@ class MeasuredTest:
         idle-gap budget reads."""
         sites = measurement.sites()
         shown, rest = sites[:TOP_SITES], sites[TOP_SITES:]
-        timelines = [t for t in measurement.timelines if t is not None]
+        timelines = measurement.gpu_timelines
         metrics = Metrics.of(measurement, extra=[c.budget.metric.name for c in checks])
         timeline = None
         if timelines:
