@@ -3,11 +3,10 @@
 Bare and instrumented runs alternate in one process (with a second bare variant, whose ratio to the first is
 the noise floor); the result is the median of the per-sample ratios, of wall time and of the main thread's
 CPU time (which time stolen by other processes on a shared host does not inflate).
-``--parts`` adds variants that tell the probe's costs apart: the probe with its Python kernel for scalar reads
-instead of the native one (when that one is built), no probe but a Python kernel that only
+``--parts`` adds variants that tell the probe's costs apart: the probe with its Python kernels for scalar reads
+and copies instead of the native ones (when those are built), no probe but a Python kernel that only
 redispatches each scalar read (what any Python kernel costs), the probe without its dispatcher kernels, and on CUDA
-without its copy checks (the sync-debug warning catcher and the ``non_blocking`` wrappers), and without both.
-On CUDA "no kernels" is no saving: the warning catcher then sees each scalar read instead, at about the same cost.
+without its copy_ kernel (the copy checks).
 Run from the repository root: ``python -m bench.bench_overhead [--pairs N] [--runs K] [--parts]``; it prints
 the machine it ran on.
 """
@@ -77,12 +76,12 @@ def no_kernels() -> Iterator[None]:
 
 
 def no_copy_checks() -> Iterator[None]:
-    with mock.patch.object(PROBE._copies, "install"), mock.patch.object(PROBE._pageable, "install"):
+    with mock.patch.object(syncs, "CATALOGUE", tuple(e for e in syncs.CATALOGUE if e.name != "copy_")):
         yield
 
 
 def python_kernel() -> Iterator[None]:
-    """The probe with its Python kernel for scalar reads instead of the native one."""
+    """The probe with its Python kernels for scalar reads and copies instead of the native ones."""
     with mock.patch.object(syncs.NATIVE, "load", return_value=None):
         yield
 
@@ -154,13 +153,12 @@ def main() -> None:
         variants["no kernels"] = without(no_kernels, probed)
         if device == "cuda":
             variants["no copy checks"] = without(no_copy_checks, probed)
-            variants["neither"] = without(no_copy_checks, without(no_kernels, probed))
     variants["bare again"] = run
     samples = interleave(variants, args.pairs, args.runs)
     cpu = f"CPU ({platform.processor() or platform.machine()})"
     machine = torch.cuda.get_device_name() if device == "cuda" else cpu
     print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
-    print(f"scalar reads counted by the {PROBE.scalar_read_kernel}")
+    print(f"scalar reads and copies counted by the {PROBE.kernels}")
     report(samples, args.runs)
     recorder = SyncRecorder(on_device=device != "cpu")
     with PROBE.recording(recorder):

@@ -48,7 +48,7 @@ def main() -> None:
             probed.append(instrumented())
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"machine: {name}; torch {torch.__version__}; {args.pairs} pairs of {args.iterations} iterations")
-    print(f"scalar reads counted by the {PROBE.scalar_read_kernel}")
+    print(f"scalar reads and copies counted by the {PROBE.kernels}")
     print(f"bare {statistics.median(bare):.2f} us per .item(), instrumented {statistics.median(probed):.2f} us")
     cost = statistics.median(p - b for p, b in zip(probed, bare, strict=True))
     print(f"probe cost: median {cost:.2f} us per counted sync")

@@ -46,6 +46,12 @@ class Baseline:
 
 
 def path_for(directory: Path, slug: str) -> Path:
+    """The baseline file of a device slug in ``directory``; a slug that is no slug (``../x/y`` from an untrusted
+    JUnit file) is an error, never a path outside it."""
+    from .environment import is_slug
+
+    if not is_slug(slug):
+        raise BaselineError(f"{slug!r} is not a device slug (lowercase letters, digits and '-')")
     return directory / f"{slug}.json"
 
 
@@ -55,16 +61,20 @@ def read(path: Path) -> Baseline | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"{path}: not UTF-8 text ({exc}); fix or delete it, it was left as it is") from exc
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read the baseline file: {exc}") from exc
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = json.loads(text, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
         raise BaselineError(f"{path}: not valid JSON ({exc}); fix or delete it, it was left as it is") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BaselineError(f"{path}: not a pytest-syncguard baseline file (schema {SCHEMA!r} expected)")
     version = data.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BaselineError(f"{path}: schema_version must be a whole number >= 1, got {version!r}")
+    if version > SCHEMA_VERSION:
         raise BaselineError(
             f"{path}: baseline schema version {version!r}, this syncguard reads up to {SCHEMA_VERSION}: upgrade "
             "pytest-syncguard"
@@ -81,6 +91,10 @@ def read(path: Path) -> Baseline | None:
     return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests)
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a baseline can hold")
+
+
 def document(device: str, fingerprint: Mapping[str, str | None], tests: Mapping[str, Mapping[str, float]]) -> str:
     """The file's text: keys sorted, one metric per line, so that merges and reviews stay simple."""
     data = {
@@ -90,7 +104,7 @@ def document(device: str, fingerprint: Mapping[str, str | None], tests: Mapping[
         "fingerprint": dict(fingerprint),
         "tests": {nodeid: dict(sorted(tests[nodeid].items())) for nodeid in sorted(tests)},
     }
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def update(
@@ -98,9 +112,9 @@ def update(
 ) -> int:
     """Write ``entries`` (node id -> metrics) into the baseline at ``path``, keeping every other test's entry.
     Returns the number of entries written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with lock:
             current = read(path)
             tests = dict(current.tests) if current is not None else {}
@@ -108,6 +122,8 @@ def update(
             write_atomically(path, document(device, fingerprint, tests))
     except Timeout as exc:
         raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a metric that is not a finite number
+        raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from exc
     return len(entries)
 
 

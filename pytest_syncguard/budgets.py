@@ -203,9 +203,18 @@ def _bind(
     return dict(bound.arguments)
 
 
+def _finite(value: Any) -> bool:
+    """A finite int or float (not a bool; an int too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _limit(item: pytest.Item, kind: BudgetKind, value: Any) -> float:
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if bad or not math.isfinite(value) or value < 0:
+    if not _finite(value) or value < 0:
         raise BudgetError(
             f"{item.nodeid}: @pytest.mark.{kind.marker}: limit must be a finite number >= 0, got {value!r}"
         )
@@ -292,21 +301,24 @@ class GuardOptions:
 
 
 def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
-    """The budgets a test carries; the closest marker of each name wins (function over class over module)."""
-    budgets = []
+    """The budgets a test carries. Every copy of a budget marker (on the test, a parametrize case, its class, its
+    module, or added by a fixture) is an assertion that must hold, so each is validated and the strictest limit
+    of each marker (and ``stat``) is the one checked: a closer marker never loosens a farther one."""
+    budgets: dict[tuple[str, str], Budget] = {}
     for name, kind in KINDS.items():
-        marker = item.get_closest_marker(name)
-        if marker is None:
-            continue
-        arguments = _bind(item, name, kind.signature, marker.args, marker.kwargs)
-        stat = arguments.get("stat", "max")
-        if name == "max_gpu_idle_us":
-            try:
-                parse_stat(stat)
-            except ValueError as exc:
-                raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: {exc}") from None
-        budgets.append(Budget(name, _limit(item, kind, arguments[kind.limit_argument]), stat))
-    return tuple(budgets)
+        for marker in item.iter_markers(name):
+            arguments = _bind(item, name, kind.signature, marker.args, marker.kwargs)
+            stat = arguments.get("stat", "max")
+            if name == "max_gpu_idle_us":
+                try:
+                    parse_stat(stat)
+                except ValueError as exc:
+                    raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: {exc}") from None
+            budget = Budget(name, _limit(item, kind, arguments[kind.limit_argument]), stat)
+            known = budgets.get((name, stat))
+            if known is None or (budget.limit < known.limit if kind.upper else budget.limit > known.limit):
+                budgets[(name, stat)] = budget
+    return tuple(budgets.values())
 
 
 def options_for(item: pytest.Item) -> GuardOptions:
@@ -342,7 +354,7 @@ def parse_tolerance(value: Any) -> float:
             value = float(value)
         except ValueError:
             raise ValueError(f"must be a number >= 0, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not _finite(value) or value < 0:
         raise ValueError(f"must be a finite number >= 0, got {value!r}")
     return float(value)
 

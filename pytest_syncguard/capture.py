@@ -34,13 +34,45 @@ def artifact_stem(nodeid: str) -> str:
 
 
 def _python_kernel_note() -> str | None:
-    """Why scalar reads were counted by the slower Python kernel, unless the user switched the native one off."""
+    """Why scalar reads and copies were counted by the slower Python kernels, unless the user switched the native
+    ones off."""
     from .probes.native import NATIVE
 
     why = NATIVE.unavailable
     if why is None or why.startswith("switched off"):
         return None
-    return f"syncguard: scalar reads were counted by the Python kernel (same counts, slower): the native kernel {why}"
+    return (
+        "syncguard: scalar reads and copies were counted by the Python kernels (same counts, slower): the native "
+        f"kernels {why}"
+    )
+
+
+def outcome_of(raised: BaseException) -> str:
+    """What pytest makes of a call that raised: skipped (pytest.skip, xfail's skip), else failed."""
+    import _pytest.outcomes
+
+    return "skipped" if isinstance(raised, _pytest.outcomes.Skipped) else "failed"
+
+
+def close_left_open(guard: SyncGuard) -> str | None:
+    """Close what a test's call left open (a region or ``allow()`` block whose generator was never closed), so
+    that none of it counts the next test's syncs; what it was, in words (None: nothing)."""
+    from .probes.syncs import PROBE
+
+    regions = guard.abandon_open_regions()
+    recorders, allowances = PROBE.left_open()
+    PROBE.reset()
+    what = []
+    if regions or recorders:
+        what.append(f"{regions or recorders} measured region(s) of syncguard.generation()/measure()")
+    if allowances:
+        what.append(f"{allowances} syncguard.allow() block(s)")
+    if not what:
+        return None
+    return (
+        f"the test left {' and '.join(what)} open after its call (a generator suspended inside one and never "
+        "closed?): its measurement is incomplete; syncguard closed them so that the next test is measured alone"
+    )
 
 
 @dataclass
@@ -57,6 +89,8 @@ class CallCapture:
     trace_files: list[Path] = field(default_factory=list)
     snapshots: list[Path] = field(default_factory=list)
     whole_call: GenerationRegion | None = None
+    misuse: str | None = None
+    """Why the measurement of the call cannot be trusted (it left a region open, a marker came late), in words."""
 
     @classmethod
     def of(cls, nodeid: str, guard: SyncGuard, budgets: Sequence[Budget], options: GuardOptions) -> CallCapture:
@@ -68,32 +102,39 @@ class CallCapture:
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
         self.whole_call = GenerationRegion(None, self.guard.default_device(), track_memory=self.memory)
-        with ExitStack() as stack:
-            if self.timeline:
-                self.trace_files = stack.enter_context(TIMELINE.capturing())
-            if self.memory:
-                self.snapshots = stack.enter_context(allocation_history())
-            stack.enter_context(self.whole_call.recording())
-            yield self
+        try:
+            with ExitStack() as stack:
+                if self.timeline:
+                    self.trace_files = stack.enter_context(TIMELINE.capturing())
+                if self.memory:
+                    self.snapshots = stack.enter_context(allocation_history())
+                stack.enter_context(self.whole_call.recording())
+                yield self
+        finally:
+            self.misuse = close_left_open(self.guard)
 
     def result(
         self,
         *,
-        raised: bool,
+        raised: BaseException | None,
         require_gpu: bool,
         store: BaselineStore | None,
         artifacts: Path | None,
         notes: Sequence[str] = (),
     ) -> MeasuredTest | None:
         """The test's result after its call (None when nothing was measured): budgets checked, compared with its
-        baseline (``store``), allocation sites of a failure, and its recordings kept in ``artifacts`` when it
-        failed (removed otherwise)."""
+        baseline (``store``) unless the call ``raised`` (its numbers are partial), allocation sites of a failure,
+        and its recordings kept in ``artifacts`` when it failed (removed otherwise)."""
         result = None
         try:
-            result = self._result(require_gpu, store, notes)
+            result = self._result(require_gpu, None if raised else store, notes)
+            if result is not None and raised is not None:
+                result = replace(result, outcome=outcome_of(raised))
         finally:
-            kept = self.keep(artifacts, raised or (result is not None and result.failed))
-        return None if result is None else replace(result, artifacts=tuple(kept))
+            kept, problem = self.keep(artifacts, raised is not None or (result is not None and result.failed))
+        if result is None:
+            return None
+        return replace(result, artifacts=tuple(kept), notes=(*result.notes, *([problem] if problem else [])))
 
     def _result(self, require_gpu: bool, store: BaselineStore | None, notes: Sequence[str]) -> MeasuredTest | None:
         whole = [self.whole_call.measurement] if self.whole_call and self.whole_call.measurement else []
@@ -107,6 +148,8 @@ class CallCapture:
         except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
             error = f"{self.nodeid}: GPU timeline analysis failed: {exc}"
         checks, usage_error = check_budgets(self.nodeid, self.budgets, measurement, require_gpu=require_gpu)
+        if self.misuse is not None:
+            error = error or f"{self.nodeid}: {self.misuse}"
         result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error)
         fallback = _python_kernel_note()
         result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
@@ -145,12 +188,13 @@ class CallCapture:
             site for path in self.snapshots for site in snapshot.allocation_sites(snapshot.load(path), is_internal_file)
         )
 
-    def keep(self, directory: Path | None, failed: bool) -> list[str]:
+    def keep(self, directory: Path | None, failed: bool) -> tuple[list[str], str | None]:
         """Move the recordings of a failing test to ``directory`` (trace gzipped); remove them otherwise.
-        Returns the paths kept."""
+        Returns the paths kept, and why some could not be kept (the test's own verdict is never replaced)."""
         kept: list[str] = []
+        problem = None
         try:
-            if failed and directory is not None:
+            if failed and directory is not None and (self.trace_files or self.snapshots):
                 directory.mkdir(parents=True, exist_ok=True)
                 stem = artifact_stem(self.nodeid)
                 for path in self.trace_files:
@@ -162,7 +206,9 @@ class CallCapture:
                     target = directory / f"{stem}.memory.pickle"
                     shutil.copyfile(path, target)
                     kept.append(str(target))
+        except OSError as exc:
+            problem = f"syncguard: {self.nodeid}: could not keep its recordings in --syncguard-artifacts: {exc}"
         finally:
             for path in [*self.trace_files, *self.snapshots]:
                 path.unlink(missing_ok=True)
-        return kept
+        return kept, problem

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ def _trace(args: argparse.Namespace) -> int:
         data: dict[str, object] = {"file": args.file, "events": trace.events_read, "timeline": None}
         if timeline is not None:
             data["timeline"] = {**timeline.summary().to_dict(), **{k: round(v, 5) for k, v in statistics.items()}}
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2, allow_nan=False))
         return 0
     print(f"{args.file}: {trace.events_read} events, {len(trace.gpu_ops)} device ops")
     if timeline is None:
@@ -109,11 +110,11 @@ def _comment(args: argparse.Namespace) -> int:
 
     try:
         body = Path(args.body_file).read_text(encoding="utf-8")
-    except OSError as exc:
-        print(f"syncguard comment: cannot read --body-file {args.body_file}: {exc}", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"syncguard comment: cannot read --body-file {args.body_file} as UTF-8 text: {exc}", file=sys.stderr)
         return 2
     try:
-        posted = post(body, args.pr, key=args.key, repo=args.repo, author=args.author)
+        posted = post(body, args.pr, key=args.key, repo=args.repo, author=args.author, timeout=args.gh_timeout)
     except CommentError as exc:
         print(f"syncguard comment: {exc}", file=sys.stderr)
         return 2
@@ -173,9 +174,19 @@ def _tolerance(text: str) -> float:
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a pull request number, got {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comment.add_argument("--repo", help="OWNER/NAME (default: gh's repository of the working directory)")
     comment.add_argument("--key", default="syncguard", help="one comment per key, e.g. the GPU's slug")
     comment.add_argument("--author", help="the login gh posts as (default: asked from gh)")
+    comment.add_argument("--gh-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                         help="give up a gh call that takes longer (default 60)")  # fmt: skip
     comment.set_defaults(run=_comment)
 
     trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace")

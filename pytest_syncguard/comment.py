@@ -19,6 +19,8 @@ from typing import Any
 
 PAGE_SIZE = 100
 BODY_LIMIT = 65_536
+#: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
+GH_TIMEOUT_S = 60.0
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
@@ -42,11 +44,26 @@ class Posted:
 class GitHub:
     """The few GitHub calls ``comment`` makes, each one ``gh api`` invocation (arguments, never a shell)."""
 
-    def __init__(self, gh: str | None = None) -> None:
+    def __init__(self, gh: str | None = None, *, timeout: float = GH_TIMEOUT_S) -> None:
         found = gh or shutil.which("gh")
         if found is None:
             raise CommentError("the GitHub CLI `gh` is not on PATH: install it from https://cli.github.com")
         self.gh = found
+        self.timeout = timeout
+
+    def _call(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``gh args`` (a list, never a shell); a gh that cannot start, hangs or answers in another encoding
+        than UTF-8 is a CommentError naming the call."""
+        what = f"gh {' '.join(args[:3])}"
+        try:
+            return subprocess.run(
+                [self.gh, *args], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                timeout=self.timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise CommentError(f"{what} did not finish within {self.timeout:g} s (--gh-timeout)") from None
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise CommentError(f"{what} could not run ({self.gh}): {exc}") from exc
 
     def _run(self, *args: str, input_json: dict[str, Any] | None = None) -> Any:
         payload = None
@@ -56,9 +73,7 @@ class GitHub:
                 with os.fdopen(handle, "w", encoding="utf-8") as sink:
                     json.dump(input_json, sink)
                 args = (*args, "--input", payload)
-            done = subprocess.run([self.gh, *args], capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise CommentError(f"gh {args[0] if args else ''} could not run: {exc}") from exc
+            done = self._call(*args)
         finally:
             if payload is not None:
                 os.unlink(payload)
@@ -70,7 +85,7 @@ class GitHub:
             raise CommentError(f"gh {' '.join(args[:3])} did not answer JSON: {done.stdout[:200]!r}") from exc
 
     def check_auth(self) -> None:
-        done = subprocess.run([self.gh, "auth", "status"], capture_output=True, text=True, timeout=60)
+        done = self._call("auth", "status")
         if done.returncode != 0:
             raise CommentError(
                 "gh is not authenticated: run `gh auth login`, or set GH_TOKEN (in a workflow: "
@@ -112,7 +127,14 @@ class GitHub:
 
 
 def post(
-    body: str, pr: int, *, key: str, repo: str | None = None, author: str | None = None, github: GitHub | None = None
+    body: str,
+    pr: int,
+    *,
+    key: str,
+    repo: str | None = None,
+    author: str | None = None,
+    github: GitHub | None = None,
+    timeout: float = GH_TIMEOUT_S,
 ) -> Posted:
     """Create or update this tool's comment for ``key`` on PR ``pr``."""
     if not _KEY.match(key):
@@ -128,7 +150,7 @@ def post(
             f"the comment is {len(text)} characters, GitHub's limit is {BODY_LIMIT}: render it with "
             "`syncguard report --markdown`, which truncates"
         )
-    github = github or GitHub()
+    github = github or GitHub(timeout=timeout)
     github.check_auth()
     repo = repo or github.repository()
     me = author or github.login()

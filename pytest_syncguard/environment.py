@@ -22,6 +22,11 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
+def is_slug(text: str) -> bool:
+    """Whether ``text`` can be a device slug (what :func:`device_slug` makes): never a path."""
+    return re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", text) is not None
+
+
 @cache
 def cuda_device_name() -> str | None:
     """The name of the current CUDA device, None without one."""

@@ -1,22 +1,69 @@
-"""Writing files so that a reader sees the old file or the whole new one, never a part."""
+"""Writing files so that a reader sees the old file or the whole new one, never a part; and checking, before a
+run starts, that the paths it will write can be written."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 
+def _mode_for(path: Path) -> int:
+    """The permission bits the written file gets: the existing file's, else what the umask leaves of 0o666 (as
+    ``open()`` would give a new file)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``."""
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``. The file
+    keeps its mode (a new one gets the umask's), not the private mode of the temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _mode_for(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as sink:
             sink.write(text)
             sink.flush()
+            os.fchmod(sink.fileno(), mode)
             os.fsync(sink.fileno())
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _existing_ancestor(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(path.anchor or ".")
+
+
+def _writable_folder(folder: Path) -> str | None:
+    """Why files cannot be made in ``folder`` (or in the folders that would be made for it), if so."""
+    existing = _existing_ancestor(folder)
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be used as a folder to write files into, if so."""
+    if path.exists() and not path.is_dir():
+        return f"{path} exists and is not a folder"
+    return _writable_folder(path)
+
+
+def file_problem(path: Path) -> str | None:
+    """Why a file cannot be written (or replaced) at ``path``, if so."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    return _writable_folder(path.parent)

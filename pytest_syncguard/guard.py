@@ -88,6 +88,11 @@ class Measurement:
         return sum(e.syncs for e in self.events if e.allowed)
 
     @property
+    def compile_syncs(self) -> int:
+        """Syncs made by torch.compile's compiler while it compiled (not counted; outside ``allow()``)."""
+        return sum(e.syncs for e in self.events if e.compiling and not e.allowed)
+
+    @property
     def syncs_per_token(self) -> float | None:
         return self.syncs / self.tokens if self.tokens else None
 
@@ -95,14 +100,19 @@ class Measurement:
     def invisible_kinds(self) -> tuple[str, ...]:
         return invisible_kinds(self.on_device)
 
-    def sites(self, *, allowed: bool = False) -> list[SyncSite]:
-        """Syncs grouped by (kind, call site), most frequent first; ``allowed`` selects the intended ones."""
-        return group_sites(e for e in self.events if e.allowed == allowed)
+    def sites(self, *, allowed: bool = False, compiling: bool = False) -> list[SyncSite]:
+        """Counted syncs grouped by (kind, call site), most frequent first; ``allowed`` selects the intended ones,
+        ``compiling`` those the compiler made."""
+        if allowed:
+            return group_sites(e for e in self.events if e.allowed)
+        if compiling:
+            return group_sites(e for e in self.events if e.compiling and not e.allowed)
+        return group_sites(e for e in self.events if e.counted)
 
     def by_kind(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for event in self.events:
-            if not event.allowed:
+            if event.counted:
                 totals[event.kind] = totals.get(event.kind, 0) + event.syncs
         return dict(sorted(totals.items()))
 
@@ -149,6 +159,7 @@ class GenerationRegion:
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
+    _open: ExitStack | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
@@ -188,6 +199,7 @@ class GenerationRegion:
         seconds = None
         try:
             with ExitStack() as stack:
+                self._open = stack
                 stack.enter_context(TIMELINE.region(self.number))
                 if self.model is not None:
                     stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
@@ -201,7 +213,15 @@ class GenerationRegion:
             seconds = self._clock() - start
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
+            self._open = None
             self.measurement = self._finish(seconds)
+
+    def abandon(self) -> None:
+        """Close what the region opened (probe, hooks, trace annotation) although its block has not ended: a
+        generator suspended inside it was never closed. Its block, if it ever ends, changes nothing."""
+        stack, self._open = self._open, None
+        if stack is not None:
+            stack.close()
 
     def _clock(self) -> float:
         """Now, after the device has finished the work queued so far (a sync that no recorder sees)."""
@@ -250,11 +270,20 @@ class SyncGuard:
         self._warmup = warmup
         self.track_memory = track_memory
         self.measurements: list[Measurement] = []
+        """The measurements of the test's outermost regions: what its budgets judge."""
+        self._open: list[GenerationRegion] = []
 
     @property
     def last(self) -> Measurement | None:
-        """The measurement of the last finished region, for custom assertions."""
+        """The measurement of the last finished outermost region, for custom assertions."""
         return self.measurements[-1] if self.measurements else None
+
+    def abandon_open_regions(self) -> int:
+        """Close the regions still open after the test's call (see :meth:`GenerationRegion.abandon`); how many."""
+        regions, self._open = self._open, []
+        for region in reversed(regions):
+            region.abandon()
+        return len(regions)
 
     def default_device(self) -> str:
         if self._device is not None:
@@ -263,17 +292,28 @@ class SyncGuard:
 
     @contextmanager
     def generation(self, tokens: int | None = None, model: torch.nn.Module | None = None) -> Iterator[GenerationRegion]:
-        """Measure a generation loop; tokens are given, set on the region later, or counted as ``model`` calls."""
+        """Measure a generation loop; tokens are given, set on the region later, or counted as ``model`` calls.
+
+        A region inside another one is measured on its own (its object holds its numbers) and is part of the
+        outer one: only outermost regions make the test's measurement, so nothing is counted twice.
+        """
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         device = (_device_of(model) if model is not None else None) or self.default_device()
         region = GenerationRegion(tokens, device, model, track_memory=self.track_memory)
-        with region.recording():
-            yield region
+        outermost = not self._open
+        self._open.append(region)
+        try:
+            with region.recording():
+                yield region
+        finally:
+            if region in self._open:
+                self._open.remove(region)
         assert region.measurement is not None
         tokens = _validated_tokens(region.measurement.tokens, f"{self.nodeid}: region.tokens")
         region.measurement = replace(region.measurement, tokens=tokens)
         region.tokens = tokens
-        self.measurements.append(region.measurement)
+        if outermost:
+            self.measurements.append(region.measurement)
 
     def measure(
         self,
@@ -296,11 +336,15 @@ class SyncGuard:
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): warmup must be an int >= 0, got {warmup!r}")
         for _ in range(warmup):
             fn()
+        outermost = not self._open
         runs: list[Measurement] = []
         for _ in range(repeat):
-            with self.generation(tokens=tokens, model=model):
+            with self.generation(tokens=tokens, model=model) as region:
                 fn()
-            runs.append(self.measurements.pop())
+            assert region.measurement is not None
+            runs.append(region.measurement)
+            if outermost:
+                self.measurements.pop()
         # The timeline and memory of every run are kept: noisy metrics are judged on their median.
         worst = max(runs, key=lambda m: m.syncs)
         worst = replace(
@@ -309,11 +353,13 @@ class SyncGuard:
             memory=tuple(s for m in runs for s in m.memory),
             timings=tuple(t for m in runs for t in m.timings),
         )
-        self.measurements.append(worst)
+        if outermost:
+            self.measurements.append(worst)
         return worst
 
     @contextmanager
     def allow(self) -> Iterator[None]:
-        """Syncs in this block are intended (e.g. decoding the final output): reported, not counted."""
+        """Syncs of this thread in this block are intended (e.g. decoding the final output): reported, not
+        counted."""
         with PROBE.allowing():
             yield

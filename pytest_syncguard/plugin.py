@@ -6,7 +6,8 @@ pytest runs that do not use it.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import sys
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import pytest
 from .baselines import BaselineStore
 from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
 from .comparison import DEFAULT_TOLERANCE
+from .files import file_problem, folder_problem
 
 if TYPE_CHECKING:
     from .guard import SyncGuard
@@ -89,6 +91,17 @@ def _baselines_dir(config: pytest.Config) -> Path:
     return base / str(config.getini("syncguard_baselines"))
 
 
+def _checked(value: object, option: str, problem: Callable[[Path], str | None]) -> Path | None:
+    """The path an option names, checked before any test runs (a problem is a usage error naming the option)."""
+    if not value:
+        return None
+    path = Path(str(value))
+    found = problem(path)
+    if found is not None:
+        raise pytest.UsageError(f"{option} {value}: {found}")
+    return path
+
+
 def _tolerance(config: pytest.Config) -> float:
     value = config.getoption("syncguard_tolerance")
     if value is None:
@@ -125,17 +138,21 @@ class SyncguardSession:
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
         json_path = config.getoption("syncguard_json")
-        self.json_path = Path(json_path) if json_path else None
-        artifacts = config.getoption("syncguard_artifacts")
-        self.artifacts = Path(artifacts) if artifacts else None
+        self.json_path = _checked(json_path, "--syncguard-json", file_problem)
+        self.artifacts = _checked(config.getoption("syncguard_artifacts"), "--syncguard-artifacts", folder_problem)
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         updating = bool(config.getoption("syncguard_update_baselines"))
         if updating and not self.enabled:
             raise pytest.UsageError("--syncguard-update-baselines needs --syncguard (or ini syncguard = true)")
-        self.store = BaselineStore(_baselines_dir(config), _tolerance(config), updating=updating)
+        baselines = _baselines_dir(config)
+        if updating and (problem := folder_problem(baselines)) is not None:
+            raise pytest.UsageError(f"--syncguard-baselines (with --syncguard-update-baselines): {problem}")
+        self.store = BaselineStore(baselines, _tolerance(config), updating=updating)
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []
+        self.interrupted = False
+        self.json_written = False
         if self.enabled and self.is_worker:
             self._assign_gpu()
 
@@ -165,17 +182,31 @@ class SyncguardSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        budgets = item.stash.get(_BUDGETS, ())
+        try:
+            # Again: a fixture may have added a budget marker (request.node.add_marker) after setup read them.
+            budgets = item.stash[_BUDGETS] = budgets_for(item)
+        except BudgetError as exc:
+            pytest.fail(f"syncguard usage error: {exc}", pytrace=False)
         if not budgets and _GUARD not in item.stash:
             return (yield)
         from .capture import CallCapture
 
-        capture = CallCapture.of(item.nodeid, _guard_of(item), budgets, item.stash.get(_OPTIONS, GuardOptions()))
-        raised = True
+        guard = _guard_of(item)
+        guard.track_memory = any(b.signal == "memory" for b in budgets)
+        capture = CallCapture.of(item.nodeid, guard, budgets, item.stash.get(_OPTIONS, GuardOptions()))
+        raised: BaseException | None = None
         try:
             with capture.recording():
-                outcome = yield
-            raised = False
+                try:
+                    outcome = yield
+                except BaseException as exc:
+                    raised = exc
+                    raise
+            if set(budgets_for(item)) != set(budgets):
+                capture.misuse = capture.misuse or (
+                    "a budget marker was added during the test's call, after its measurement began: add it with "
+                    "a decorator, or from a fixture (request.node.add_marker)"
+                )
             return outcome
         finally:
             result = capture.result(
@@ -223,21 +254,35 @@ class SyncguardSession:
 
             self.results[report.nodeid] = MeasuredTest.from_dict(data)
 
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        self.interrupted = True
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        """Nothing a test left open reaches the next one, whether syncguard measured the test or not."""
+        probes = sys.modules.get("pytest_syncguard.probes.syncs")
+        if probes is not None and any(probes.PROBE.left_open()):
+            probes.PROBE.reset()
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.enabled or self.is_worker:
             return
         from .report.terminal import baseline_lines, summary_lines
 
         terminalreporter.write_sep("=", "syncguard summary")
+        if self.interrupted:
+            finished = f"{len(self.results)} measured test(s) finished" if self.results else "no measured test finished"
+            terminalreporter.write_line(f"the run was interrupted (KeyboardInterrupt): {finished} before it")
         if not self.results:
-            terminalreporter.write_line("no test was measured (none uses the syncguard fixture or a budget marker)")
+            if not self.interrupted:
+                terminalreporter.write_line("no test was measured (none uses the syncguard fixture or a budget marker)")
             return
         for line in summary_lines(self.results.values()):
             terminalreporter.write_line(line)
         notes = [*self.notes, *self.store.notes(by_workers=self.distributing)]
         for line in baseline_lines(self.results.values(), self.store.updating, notes):
             terminalreporter.write_line(line)
-        if self.json_path is not None:
+        if self.json_written:
             terminalreporter.write_line(f"syncguard results written to {self.json_path}")
 
     @pytest.hookimpl(optionalhook=True)
@@ -256,10 +301,13 @@ class SyncguardSession:
             self.store.write(self.results.values())
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
-        if self.store.errors and not self.is_worker:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.json_path is None or self.is_worker:
-            return
-        from .report.json_file import write_results
+        if self.json_path is not None and not self.is_worker:
+            from .report.json_file import write_results
 
-        write_results(self.json_path, self.results.values())
+            try:
+                write_results(self.json_path, self.results.values())
+                self.json_written = True
+            except (OSError, ValueError) as exc:
+                self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")
+        if (self.store.errors or (self.json_path and not self.json_written)) and not self.is_worker:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .analysis.gaps import TimelineSummary
 from .analysis.memory import MemoryStats
-from .analysis.sites import Frame
+from .analysis.sites import Frame, SyncSite
 from .analysis.snapshot import AllocationSite
 from .budgets import BudgetCheck, closest_run
 from .comparison import Comparison
@@ -41,6 +41,15 @@ class SiteRecord:
     count: int
     stack: tuple[str, ...]
 
+    @classmethod
+    def of(cls, site: SyncSite) -> SiteRecord:
+        shown = _display(site.site) if site.site else "?"
+        return cls(site.kind, site.op, shown, site.count, tuple(map(_display, site.stack)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SiteRecord:
+        return cls(**{**data, "stack": tuple(data["stack"])})
+
 
 @dataclass(frozen=True)
 class MeasuredTest:
@@ -59,6 +68,11 @@ class MeasuredTest:
     sites: tuple[SiteRecord, ...] = ()
     more_sites: int = 0
     more_syncs: int = 0
+    compile_syncs: int = 0
+    """Syncs torch.compile's compiler made while it compiled: reported, not counted."""
+    compile_sites: tuple[SiteRecord, ...] = ()
+    outcome: str | None = None
+    """"failed" or "skipped" when the test's call raised: its numbers are partial, never compared or recorded."""
     timeline: TimelineSummary | None = None
     """The region whose max gap is nearest the median: the example the failure text shows."""
     memory: tuple[MemoryStats, ...] = ()
@@ -81,10 +95,13 @@ class MeasuredTest:
 
     @property
     def verdict(self) -> str:
-        """error, fail, regression (against the baseline), pass, "not measured" (nothing failed, something
-        could not be measured) or measured (no budget)."""
+        """error, failed or skipped (the test's call raised), fail (a budget), regression (against the
+        baseline), pass, "not measured" (nothing failed, something could not be measured) or measured (no
+        budget)."""
         if self.error is not None:
             return "error"
+        if self.outcome is not None:
+            return self.outcome
         if any(c.held is False for c in self.checks):
             return "fail"
         if self.comparison is not None and self.comparison.status == "regression":
@@ -95,7 +112,7 @@ class MeasuredTest:
 
     @property
     def failed(self) -> bool:
-        return self.verdict in ("fail", "error", "regression")
+        return self.verdict in ("fail", "error", "regression", "failed")
 
     @classmethod
     def of(
@@ -121,12 +138,11 @@ class MeasuredTest:
             by_kind=measurement.by_kind(),
             invisible_kinds=measurement.invisible_kinds,
             checks=tuple(checks),
-            sites=tuple(
-                SiteRecord(s.kind, s.op, _display(s.site) if s.site else "?", s.count, tuple(map(_display, s.stack)))
-                for s in shown
-            ),
+            sites=tuple(map(SiteRecord.of, shown)),
             more_sites=len(rest),
             more_syncs=sum(s.count for s in rest),
+            compile_syncs=measurement.compile_syncs,
+            compile_sites=tuple(map(SiteRecord.of, measurement.sites(compiling=True)[:TOP_SITES])),
             timeline=timeline,
             memory=measurement.memory,
             error=error,
@@ -141,7 +157,9 @@ class MeasuredTest:
             "metrics": dict(self.metrics.values), "samples": dict(self.metrics.runs), "by_kind": dict(self.by_kind),
             "invisible_kinds": list(self.invisible_kinds), "budgets": [c.to_dict() for c in self.checks],
             "sites": [vars(s) | {"stack": list(s.stack)} for s in self.sites], "more_sites": self.more_sites,
-            "more_syncs": self.more_syncs, "timeline": self.timeline.to_dict() if self.timeline else None,
+            "more_syncs": self.more_syncs, "compile_syncs": self.compile_syncs,
+            "compile_sites": [vars(s) | {"stack": list(s.stack)} for s in self.compile_sites],
+            "outcome": self.outcome, "timeline": self.timeline.to_dict() if self.timeline else None,
             "memory": [m.to_dict() for m in self.memory],
             "allocation_sites": [vars(s) for s in self.allocation_sites],
             "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
@@ -160,9 +178,12 @@ class MeasuredTest:
             by_kind=data["by_kind"],
             invisible_kinds=tuple(data["invisible_kinds"]),
             checks=tuple(BudgetCheck.from_dict(c) for c in data["budgets"]),
-            sites=tuple(SiteRecord(**{**s, "stack": tuple(s["stack"])}) for s in data["sites"]),
+            sites=tuple(map(SiteRecord.from_dict, data["sites"])),
             more_sites=data["more_sites"],
             more_syncs=data["more_syncs"],
+            compile_syncs=data["compile_syncs"],
+            compile_sites=tuple(map(SiteRecord.from_dict, data["compile_sites"])),
+            outcome=data["outcome"],
             timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
             memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
             allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),

@@ -114,6 +114,22 @@ def test_missing_or_unauthenticated_gh_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "`gh` is not on PATH" in done.stderr
 
 
+def test_a_gh_that_cannot_start_hangs_or_a_body_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    gh = FakeGitHub(tmp_path, [])
+    real = (gh.bin / "gh").read_text()
+    (gh.bin / "gh").write_text("#!/nonexistent/interpreter\n")  # on PATH, but exec fails
+    done = gh.comment()
+    assert done.returncode == 2 and "gh auth status could not run" in done.stderr and "Traceback" not in done.stderr
+    (gh.bin / "gh").write_text(f"#!{sys.executable}\nimport time\ntime.sleep(30)\n")  # a hung keyring, say
+    done = gh.comment("--gh-timeout", "0.5")
+    assert done.returncode == 2 and "gh auth status did not finish within 0.5 s (--gh-timeout)" in done.stderr
+    (gh.bin / "gh").write_text(real)
+    gh.body.write_bytes(b"\xff\xfe not UTF-8")
+    done = gh.comment()
+    assert done.returncode == 2 and f"cannot read --body-file {gh.body} as UTF-8 text" in done.stderr
+    assert gh.comments == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -47,6 +47,15 @@ def cases() -> dict[str, Callable[[], object]]:
     event.record()
     stream = torch.cuda.Stream()
     probs = torch.softmax(torch.randn(4, 50, device=dev), -1)
+    flag = torch.tensor(True, device=dev)
+    host_scalar = torch.tensor(2.0)
+
+    def assign(target: torch.Tensor, value: object) -> None:
+        target[mask] = value  # the syntax, through Tensor.__setitem__
+
+    def put(target: torch.Tensor, value: object) -> None:
+        target[0] = value
+
     return {
         "item": lambda: x.sum().item(),
         "bool": lambda: bool(x.sum() > 0),
@@ -81,6 +90,20 @@ def cases() -> dict[str, Callable[[], object]]:
         "histc_data_range": lambda: torch.histc(x, bins=10),
         "histc_given_range": lambda: torch.histc(x, bins=10, min=-1, max=1),
         "equal": lambda: torch.equal(x, y),
+        "equal_shapes_differ": lambda: torch.equal(x, x[:50]),
+        "equal_same_tensor": lambda: torch.equal(x, x),
+        "assert_async": lambda: torch._assert_async(flag),
+        "assert_async_msg": lambda: torch._assert_async(flag, "must hold"),
+        "unique_consecutive_dim": lambda: torch.unique_consecutive(ints, dim=0),
+        "unique_consecutive_dim_2d": lambda: torch.unique_consecutive(ints.view(10, 10), dim=0),
+        "assign_python_number": lambda: assign(y, 2.0),
+        "assign_device_tensor": lambda: assign(y, scalar),
+        "assign_host_tensor": lambda: assign(y, host_scalar),
+        "copy_host_scalar_into_device": lambda: y[:1].copy_(host_scalar),
+        "copy_empty": lambda: pageable[:0].copy_(x[:0]),
+        "copy_python_number_into_device": lambda: torch.ops.aten.copy_.default(y[:1], 5),
+        "put_python_number": lambda: put(y, 5.0),
+        "put_host_tensor": lambda: put(y, host_scalar),
         "allclose": lambda: torch.allclose(x, x.clone()),
         "zeros_of_int": lambda: torch.zeros(int(scalar)),
         "stream_synchronize": lambda: stream.synchronize(),
@@ -103,7 +126,10 @@ CASE_NAMES = [
     "unique_consecutive", "where_one_arg", "bool_mask_index", "bool_mask_assign_scalar",
     "bool_mask_assign_tensor", "bool_mask_assign_device_scalar", "masked_fill_device_value",
     "repeat_interleave", "repeat_interleave_output_size", "bincount", "histc_data_range",
-    "histc_given_range", "equal", "allclose", "zeros_of_int", "stream_synchronize",
+    "histc_given_range", "equal", "equal_shapes_differ", "equal_same_tensor", "assert_async", "assert_async_msg",
+    "unique_consecutive_dim", "unique_consecutive_dim_2d", "assign_python_number", "assign_device_tensor",
+    "assign_host_tensor", "copy_host_scalar_into_device", "copy_empty", "copy_python_number_into_device",
+    "put_python_number", "put_host_tensor", "allclose", "zeros_of_int", "stream_synchronize",
     "current_stream_synchronize", "cuda_synchronize", "accelerator_synchronize", "event_synchronize",
     "argmax", "multinomial", "any", "all", "topk",
 ]  # fmt: skip
@@ -156,7 +182,8 @@ def global_state() -> tuple[object, ...]:
     return (
         torch.cuda.synchronize, torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize,
         torch.cuda.get_sync_debug_mode(), warnings.showwarning, list(warnings.filters),
-        tuple(name in torch.Tensor.__dict__ for name in ("to", "copy_", "cuda")),
+        "__setitem__" in torch.Tensor.__dict__,
+        torch._C._dispatch_has_kernel_for_dispatch_key("aten::copy_", "BackendSelect"),
     )  # fmt: skip
 
 
@@ -164,27 +191,57 @@ def test_every_switch_is_restored_on_every_exit_path() -> None:
     before = global_state()
     for error in (RuntimeError("boom"), KeyboardInterrupt()):
         with pytest.raises(type(error)), PROBE.recording(SyncRecorder(True)):
-            assert torch.cuda.get_sync_debug_mode() == 1 and torch.cuda.synchronize is not before[0]
+            assert torch.cuda.synchronize is not before[0]
+            assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::copy_", "BackendSelect")
             with PROBE.recording(SyncRecorder(True)):
                 raise error
         assert global_state() == before
 
 
-def test_users_own_sync_debug_warnings_still_reach_them() -> None:
+def _three_copies(x: torch.Tensor) -> None:
+    for _ in range(3):
+        x.cpu()
+
+
+@pytest.mark.parametrize("hide", ["simplefilter_ignore", "catch_warnings_record", "torch_ops_aten"])
+def test_code_under_test_cannot_hide_blocking_copies(hide: str) -> None:
     x = torch.randn(10, device="cuda")
-    torch.cuda.set_sync_debug_mode("warn")
+    recorder = SyncRecorder(on_device=True)
+    with warnings.catch_warnings(), PROBE.recording(recorder):
+        if hide == "simplefilter_ignore":
+            warnings.simplefilter("ignore")
+            _three_copies(x)
+        elif hide == "catch_warnings_record":
+            with warnings.catch_warnings(record=True):
+                _three_copies(x)
+        else:
+            for _ in range(3):
+                torch.ops.aten._to_copy(x, device="cpu")
+    assert [(e.kind, e.syncs) for e in recorder.events] == [(SyncKind.BLOCKING_COPY.value, 1)] * 3
+
+
+@pytest.mark.parametrize("mode", ["warn", "error"])
+def test_the_users_sync_debug_mode_is_kept_and_still_reports(mode: str) -> None:
+    x = torch.randn(10, device="cuda")
+    torch.cuda.set_sync_debug_mode(mode)
     try:
         recorder = SyncRecorder(on_device=True)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             with PROBE.recording(recorder):
-                x.cpu()
-                x.sum().item()
-        assert torch.cuda.get_sync_debug_mode() == 1
+                if mode == "warn":
+                    x.cpu()
+                    x.sum().item()
+                else:
+                    with pytest.raises(RuntimeError, match="synchronizing"):
+                        x.cpu()
+                assert torch.cuda.get_sync_debug_mode() == (1 if mode == "warn" else 2)
+        assert torch.cuda.get_sync_debug_mode() == (1 if mode == "warn" else 2)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert [e.kind for e in recorder.events] == [SyncKind.BLOCKING_COPY.value, SyncKind.SCALAR_READ.value]
-    assert any("synchronizing CUDA operation" in str(w.message) for w in seen)
+    if mode == "warn":
+        assert [e.kind for e in recorder.events] == [SyncKind.BLOCKING_COPY.value, SyncKind.SCALAR_READ.value]
+        assert sum("synchronizing CUDA operation" in str(w.message) for w in seen) >= 2
 
 
 def test_blocking_copy_call_site_is_the_callers_line() -> None:

@@ -1,4 +1,4 @@
-"""The native scalar-read kernel records exactly what the Python kernel records, and leaves nothing behind.
+"""The native kernels (scalar reads, copies) record exactly what the Python kernels record, and leave nothing behind.
 
 Each scenario runs twice in one process, once per kernel, and the recorded events (kind, op, count, call
 site, short stack, allowed) must be equal. ``.ci/run`` sets ``SYNCGUARD_NATIVE=1``, so there a kernel that
@@ -79,6 +79,40 @@ def test_same_events_as_the_python_kernel(device: str) -> None:
     assert native_events == python_events
     assert sum(e.syncs for e in native_events) == 4 * 6 + (device == "cpu")
     assert any(e.allowed for e in native_events) and any(len(e.stack) > 2 for e in native_events)
+
+
+def _transfers() -> None:
+    device = torch.arange(4.0, device="cuda")
+    pageable, pinned = torch.zeros(4), torch.zeros(4).pin_memory()
+    for _ in range(2):
+        device.cpu()  # blocking
+        pageable.to("cuda")  # blocking
+        pageable.copy_(device, non_blocking=True)  # pageable: stalls
+        pinned.copy_(device, non_blocking=True)  # no wait
+        device.copy_(pinned, non_blocking=True)  # no wait
+        device[:0].cpu()  # nothing to copy
+        (device * 2).sum()  # device to device
+        device + 1  # a Python number: no transfer
+
+
+def _numbers_into_device() -> None:
+    device = torch.arange(4.0, device="cuda")
+    torch.ops.aten.copy_.default(device[:1], 5)  # a wrapped number: the Python kernel gets 5, the native a tensor
+    device[0] = 5.0
+    device[1] = torch.tensor(6.0)
+
+
+@pytest.mark.gpu
+def test_same_events_for_transfers() -> None:
+    native_events, python_events = both(_transfers, on_device=True)
+    assert native_events == python_events
+    assert [(e.kind, e.op) for e in native_events] == [
+        ("host<->device copy", "aten::copy_"),
+        ("host<->device copy", "aten::copy_"),
+        ("non_blocking copy with pageable memory", "aten::copy_"),
+    ] * 2
+    native_events, python_events = both(_numbers_into_device, on_device=True)
+    assert native_events == python_events
 
 
 def test_same_events_in_nested_regions() -> None:
@@ -185,11 +219,10 @@ def test_a_kernel_that_cannot_be_built(
         result.assert_outcomes(passed=1)
         result.stdout.fnmatch_lines(
             [
-                "*scalar reads were counted by the Python kernel (same counts, slower): the native kernel could not be built*"
+                "*scalar reads and copies were counted by the Python kernels (same counts, slower): the native kernels "
+                "could not be built*"
             ]
         )
     else:
         result.assert_outcomes(failed=1)
-        result.stdout.fnmatch_lines(
-            ["*NativeKernelError: syncguard: the native scalar-read kernel could not be built*"]
-        )
+        result.stdout.fnmatch_lines(["*NativeKernelError: syncguard: the native kernels could not be built*"])

@@ -31,6 +31,15 @@ class SyncEvent(NamedTuple):
     records the short stack for the first sync of each (op, call site) in a measured region and the call site
     alone for the others, which is what :func:`group_sites` shows."""
     allowed: bool = False
+    """Made inside ``syncguard.allow()`` (on the same thread): intended, reported, not counted."""
+    compiling: bool = False
+    """Made by torch.compile's compiler while it compiled (a frame of it lay between the call and its site):
+    a one-off of the first call, reported, not counted."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether it counts against budgets."""
+        return not (self.allowed or self.compiling)
 
     @property
     def site(self) -> Frame | None:
@@ -49,8 +58,8 @@ class SyncSite:
 
 
 def budgeted_syncs(events: Iterable[SyncEvent]) -> int:
-    """The syncs that count against budgets: all but those made inside ``allow()``."""
-    return sum(e.syncs for e in events if not e.allowed)
+    """The syncs that count against budgets: all but those made inside ``allow()`` or by the compiler."""
+    return sum(e.syncs for e in events if e.counted)
 
 
 def group_sites(events: Iterable[SyncEvent]) -> list[SyncSite]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import operator
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,9 +96,18 @@ class Trace:
     events_read: int = 0
 
 
+#: The largest timestamp or duration taken, in us (2**53: where a double stops holding every integer, about
+#: 285 years): a larger or non-finite one is malformed, and would make spans infinite and fractions NaN.
+_LIMIT_US = float(2**53)
+
+#: Events sort by (start, end) alone: two with the same times keep their order, whatever their other fields.
+_BY_TIME = operator.itemgetter(0, 1)
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        number = float(value)
+        return number if -_LIMIT_US <= number <= _LIMIT_US else None
     return None
 
 
@@ -139,7 +150,7 @@ def from_events(events: Iterable[Any]) -> Trace:
         else:
             ranges.append(HostRange(start, start + duration, name, tid, category))
     for items in (gpu, host, ranges):
-        items.sort()
+        items.sort(key=_BY_TIME)
     trace.events_read = count
     return trace
 
@@ -151,7 +162,7 @@ def load(path: str | Path) -> Trace:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc}") from None
     with paused_gc():
         try:

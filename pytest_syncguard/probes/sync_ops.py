@@ -8,11 +8,14 @@ a profiler trace) and are checked that way by ``tests/test_gpu.py``.
 Only the outermost catalogued operator of a call is counted: ``masked_select`` calls ``nonzero`` inside, and
 ``repeat_interleave`` calls ``.item()`` twice inside, on CPU and CUDA alike; the rule of the outer operator
 already says what the whole call costs on the GPU. This is what lets a CPU run predict a GPU run exactly.
+``copy_`` is catalogued for device runs only: on CUDA it is how transfers are counted (a blocking one, or a
+``non_blocking`` one through pageable memory), on a CPU-only run there is no transfer to count.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,27 +83,86 @@ def _histc(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] 
     return 2, SyncKind.DATA_DEPENDENT_SHAPE
 
 
+class _AssignedValue(threading.local):
+    """Per thread: whether the ``tensor[index] = value`` running now was given a Python number (set by the
+    probe's ``Tensor.__setitem__`` wrapper). A number stays on the host in a GPU run too; a tensor a CPU run
+    computed would live on the device."""
+
+    python_number = False
+
+
+ASSIGNED_VALUE = _AssignedValue()
+
+
 def _is_mask(index: Any) -> bool:
     return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
 
 
 def _index_put(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
-    # Each boolean mask becomes indices through nonzero, except one mask filled with a host scalar,
-    # which ATen turns into masked_fill_ (no sync on any device).
+    # Each boolean mask becomes indices through nonzero, except one mask filled with a one-element host value,
+    # which ATen turns into masked_fill_ with the value read on the host (no sync). On a CPU run every value
+    # is on the host: only a Python number would stay there in the GPU run.
     self, indices, values = args[0], args[1], args[2]
     accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
     if on_device and _on_host(self):
         return None
     masks = sum(1 for index in indices if _is_mask(index))
-    as_masked_fill = not accumulate and len(indices) == 1 and masks == 1 and values.numel() == 1 and _on_host(values)
+    host_value = _on_host(values) if on_device else ASSIGNED_VALUE.python_number
+    as_masked_fill = not accumulate and len(indices) == 1 and masks == 1 and values.numel() == 1 and host_value
     if masks == 0 or as_masked_fill:
         return None
     return masks, SyncKind.DATA_DEPENDENT_SHAPE
 
 
+def _equal(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
+    # CUDA answers without reading the device when the shapes differ, a tensor is empty, or both are views of
+    # the same memory; otherwise it reads the result of a comparison.
+    self, other = args[0], args[1]
+    if (on_device and _on_host(self)) or self.shape != other.shape or self.numel() == 0:
+        return None
+    same = self.is_set_to(other) and (self.dtype, self.is_neg(), self.is_conj()) == (
+        other.dtype, other.is_neg(), other.is_conj(),
+    )  # fmt: skip
+    return None if same else (1, SyncKind.SCALAR_READ)
+
+
+def _unique_consecutive(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
+    # With a dim, CUDA takes the unique_dim path: two reads of the device (one without).
+    if on_device and _on_host(args[0]):
+        return None
+    return (1 if _arg(args, kwargs, 3, "dim") is None else 2), SyncKind.DATA_DEPENDENT_SHAPE
+
+
+def _copy(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
+    # A transfer between host and device memory: a blocking one always waits (memcpy_and_sync); a non_blocking
+    # one waits when its host memory is pageable (the driver stalls; no sync call shows in a trace).
+    # The native kernel's copy_wait is the same rule.
+    self, src = args[0], args[1]
+    non_blocking = bool(_arg(args, kwargs, 2, "non_blocking", False))
+    if self.is_cpu == src.is_cpu or self.is_meta or src.is_meta or self.numel() == 0:
+        return None
+    if not non_blocking:
+        return 1, SyncKind.BLOCKING_COPY
+    host = self if self.is_cpu else src
+    return None if host.is_pinned() else (1, SyncKind.PAGEABLE_NON_BLOCKING)
+
+
+_NUMBER_DTYPES = ((bool, torch.bool), (int, torch.int64), (float, torch.float64), (complex, torch.complex128))
+
+
+def as_tensor(value: Any) -> Any:
+    """A Python number as the 0-d host tensor it was in the dispatcher. A tensor made from a number (``t + 1``)
+    is a "wrapped number", which reaches a Python kernel as the number and cannot be passed back in its place."""
+    if isinstance(value, torch.Tensor):
+        return value
+    dtype = next(dtype for kind, dtype in _NUMBER_DTYPES if isinstance(value, kind))
+    return torch.tensor(value, dtype=dtype)
+
+
 def _no_sync(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] | None:
-    # Catalogued only so that the host reads its CPU kernel makes inside (multinomial checks its
-    # probabilities with .item() on CPU, not on CUDA) are not mistaken for syncs.
+    # Catalogued only so that the host reads its CPU kernel makes inside are not mistaken for syncs: multinomial
+    # checks its probabilities with .item() on CPU, not on CUDA; _assert_async reads its value on CPU and
+    # asserts on the device on CUDA.
     return None
 
 
@@ -110,16 +172,21 @@ class SyncOp:
 
     name: str
     rule: Rule
+    device_only: bool = False
+    """Registered only where CUDA is available."""
+    numbers: tuple[int, ...] = ()
+    """Positions of tensor arguments that may arrive at a Python kernel as a Python number (see
+    :func:`as_tensor`)."""
 
 
 CATALOGUE: tuple[SyncOp, ...] = (
     SyncOp("_local_scalar_dense", _scalar_read),
-    SyncOp("equal", _fixed(1, SyncKind.SCALAR_READ)),
+    SyncOp("equal", _equal),
     SyncOp("nonzero", _fixed(1, SyncKind.DATA_DEPENDENT_SHAPE)),
     SyncOp("masked_select", _fixed(1, SyncKind.DATA_DEPENDENT_SHAPE)),
     SyncOp("_unique", _fixed(1, SyncKind.DATA_DEPENDENT_SHAPE)),
     SyncOp("_unique2", _fixed(1, SyncKind.DATA_DEPENDENT_SHAPE)),
-    SyncOp("unique_consecutive", _fixed(1, SyncKind.DATA_DEPENDENT_SHAPE)),
+    SyncOp("unique_consecutive", _unique_consecutive),
     SyncOp("unique_dim", _fixed(3, SyncKind.DATA_DEPENDENT_SHAPE)),
     SyncOp("repeat_interleave.Tensor", _repeat_interleave),
     SyncOp("bincount", _fixed(2, SyncKind.DATA_DEPENDENT_SHAPE)),
@@ -127,4 +194,7 @@ CATALOGUE: tuple[SyncOp, ...] = (
     SyncOp("index_put_", _index_put),
     SyncOp("_index_put_impl_", _index_put),
     SyncOp("multinomial", _no_sync),
+    SyncOp("_assert_async", _no_sync),
+    SyncOp("_assert_async.msg", _no_sync),
+    SyncOp("copy_", _copy, device_only=True, numbers=(1,)),
 )

@@ -1,17 +1,21 @@
 """The sync probe: counts blocking host-device syncs, each with its kind and Python call site.
 
-How: a Python kernel is registered for each catalogued operator (see :mod:`.sync_ops`) at the
-``BackendSelect`` dispatch key, the last key before the backend kernel. Every call of that operator
-reaches it, from Python or from inside another ATen kernel (``x[mask]`` calls ``nonzero`` in C++), while all
-other operators keep their native speed: there is no per-op cost as with a ``TorchDispatchMode``. The kernel
-records the call and redispatches to the backend. The hottest operator, ``_local_scalar_dense`` (``.item()``),
-gets a C++ kernel with the same semantics where one can be built (:mod:`.native`). On CUDA the probe also wraps
-the Python entry points of the explicit synchronizations (``torch.cuda.synchronize``, ``Stream.synchronize``,
-``Event.synchronize``, ``torch.accelerator.synchronize``), which are no operators, and catches host<->device
-copies as described in :mod:`.copies` (they get no dispatcher kernel: ``copy_`` is too frequent for one).
+How: a kernel is registered for each catalogued operator (see :mod:`.sync_ops`) at the ``BackendSelect``
+dispatch key, the last key before the backend kernel. Every call of that operator reaches it, from Python or
+from inside another ATen kernel (``x[mask]`` calls ``nonzero`` in C++), while all other operators keep their
+native speed: there is no per-op cost as with a ``TorchDispatchMode``. The kernel records the call and
+redispatches to the backend. The hottest operators, ``_local_scalar_dense`` (``.item()``) and on CUDA ``copy_``
+(transfers), get C++ kernels with the same semantics where they can be built (:mod:`.native`); the others are
+Python kernels. On CUDA the probe also wraps the Python entry points of the explicit synchronizations
+(``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``, ``torch.accelerator.synchronize``),
+which are no operators. Nothing here reads warnings or the sync-debug mode, so code under test that filters
+warnings or sets the mode changes no count, and the user's mode is left as it was.
+
+Counting is per process (a sync of any thread counts in the regions recording when it is made); ``allow()`` is
+per thread (it excuses the syncs of the thread that entered it).
 
 The kernels are registered when the first recorder attaches and removed when the last one detaches, on every
-exit path, so nothing outlives a measured region.
+exit path, so nothing outlives a measured region; :meth:`SyncProbe.reset` removes what a test left open.
 """
 
 from __future__ import annotations
@@ -32,9 +36,8 @@ import torch
 from torch._C import DispatchKey
 
 from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
-from .copies import BlockingCopySignal, PageableCopyCheck
 from .native import NATIVE
-from .sync_ops import CATALOGUE, SyncKind, SyncOp
+from .sync_ops import ASSIGNED_VALUE, CATALOGUE, SyncKind, SyncOp, as_tensor
 from .timeline import TIMELINE
 
 STACK_DEPTH = 5
@@ -47,23 +50,40 @@ def _package_dir(module_file: str | None) -> str:
     return os.path.realpath(os.path.dirname(module_file or "")) + os.sep
 
 
+#: Internal code whose presence on the way from a sync to its call site means torch.compile is compiling
+#: (dynamo converts a frame there; at run time compiled code never passes through it).
+_COMPILER_FILES = (os.path.join("_dynamo", "convert_frame.py"),)
+
+INTERNAL, USER, COMPILER = 0, 1, 2
+
+
 class _InternalFiles:
     """Decides whether a source file belongs to torch, this plugin or the test runner, by the packages' real
-    locations (never by a substring of the path: a project under a folder named ``torch`` is user code)."""
+    locations (never by a substring of the path: a project under a folder named ``torch`` is user code), and
+    which of torch's files are its compiler's."""
 
     def __init__(self) -> None:
         self._roots = tuple(
             _package_dir(module.__file__)
             for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
         )
-        self._internal: dict[str, bool] = {}
+        self._compiler = tuple(self._roots[0] + name for name in _COMPILER_FILES)
+        self._classes: dict[str, int] = {}
+
+    def classify(self, filename: str) -> int:
+        """``INTERNAL``, ``USER`` (a call site) or ``COMPILER`` (internal, and torch.compile's compiler)."""
+        found = self._classes.get(filename)
+        if found is None:
+            path = os.path.realpath(filename)
+            if filename.startswith("<frozen ") or path.startswith(self._roots):
+                found = COMPILER if path in self._compiler else INTERNAL
+            else:
+                found = USER
+            self._classes[filename] = found
+        return found
 
     def __contains__(self, filename: str) -> bool:
-        internal = self._internal.get(filename)
-        if internal is None:
-            internal = filename.startswith("<frozen ") or os.path.realpath(filename).startswith(self._roots)
-            self._internal[filename] = internal
-        return internal
+        return self.classify(filename) != USER
 
 
 _INTERNAL = _InternalFiles()
@@ -74,21 +94,23 @@ def is_internal_file(filename: str) -> bool:
     return filename in _INTERNAL
 
 
-#: (id(code), instruction offset) -> (code, its Frame, or None in internal code): each frame of a loop's stack
-#: is classified and resolved once, not once per token. Keyed by id: hashing a code object hashes its bytecode
-#: and constants, microseconds per frame; the code is kept, so that its id is not reused.
-_FRAMES: dict[tuple[int, int], tuple[CodeType, Frame | None]] = {}
+#: (id(code), instruction offset) -> (code, its Frame, or None in internal code, whether it is the compiler's):
+#: each frame of a loop's stack is classified and resolved once, not once per token. Keyed by id: hashing a code
+#: object hashes its bytecode and constants, microseconds per frame; the code is kept, so that its id is not
+#: reused.
+_FRAMES: dict[tuple[int, int], tuple[CodeType, Frame | None, bool]] = {}
 
 
-def _resolve(frame: FrameType) -> Frame | None:
+def _resolve(frame: FrameType) -> tuple[CodeType, Frame | None, bool]:
     code = frame.f_code
-    if code.co_filename in _INTERNAL:
-        return None
-    return Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
+    verdict = _INTERNAL.classify(code.co_filename)
+    if verdict != USER:
+        return code, None, verdict == COMPILER
+    return code, Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)), False
 
 
-def _is_user_code(code: CodeType) -> bool:
-    return code.co_filename not in _INTERNAL
+def _code_class(code: CodeType) -> int:
+    return _INTERNAL.classify(code.co_filename)
 
 
 def _site(code: CodeType, lasti: int) -> Frame:
@@ -98,34 +120,36 @@ def _site(code: CodeType, lasti: int) -> Frame:
     if cached is None or cached[1] is None:
         line = next((line for start, end, line in code.co_lines() if start <= lasti < end and line), None)
         site = Frame(code.co_filename, line or code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
-        cached = _FRAMES[key] = (code, site)
+        cached = _FRAMES[key] = (code, site, False)
     return cached[1]  # type: ignore[return-value]
 
 
-def _first_user_frame(frame: FrameType | None) -> tuple[FrameType, Frame] | None:
-    """The innermost frame from ``frame`` outwards that lies outside torch and this plugin, and its Frame."""
+def _first_user_frame(frame: FrameType | None) -> tuple[FrameType | None, Frame | None, bool]:
+    """The innermost frame from ``frame`` outwards that lies outside torch and this plugin (None: there is
+    none), its Frame, and whether a frame of torch.compile's compiler lay on the way."""
     cache = _FRAMES
+    compiling = False
     while frame is not None:
-        code = frame.f_code
         # f_lineno decodes the line table (microseconds in a large function); f_lasti is a plain int.
-        key = (id(code), frame.f_lasti)
+        key = (id(frame.f_code), frame.f_lasti)
         cached = cache.get(key)
         if cached is None:
-            cached = cache[key] = (code, _resolve(frame))
+            cached = cache[key] = _resolve(frame)
         if cached[1] is not None:
-            return frame, cached[1]
+            return frame, cached[1], compiling
+        compiling = compiling or cached[2]
         frame = frame.f_back
-    return None
+    return None, None, compiling
 
 
 def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
     """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
     frames: list[Frame] = []
     while len(frames) < depth:
-        found = _first_user_frame(frame)
-        if found is None:
+        found, site, _ = _first_user_frame(frame)
+        if found is None or site is None:
             break
-        frame, site = found[0].f_back, found[1]
+        frame = found.f_back
         frames.append(site)
     return tuple(frames)
 
@@ -137,9 +161,19 @@ def _label(kind: SyncKind, frame: FrameType | None) -> str:
 
 
 class _ProbeState(threading.local):
-    """Per thread: whether the probe's own code is running (its syncs and their inner ones are not counted)."""
+    """Per thread: whether the probe's own code is running (its syncs and their inner ones are not counted),
+    and the depth of the ``allow()`` blocks this thread is in."""
 
     inside = False
+    allowed = 0
+
+
+#: The native kernels' codes for what a counted call waited for (kernels.cpp, ``enum Wait``).
+_WAITS = {
+    0: ("aten::_local_scalar_dense", SyncKind.SCALAR_READ),
+    1: ("aten::copy_", SyncKind.BLOCKING_COPY),
+    2: ("aten::copy_", SyncKind.PAGEABLE_NON_BLOCKING),
+}
 
 
 class SyncRecorder:
@@ -160,16 +194,15 @@ class SyncProbe:
 
     def __init__(self) -> None:
         self._recorders: list[SyncRecorder] = []
-        self._allowed = 0
         #: (op, call site, allowed) of the syncs whose short stack was recorded since a recorder last attached
         self._stacked: set[tuple[str, Frame, bool]] = set()
         self._local = _ProbeState()
+        #: The open allow() blocks, so that a block left open (a generator never closed) can be found and reset.
+        self._allowances: set[object] = set()
         self._library: torch.library.Library | None = None
-        self._native: Any = None  # the native kernel's module while its kernel is registered
+        self._native: Any = None  # the native kernels' module while they are registered
         self._restore: list[Callable[[], None]] = []
         self._lock = threading.RLock()
-        self._copies = BlockingCopySignal(self._local)
-        self._pageable = PageableCopyCheck()
 
     @property
     def active(self) -> bool:
@@ -177,14 +210,14 @@ class SyncProbe:
 
     @staticmethod
     def prepare() -> None:
-        """Load (or build) the native kernel now, so that no measured region pays for it."""
+        """Load (or build) the native kernels now, so that no measured region pays for it."""
         NATIVE.load()
 
     @property
-    def scalar_read_kernel(self) -> str:
-        """Which kernel counts scalar reads, and for the Python one why the native one does not."""
+    def kernels(self) -> str:
+        """Which kernels count scalar reads and copies, and for the Python ones why the native ones do not."""
         why = NATIVE.unavailable
-        return f"Python kernel: native {why}" if why else "native kernel"
+        return f"Python kernels: native {why}" if why else "native kernels"
 
     @contextmanager
     def recording(self, recorder: SyncRecorder) -> Iterator[SyncRecorder]:
@@ -201,38 +234,63 @@ class SyncProbe:
         try:
             yield recorder
         finally:
-            with self._lock:
-                try:
-                    self._drain()
-                finally:
-                    self._recorders.remove(recorder)
-                    if not self._recorders:
-                        self._uninstall()
+            self._detach(recorder)
+
+    def _detach(self, recorder: SyncRecorder) -> None:
+        with self._lock:
+            if recorder not in self._recorders:
+                return  # already detached by reset()
+            try:
+                self._drain()
+            finally:
+                self._recorders.remove(recorder)
+                if not self._recorders:
+                    self._uninstall()
 
     @contextmanager
     def allowing(self) -> Iterator[None]:
-        """Syncs in this block are recorded as intended and do not count against budgets."""
-        self._allowed += 1
+        """Syncs of this thread in this block are recorded as intended and do not count against budgets."""
+        token = object()
+        local = self._local
+        self._allowances.add(token)
+        local.allowed += 1
         try:
             yield
         finally:
-            self._allowed -= 1
+            if token in self._allowances:  # not when reset() closed it
+                self._allowances.discard(token)
+                local.allowed -= 1
+
+    def left_open(self) -> tuple[int, int]:
+        """How many recorders are attached and ``allow()`` blocks open (none, between tests)."""
+        return len(self._recorders), len(self._allowances)
+
+    def reset(self) -> None:
+        """Detach every recorder, remove the kernels and close every allow() block: what a test left open (a
+        generator suspended inside a region and never closed) must not count the next test's syncs. A block
+        closed later, by the garbage collector, changes nothing."""
+        with self._lock:
+            for recorder in list(self._recorders):
+                self._detach(recorder)
+            self._allowances.clear()
+            self._local.allowed = 0
 
     @contextmanager
     def unobserved(self) -> Iterator[None]:
-        """The plugin's own syncs in this block (timing a region) reach no recorder and no sync warning."""
-        local, signal = self._local, self._copies
+        """The plugin's own syncs in this block (timing a region) reach no recorder, and a sync-debug mode the
+        user set ("warn", "error") does not report them."""
+        local = self._local
         outer = local.inside
-        muted = signal.muting and not outer
         local.inside = True
-        if muted:
-            signal.mute()
+        mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+        if mode:
+            torch.cuda.set_sync_debug_mode(0)
         try:
             yield
         finally:
             local.inside = outer
-            if muted:
-                signal.unmute()
+            if mode:
+                torch.cuda.set_sync_debug_mode(mode)
 
     # -- recording ---------------------------------------------------------------------------------
     def _emit(self, op: str, count: int, kind: SyncKind, frame: FrameType | None) -> None:
@@ -242,26 +300,26 @@ class SyncProbe:
         # SyncEvent's fields, and the kind's string read from the member (``kind.value`` is a Python property).
         if self._native is not None:
             self._drain()
-        found = _first_user_frame(frame)
-        allowed = self._allowed > 0
+        caller, site, compiling = _first_user_frame(frame)
+        allowed = self._local.allowed > 0
         stack: tuple[Frame, ...] = ()
-        if found is not None:
-            caller, site = found
+        if caller is not None and site is not None:
             stack = (site,)
             if (op, site, allowed) not in self._stacked:
                 self._stacked.add((op, site, allowed))
                 stack += user_stack(caller.f_back, STACK_DEPTH - 1)
-        event = _new_event(SyncEvent, (kind._value_, op, count, stack, allowed))
+        event = _new_event(SyncEvent, (kind._value_, op, count, stack, allowed, compiling))
         for recorder in self._recorders:
             recorder.events.append(event)
 
     def _drain(self) -> None:
-        """Turn the scalar reads the native kernel queued into events, for the recorders attached now."""
+        """Turn the calls the native kernels queued into events, for the recorders attached now."""
         native = self._native
         if native is None or not native.pending():
             return
-        op, kind, stacked = f"aten::{_SCALAR_READ}", SyncKind.SCALAR_READ._value_, self._stacked
-        for code, lasti, allowed, above in native.drain():
+        stacked = self._stacked
+        for wait, code, lasti, allowed, compiling, above in native.drain():
+            op, kind = _WAITS[wait]
             stack: tuple[Frame, ...] = ()
             if code is not None:
                 site = _site(code, lasti)
@@ -269,7 +327,7 @@ class SyncProbe:
                 if above is not None and (op, site, allowed) not in stacked:
                     stacked.add((op, site, allowed))
                     stack += tuple(_site(c, offset) for c, offset in above)
-            event = _new_event(SyncEvent, (kind, op, 1, stack, allowed))
+            event = _new_event(SyncEvent, (kind._value_, op, 1, stack, allowed, compiling))
             for recorder in self._recorders:
                 recorder.events.append(event)
 
@@ -280,18 +338,17 @@ class SyncProbe:
         # call (bench/bench_overhead.py).
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
         redispatch = op._handle.redispatch_boxed
-        local, signal, recorders, rule = self._local, self._copies, self._recorders, entry.rule
+        local, recorders, rule, numbers = self._local, self._recorders, entry.rule, entry.numbers
         name = f"aten::{entry.name}"
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             keyset = keyset & after
+            if numbers and not all(isinstance(args[i], torch.Tensor) for i in numbers if i < len(args)):
+                args = tuple(as_tensor(a) if i in numbers else a for i, a in enumerate(args))
             if local.inside or not recorders or args[0].is_meta:
                 return redispatch(keyset, *args, **kwargs)
             verdict = rule(args, kwargs, recorders[-1].on_device)
             local.inside = True
-            muted = verdict is not None and signal.muting
-            if muted:
-                signal.mute()
             try:
                 if verdict is not None and TIMELINE.active:
                     kind, frame = verdict[1], sys._getframe(1)
@@ -301,8 +358,6 @@ class SyncProbe:
                     result = redispatch(keyset, *args, **kwargs)
             finally:
                 local.inside = False
-                if muted:
-                    signal.unmute()
             if verdict is not None:
                 self._emit(name, verdict[0], verdict[1], sys._getframe(1))
             return result
@@ -310,56 +365,75 @@ class SyncProbe:
         return kernel
 
     def _explicit(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        local, signal = self._local, self._copies
+        local = self._local
 
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
             if local.inside or not self._recorders:
                 return original(*args, **kwargs)
             local.inside = True
-            muted = signal.muting
-            if muted:
-                signal.mute()  # Stream.synchronize is flagged by the runtime too
             try:
                 frame = sys._getframe(1)
                 with TIMELINE.sync(lambda: _label(SyncKind.EXPLICIT, frame)):
                     result = original(*args, **kwargs)
             finally:
                 local.inside = False
-                if muted:
-                    signal.unmute()
             self._emit(name, 1, SyncKind.EXPLICIT, sys._getframe(1))
             return result
 
         return synchronize
+
+    @staticmethod
+    def _setitem(original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Tensor.__setitem__`` telling the ``index_put_`` rule whether its value was a Python number."""
+        state = ASSIGNED_VALUE
+
+        @functools.wraps(original)
+        def setitem(self: torch.Tensor, index: Any, value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return original(self, index, value)
+            outer, state.python_number = state.python_number, True
+            try:
+                return original(self, index, value)
+            finally:
+                state.python_number = outer
+
+        return setitem
 
     # -- installation --------------------------------------------------------------------------------
     def _install(self) -> None:
         cuda = torch.cuda.is_available()
         native = NATIVE.load()
         library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+        entries = [entry for entry in CATALOGUE if cuda or not entry.device_only]
+        by_native = {entry.name for entry in entries if entry.name in _NATIVE_OPS} if native is not None else set()
+        if _SCALAR_READ not in by_native:  # the native module always registers the scalar read
+            by_native.clear()
         try:
-            for entry in CATALOGUE:
+            for entry in entries:
                 base, _, overload = entry.name.partition(".")
                 if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{entry.name}", _DISPATCH_KEY):
                     # Replacing a kernel already there (as for _to_copy) would change what the op computes.
                     raise RuntimeError(
                         f"syncguard: aten::{entry.name} already has a {_DISPATCH_KEY} kernel; refusing to replace it"
                     )
-                if entry.name == _SCALAR_READ and native is not None:
-                    self._install_native(native)
+                if entry.name in by_native:
                     continue
                 op = getattr(getattr(torch.ops.aten, base), overload or "default")
                 kernel = self._kernel(entry, op)
                 library.impl(entry.name, kernel, _DISPATCH_KEY, with_keyset=True)  # type: ignore[no-untyped-call]
+            if by_native:
+                self._install_native(native, copies="copy_" in by_native)
+            self._patch(torch.Tensor, "__setitem__", self._setitem)
             if cuda:
-                self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize")
-                self._patch(torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize")
-                self._patch(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
-                if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
-                    self._patch(torch.accelerator, "synchronize", "torch.accelerator.synchronize")
-                self._pageable.install(self._copy_emitter(SyncKind.PAGEABLE_NON_BLOCKING))
-                self._copies.install(self._copy_emitter(SyncKind.BLOCKING_COPY))
+                for owner, name in (
+                    (torch.cuda, "torch.cuda.synchronize"),
+                    (torch.cuda.Stream, "torch.cuda.Stream.synchronize"),
+                    (torch.cuda.Event, "torch.cuda.Event.synchronize"),
+                    (getattr(torch, "accelerator", None), "torch.accelerator.synchronize"),
+                ):
+                    if hasattr(owner, "synchronize"):
+                        self._patch(owner, "synchronize", functools.partial(self._explicit, name))
         except BaseException:
             library._destroy()  # type: ignore[no-untyped-call]
             self._uninstall_native()
@@ -367,13 +441,12 @@ class SyncProbe:
             raise
         self._library = library
 
-    def _install_native(self, native: Any) -> None:
-        kind = SyncKind.SCALAR_READ
-
-        def annotate(frame: FrameType | None) -> Any:
+    def _install_native(self, native: Any, *, copies: bool) -> None:
+        def annotate(frame: FrameType | None, wait: int) -> Any:
+            kind = _WAITS[wait][1]
             return TIMELINE.sync(lambda: _label(kind, frame))
 
-        native.install(self, self._local, self._recorders, self._copies, TIMELINE, annotate, _is_user_code, STACK_DEPTH)
+        native.install(self._local, self._recorders, TIMELINE, annotate, _code_class, STACK_DEPTH, copies)
         self._native = native
 
     def _uninstall_native(self) -> None:
@@ -381,27 +454,19 @@ class SyncProbe:
             self._native.uninstall()
             self._native = None
 
-    def _patch(self, owner: Any, attribute: str, name: str) -> None:
-        original = owner.__dict__[attribute]
-        setattr(owner, attribute, self._explicit(name, original))
-        self._restore.append(lambda: setattr(owner, attribute, original))
-
-    def _copy_emitter(self, kind: SyncKind) -> Callable[[str, FrameType | None], None]:
-        def emit(op: str, frame: FrameType | None) -> None:
-            if self._recorders:
-                self._emit(op, 1, kind, frame)
-
-        return emit
+    def _patch(self, owner: Any, attribute: str, wrap: Callable[[Any], Any]) -> None:
+        """Replace ``owner.attribute`` by ``wrap(original)``; undone by :meth:`_unpatch` (an attribute the owner
+        only inherited is deleted again)."""
+        own = owner.__dict__.get(attribute)
+        setattr(owner, attribute, wrap(getattr(owner, attribute)))
+        if own is None:
+            self._restore.append(lambda: delattr(owner, attribute))
+        else:
+            self._restore.append(lambda: setattr(owner, attribute, own))
 
     def _unpatch(self) -> None:
-        try:
-            self._copies.uninstall()
-        finally:
-            try:
-                self._pageable.uninstall()
-            finally:
-                while self._restore:
-                    self._restore.pop()()
+        while self._restore:
+            self._restore.pop()()
 
     def _uninstall(self) -> None:
         try:
@@ -419,5 +484,8 @@ class SyncProbe:
         """Whether the dispatcher kernels are registered right now (for tests of the restore paths)."""
         return self._library is not None or self._native is not None
 
+
+#: The operators the native module has kernels for (copy_ only where CUDA is available).
+_NATIVE_OPS = frozenset({_SCALAR_READ, "copy_"})
 
 PROBE = SyncProbe()

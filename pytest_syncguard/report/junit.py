@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..comparison import Drift, Fingerprint
+from ..environment import is_slug
 from ..metrics import Metrics, metric
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
         nodeid=nodeid,
         outcome=outcome,
         verdict=found[Prop.VERDICT],
-        device_slug=found.get(Prop.DEVICE_SLUG) or found.get(Prop.DEVICE, "?"),
+        device_slug=found.get(Prop.DEVICE_SLUG) or found.get(Prop.DEVICE, "unknown"),
         budgets=found.get(Prop.BUDGETS),
         metrics=Metrics(metrics, runs),
         baseline_status=found.get(Prop.BASELINE),
@@ -160,7 +161,14 @@ def read_cases(path: Path) -> list[JUnitCase]:
                 outcome = "failed"
             elif any(isinstance(r, Skipped) for r in results):
                 outcome = "skipped"
-            cases.append(_case(found.get(Prop.NODEID) or f"{case.classname}::{case.name}", outcome, found))
+            nodeid = found.get(Prop.NODEID) or f"{case.classname}::{case.name}"
+            parsed = _case(nodeid, outcome, found)
+            if not is_slug(parsed.device_slug):
+                raise JUnitError(
+                    f"{path}: {nodeid}: device slug {parsed.device_slug!r} is not one (lowercase letters, digits "
+                    "and '-'); the file was not written by pytest --syncguard"
+                )
+            cases.append(parsed)
     return cases
 
 

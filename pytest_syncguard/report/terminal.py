@@ -101,6 +101,9 @@ def site_lines(result: MeasuredTest) -> list[str]:
             lines.append(f"  ... and {result.more_sites} more sites ({result.more_syncs} syncs)")
     if result.allowed_syncs:
         lines.append(f"allowed (intended) syncs, not counted: {result.allowed_syncs}")
+    if result.compile_syncs:
+        lines.append(f"made by torch.compile while it compiled (its first call), not counted: {result.compile_syncs}")
+        lines.extend(f"  {site.count:>5} x {site.kind} ({site.op}) at {site.site}" for site in result.compile_sites)
     if result.invisible_kinds:
         lines.append(
             f"not visible on {result.device}: {', '.join(result.invisible_kinds)} "
@@ -190,6 +193,12 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
         if improved or new:
             ids = " ".join(sorted({r.nodeid for r, _ in improved} | set(new)))
             lines.append(f"record them with: pytest --syncguard --syncguard-update-baselines {ids}")
+    if updating:
+        lines.extend(
+            f"not recorded in the baselines ({r.outcome}: its numbers are partial): {r.nodeid}"
+            for r in results
+            if r.outcome is not None
+        )
     drift: dict[str, dict[str, list[str | None]]] = {}
     for _, c in compared:
         if c.drift:

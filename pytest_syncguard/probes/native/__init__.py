@@ -1,9 +1,9 @@
-"""The native scalar-read kernel (``scalar_read.cpp``): built once per machine and torch version, loaded once
-per process.
+"""The native kernels for scalar reads and copies (``kernels.cpp``): built once per machine and torch version,
+loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
 ``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache
-afterwards. Where it cannot be built the probe falls back to its Python kernel, which counts the same syncs
+afterwards. Where it cannot be built the probe falls back to its Python kernels, which count the same syncs
 more slowly, and says why in :data:`NATIVE`. ``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a
 failed build an error.
 """
@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 ENVIRONMENT = "SYNCGUARD_NATIVE"
-SOURCE = Path(__file__).with_name("scalar_read.cpp")
+SOURCE = Path(__file__).with_name("kernels.cpp")
 
 
 class NativeKernelError(RuntimeError):
@@ -60,7 +60,7 @@ class NativeKernel:
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
                 self.unavailable = f"could not be built ({type(exc).__name__}: {_reason(exc)})"
                 if setting == "require":
-                    raise NativeKernelError(f"syncguard: the native scalar-read kernel {self.unavailable}") from exc
+                    raise NativeKernelError(f"syncguard: the native kernels {self.unavailable}") from exc
             return self._module
 
 
@@ -77,7 +77,7 @@ def _build() -> ModuleType:
     # One build per torch version: the kernel links against torch's C++ ABI.
     version = re.sub(r"\W", "_", torch.__version__)
     module: ModuleType = load(
-        name=f"syncguard_scalar_read_{version}", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
+        name=f"syncguard_kernels_{version}", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
     )
     return module
 

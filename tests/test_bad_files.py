@@ -1,0 +1,108 @@
+"""Files the ``syncguard`` commands read that are broken or hostile: each is an error naming the file (exit 2),
+never a traceback, and nothing outside the folders named is read."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.baselines import SCHEMA, BaselineError, read
+from pytest_syncguard.cli import main
+
+
+def _baseline(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def _document(**overrides: object) -> str:
+    data = {"schema": SCHEMA, "schema_version": 1, "device": "cpu", "fingerprint": {}, "tests": {"t::a": {"syncs": 2}}}
+    return json.dumps({**data, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b'{"schema": "\xff"}', "not UTF-8 text"),
+        (_document(schema_version=0), "schema_version must be a whole number >= 1, got 0"),
+        (_document(schema_version=-7), "schema_version must be a whole number >= 1, got -7"),
+        (_document(schema_version=True), "schema_version must be a whole number >= 1, got True"),
+        (_document(schema_version=2), "baseline schema version 2, this syncguard reads up to 1"),
+        (_document().replace('"syncs": 2', '"syncs": NaN'), "NaN is not a number a baseline can hold"),
+        (_document().replace('"syncs": 2', '"syncs": -Infinity'), "-Infinity is not a number a baseline can hold"),
+    ],
+)
+def test_a_broken_baseline_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | bytes, message: str
+) -> None:
+    path = _baseline(tmp_path / "cpu.json", text)
+    with pytest.raises(BaselineError, match=message):
+        read(path)
+    assert main(["baselines", str(path)]) == 2
+    assert f"{path}" in capsys.readouterr().err
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="1"><testcase classname="t" name="test_a"><properties>
+{properties}
+<property name="syncguard.verdict" value="pass"/><property name="syncguard.nodeid" value="t.py::test_a"/>
+<property name="syncguard.device" value="cpu"/><property name="syncguard.syncs" value="3"/>
+</properties></testcase></testsuite></testsuites>
+"""
+
+
+def test_odd_junit_properties_are_read_as_absent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT.format(properties='<property/><property name="syncguard.runs.syncs" value="²"/>'))
+    assert main(["report", str(junit), "--json", str(tmp_path / "report.json")]) == 0
+    (test,) = json.loads((tmp_path / "report.json").read_text())["tests"]
+    assert (test["nodeid"], test["metrics"]) == ("t.py::test_a", {"syncs": 3.0})
+
+
+def test_a_device_slug_that_is_a_path_reads_nothing_outside_the_baselines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "x" / "y.json"
+    outside.parent.mkdir()
+    outside.write_text(_document(tests={"secret::test_id": {"syncs": 1}}))
+    (tmp_path / "baselines").mkdir()
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT.format(properties='<property name="syncguard.device_slug" value="../x/y"/>'))
+    markdown = tmp_path / "comment.md"
+    assert main(["report", str(junit), "--baselines", str(tmp_path / "baselines"), "--markdown", str(markdown)]) == 2
+    err = capsys.readouterr().err
+    assert f"{junit}: t.py::test_a: device slug '../x/y' is not one" in err
+    assert not markdown.exists() and "secret" not in err
+
+
+TRACE_EVENTS = [
+    {"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 1.0, "args": {"stream": 7, "correlation": 1}},
+    {"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 1.0, "args": {"stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "far", "ts": 1e300, "dur": 1.0, "args": {"stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "long", "ts": -1e300, "dur": 1e300, "args": {"stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "k2", "ts": 20.0, "dur": 2.0, "args": {"stream": 7}},
+]
+
+
+def test_a_trace_with_duplicate_and_absurd_events_gives_finite_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": TRACE_EVENTS}))
+    assert main(["trace", str(path), "--json"]) == 0
+    timeline = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))[
+        "timeline"
+    ]
+    # The absurd events are skipped; the two identical kernels merge into one busy microsecond.
+    assert (timeline["busy_fraction"], timeline["max_gap_us"]) == (pytest.approx(3 / 12), 9.0)
+
+
+def test_a_gzip_with_corrupt_data_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = gzip.compress(json.dumps({"traceEvents": TRACE_EVENTS}).encode())
+    path = tmp_path / "corrupt.json.gz"
+    path.write_bytes(good[:10] + bytes(b ^ 0x55 for b in good[10:40]) + good[40:])
+    assert main(["trace", str(path)]) == 2
+    assert f"syncguard trace: {path}: cannot read the trace" in capsys.readouterr().err
