@@ -62,7 +62,8 @@ class Comparison:
     device: str
     file: str
     status: str
-    """regression, improvement, unchanged, new (no entry) or updated (written by this run)."""
+    """regression, improvement, unchanged, new (no entry), updated (written by this run) or "not compared" (the
+    test's call raised: its numbers are partial)."""
     changes: tuple[Change, ...] = ()
     tolerance: float = DEFAULT_TOLERANCE
     fingerprint: Fingerprint = field(default_factory=dict)

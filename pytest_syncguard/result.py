@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from .guard import Measurement
 
 TOP_SITES = 10
+#: The verdicts of a test whose call raised (:attr:`MeasuredTest.outcome`): its numbers are partial.
+PARTIAL = frozenset({"failed", "skipped"})
 
 
 def _display(frame: Frame) -> str:

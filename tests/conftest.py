@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ import torch
 # installed (the GPU machine, which only has this working tree).
 _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+# There, the plugin has no entry point either: subprocess runs load it by name (where it is installed, naming it
+# again would register it twice).
+if not any(ep.value == "pytest_syncguard.plugin" for ep in entry_points(group="pytest11")):
+    os.environ["PYTEST_PLUGINS"] = "pytest_syncguard.plugin"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

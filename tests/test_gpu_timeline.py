@@ -85,9 +85,7 @@ def test_graph_without_host_read(syncguard, step):
 def test_host_read_gap_fails_with_its_line_and_the_graph_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_loops=LOOPS)
     artifacts = pytester.path / "artifacts"
-    result = pytester.runpytest_subprocess(
-        "-p", "pytest_syncguard.plugin", "--syncguard", f"--syncguard-artifacts={artifacts}", "-v"
-    )
+    result = pytester.runpytest_subprocess("--syncguard", f"--syncguard-artifacts={artifacts}", "-v")
     print(result.stdout.str())
     result.assert_outcomes(passed=1, failed=1)
     line = next(i for i, text in enumerate(LOOPS.strip().splitlines(), 1) if "HOST READ" in text)
@@ -196,7 +194,7 @@ def test_growing_loop_fragments_and_preallocated_does_not(pytester: pytest.Pytes
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" if expandable else "")
     artifacts = pytester.path / "artifacts"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_syncguard.plugin", "-p", "no:cacheprovider", "-s", "-v",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v",
          "--syncguard", f"--syncguard-artifacts={artifacts}", "test_memory.py"],
         cwd=pytester.path, env=env, capture_output=True, text=True,
     )  # fmt: skip

@@ -35,9 +35,7 @@ def test_each_worker_takes_its_own_gpu(pytester: pytest.Pytester, monkeypatch: p
     pytester.makepyfile(test_where=WORKER_TEST)
     monkeypatch.setenv("WHERE_DIR", str(pytester.path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    result = pytester.runpytest_subprocess(
-        "-p", "pytest_syncguard.plugin", "-n", "2", "--syncguard", "-p", "no:cacheprovider"
-    )
+    result = pytester.runpytest_subprocess("-n", "2", "--syncguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=8)
     seen: dict[str, set[tuple[str, str]]] = {}
     for path in pytester.path.glob("where-gw*-*.json"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytest_syncguard.cli import main
 from pytest_syncguard.files import write_atomically
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes import native
@@ -229,7 +230,7 @@ def test_passes(syncguard):
 
 def test_failed_tests_never_enter_a_baseline(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(FAILING)
-    result = pytester.runpytest("--syncguard", "--syncguard-update-baselines")
+    result = pytester.runpytest("--syncguard", "--syncguard-update-baselines", "--junitxml=run.xml")
     result.assert_outcomes(failed=2, passed=1, skipped=1)
     result.stdout.fnmatch_lines(
         [
@@ -242,6 +243,16 @@ def test_failed_tests_never_enter_a_baseline(pytester: pytest.Pytester) -> None:
     )
     entries = json.loads((pytester.path / "baselines" / "cpu.json").read_text())["tests"]
     assert list(entries) == ["test_failed_tests_never_enter_a_baseline.py::test_passes"]
+    # syncguard report does not compare them either.
+    report = pytester.path / "report.json"
+    assert main(["report", str(pytester.path / "run.xml"), "--baselines", "baselines", "--json", str(report)]) == 0
+    statuses = {
+        t["nodeid"].partition("::")[2]: t["comparison"]["status"] for t in json.loads(report.read_text())["tests"]
+    }
+    assert statuses == {
+        "test_fails_inside": "not compared", "test_fails_before": "not compared", "test_skips": "not compared",
+        "test_passes": "unchanged",
+    }  # fmt: skip
     # Fixed, the tests are new, never regressions against a partial count.
     pytester.makepyfile(
         FAILING.replace('assert False, "the loop broke"', "pass").replace("raise RuntimeError", "print")

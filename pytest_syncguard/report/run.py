@@ -15,6 +15,7 @@ from typing import Any
 from ..baselines import Baseline, path_for, read
 from ..comparison import DEFAULT_TOLERANCE, Comparison, Drift, compare
 from ..environment import fingerprint_changes
+from ..result import PARTIAL
 from .junit import JUnitCase, read_cases
 
 
@@ -101,6 +102,9 @@ def compare_run(paths: Sequence[Path], baselines: Path | None, tolerance: float 
             path = Path(f"{slug}.json")
             entry = case.baseline_values if case.compared else None
             drift = case.drift
+        if case.verdict in PARTIAL:  # the test's call raised: its numbers are partial, never compared
+            run.cases.append(CaseComparison(case, Comparison(slug, str(path), "not compared", (), within)))
+            continue
         comparison = compare(
             entry, case.metrics, device=slug, file=str(path), tolerance=within, fingerprint=case.fingerprint,
             drift=drift,
