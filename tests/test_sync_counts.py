@@ -201,3 +201,21 @@ def test_copy_kernel_is_only_registered_with_cuda() -> None:
     with PROBE.recording(SyncRecorder(False)):
         registered = torch._C._dispatch_has_kernel_for_dispatch_key("aten::copy_", "BackendSelect")
     assert registered == torch.cuda.is_available()
+
+
+def _assign_and_scale(t: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t[where] = 2.0
+    t[0] = 5.0
+    return t * 2
+
+
+def test_setitem_under_torch_compile_is_the_plain_method() -> None:
+    """torch.compile traces an assignment as the tensor operation, not through the probe's ``__setitem__``
+    wrapper: no graph break (fullgraph would raise), the same result."""
+    compiled = torch.compile(_assign_and_scale, backend="eager", fullgraph=True)
+    recorder = SyncRecorder(False)
+    with PROBE.recording(recorder):
+        measured = compiled(x, mask)
+    torch.testing.assert_close(measured, _assign_and_scale(x, mask))
+    assert recorder.syncs == 0
