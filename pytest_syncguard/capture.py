@@ -49,9 +49,9 @@ def _python_kernel_note() -> str | None:
 
 def outcome_of(raised: BaseException) -> str:
     """What pytest makes of a call that raised: skipped (pytest.skip, xfail's skip), else failed."""
-    import _pytest.outcomes
+    import pytest
 
-    return "skipped" if isinstance(raised, _pytest.outcomes.Skipped) else "failed"
+    return "skipped" if isinstance(raised, pytest.skip.Exception) else "failed"
 
 
 def close_left_open(guard: SyncGuard) -> str | None:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .comment import GH_TIMEOUT_S
 from .files import write_atomically
 
 
@@ -211,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comment.add_argument("--repo", help="OWNER/NAME (default: gh's repository of the working directory)")
     comment.add_argument("--key", default="syncguard", help="one comment per key, e.g. the GPU's slug")
     comment.add_argument("--author", help="the login gh posts as (default: asked from gh)")
-    comment.add_argument("--gh-timeout", type=_seconds, default=60.0, metavar="SECONDS",
-                         help="give up a gh call that takes longer (default 60)")  # fmt: skip
+    comment.add_argument("--gh-timeout", type=_seconds, default=GH_TIMEOUT_S, metavar="SECONDS",
+                         help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})")  # fmt: skip
     comment.set_defaults(run=_comment)
 
     trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace")

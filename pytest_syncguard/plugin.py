@@ -137,8 +137,7 @@ class SyncguardSession:
         self.config = config
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
-        json_path = config.getoption("syncguard_json")
-        self.json_path = _checked(json_path, "--syncguard-json", file_problem)
+        self.json_path = _checked(config.getoption("syncguard_json"), "--syncguard-json", file_problem)
         self.artifacts = _checked(config.getoption("syncguard_artifacts"), "--syncguard-artifacts", folder_problem)
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         updating = bool(config.getoption("syncguard_update_baselines"))

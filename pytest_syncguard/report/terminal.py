@@ -8,7 +8,7 @@ from ..analysis.gaps import TimelineSummary
 from ..analysis.memory import MemoryStats
 from ..analysis.snapshot import AllocationSite
 from ..metrics import MIB
-from ..result import MeasuredTest
+from ..result import MeasuredTest, SiteRecord
 
 STACK_LINES = 4
 
@@ -90,12 +90,16 @@ def allocation_site_lines(sites: Sequence[AllocationSite]) -> list[str]:
     return lines
 
 
+def _site_line(site: SiteRecord) -> str:
+    return f"  {site.count:>5} x {site.kind} ({site.op}) at {site.site}"
+
+
 def site_lines(result: MeasuredTest) -> list[str]:
     lines: list[str] = []
     if result.sites:
         lines.append(f"sync sites ({result.syncs} syncs, by kind and call site, most frequent first):")
         for site in result.sites:
-            lines.append(f"  {site.count:>5} x {site.kind} ({site.op}) at {site.site}")
+            lines.append(_site_line(site))
             lines.extend(f"          {frame}" for frame in site.stack[1 : 1 + STACK_LINES])
         if result.more_sites:
             lines.append(f"  ... and {result.more_sites} more sites ({result.more_syncs} syncs)")
@@ -103,7 +107,7 @@ def site_lines(result: MeasuredTest) -> list[str]:
         lines.append(f"allowed (intended) syncs, not counted: {result.allowed_syncs}")
     if result.compile_syncs:
         lines.append(f"made by torch.compile while it compiled (its first call), not counted: {result.compile_syncs}")
-        lines.extend(f"  {site.count:>5} x {site.kind} ({site.op}) at {site.site}" for site in result.compile_sites)
+        lines.extend(map(_site_line, result.compile_sites))
     if result.invisible_kinds:
         lines.append(
             f"not visible on {result.device}: {', '.join(result.invisible_kinds)} "
