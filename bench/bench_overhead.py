@@ -1,5 +1,10 @@
 """Instrumented/bare time ratio of a tiny-Llama HF ``generate`` of 64 tokens (the seed issue's benchmark).
 
+"instrumented" is a measured region as a test makes it (``syncguard.generation``): the sync probe and the
+counters that need no timeline capture (operators, torch.compile's records, on CUDA the allocator's driver
+calls). "timed run" is a timed run of ``syncguard.measure()``, which counts no operators; "sync probe only" and
+"op counter only" tell the two probes apart.
+
 Bare and instrumented runs alternate in one process (with a second bare variant, whose ratio to the first is
 the noise floor); the result is the median of the per-sample ratios, of wall time and of the main thread's
 CPU time (which time stolen by other processes on a shared host does not inflate).
@@ -26,7 +31,9 @@ from unittest import mock
 import torch
 
 from examples.models import tiny_llama
-from pytest_syncguard.probes import syncs
+from pytest_syncguard import SyncGuard
+from pytest_syncguard.guard import GenerationRegion
+from pytest_syncguard.probes import ops, syncs
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
 Sample = tuple[float, float]
@@ -51,9 +58,38 @@ def generate_run(device: str) -> Callable[[], Sample]:
     return run
 
 
-def instrumented(run: Callable[[], Sample], on_device: bool) -> Callable[[], Sample]:
+def instrumented(run: Callable[[], Sample], device: str) -> Callable[[], Sample]:
+    """``run`` inside a measured region, as a test measures it."""
+    guard = SyncGuard("bench", device=device)
+
+    def variant() -> Sample:
+        with guard.generation(tokens=64):
+            return run()
+
+    return variant
+
+
+def timed_run(run: Callable[[], Sample], device: str) -> Callable[[], Sample]:
+    """``run`` as a timed run of ``syncguard.measure()``: a region that does not count operators."""
+
+    def variant() -> Sample:
+        with GenerationRegion(64, device, count_ops=False).recording():
+            return run()
+
+    return variant
+
+
+def sync_probe_only(run: Callable[[], Sample], on_device: bool) -> Callable[[], Sample]:
     def variant() -> Sample:
         with PROBE.recording(SyncRecorder(on_device=on_device)):
+            return run()
+
+    return variant
+
+
+def op_counter_only(run: Callable[[], Sample]) -> Callable[[], Sample]:
+    def variant() -> Sample:
+        with ops.counting([]):
             return run()
 
     return variant
@@ -144,9 +180,11 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     PROBE.prepare()
     run = generate_run(device)
-    probed = instrumented(run, on_device=device != "cpu")
-    variants = {"bare": run, "instrumented": probed}
+    probed = sync_probe_only(run, on_device=device != "cpu")
+    variants = {"bare": run, "instrumented": instrumented(run, device), "timed run": timed_run(run, device)}
     if args.parts:
+        variants["sync probe only"] = probed
+        variants["op counter only"] = op_counter_only(run)
         if syncs.NATIVE.unavailable is None:
             variants["Python kernel"] = without(python_kernel, probed)
         variants["pass-through kernel"] = without(pass_through_kernel, run)
@@ -158,7 +196,7 @@ def main() -> None:
     cpu = f"CPU ({platform.processor() or platform.machine()})"
     machine = torch.cuda.get_device_name() if device == "cuda" else cpu
     print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
-    print(f"scalar reads and copies counted by the {PROBE.kernels}")
+    print(f"scalar reads and copies counted by the {PROBE.kernels}; operators {ops.unavailable() or 'counted'}")
     report(samples, args.runs)
     recorder = SyncRecorder(on_device=device != "cpu")
     with PROBE.recording(recorder):

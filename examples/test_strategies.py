@@ -2,9 +2,10 @@
 allocator fragmentation, at tiny sizes on CPU and at the seed article's sizes on CUDA (GPT-2 124M, batch 32,
 100 new tokens).
 
-Each strategy has two tests: ``test_speed`` (sync budget only, so that no profiler slows the timed runs:
-its median time and tokens/s are the strategy's speed) and ``test_timeline`` (GPU timeline and allocator
-budgets, measured under torch.profiler). Generation runs the full ``max_new_tokens``: the EOS id is outside
+Each strategy has two tests: ``test_speed`` (budgets that need no profiler: syncs, operators dispatched and
+torch.compile's recompilations, so that no profiler slows the timed runs: its median time and tokens/s are the
+strategy's speed) and ``test_timeline`` (GPU timeline, kernel launch and allocator budgets, measured under
+torch.profiler). Generation runs the full ``max_new_tokens``: the EOS id is outside
 the vocabulary, so every strategy decodes the same number of steps (stopping at EOS is tested in
 tests/test_strategies.py).
 """
@@ -45,6 +46,25 @@ SYNC_BUDGETS = {
     "cuda_graph": pytest.mark.max_syncs(1),
     "hf_generate": pytest.mark.max_syncs_per_token(3),
 }
+#: Operators dispatched per token: what makes an eager step host-bound, and what compiling or replaying a graph
+#: removes. Exact counts (H100 run of GPT-2 124M: no_cache 1047, kv_cache 1035, static_cache 1475, static_compiled
+#: 46.6, stream_pingpong 1484, cuda_graph 16.0, hf_generate 1104; CPU miniature: 351-412); each limit leaves about
+#: 10% above the count, and the baselines catch any increase below it.
+OPS_PER_TOKEN = (
+    {"no_cache": 1150, "kv_cache": 1150, "static_cache": 1600, "static_compiled": 55, "stream_pingpong": 1600,
+     "cuda_graph": 20, "hf_generate": 1200}
+    if CUDA
+    else {"no_cache": 400, "kv_cache": 400, "static_cache": 450, "static_compiled": 450, "hf_generate": 450}
+)  # fmt: skip
+#: Kernel launches per token on CUDA (a CUDA graph launch counts one): a graph replays the step's kernels from
+#: one launch (cuda_graph 6.3 per token with its eager prefill, static_compiled 13.1) where the eager loops launch
+#: 227-357 kernels per token.
+LAUNCHES_PER_TOKEN = {
+    "no_cache": 250, "kv_cache": 280, "static_cache": 400, "static_compiled": 15, "stream_pingpong": 400,
+    "cuda_graph": 8, "hf_generate": 300,
+}  # fmt: skip
+#: The compiled step is compiled once, in the warm-up run: nothing compiles, recompiles or breaks in the loop.
+COMPILED = [pytest.mark.max_recompiles(0), pytest.mark.max_graph_breaks(0)]
 TIMELINE_BUDGETS: dict[str, list[pytest.MarkDecorator]] = {
     # Every step's activations and logits are larger than any cached block (the sequence grows): on the H100
     # the allocator reserved 41.6 GiB for a 2.5 GiB allocated peak, fragmentation 0.94.
@@ -53,13 +73,28 @@ TIMELINE_BUDGETS: dict[str, list[pytest.MarkDecorator]] = {
     "static_cache": [pytest.mark.min_gpu_busy(0.05), pytest.mark.max_fragmentation(0.9)],
     "static_compiled": [pytest.mark.min_gpu_busy(0.05), pytest.mark.max_fragmentation(0.9)],
     "stream_pingpong": [pytest.mark.min_gpu_busy(0.05), pytest.mark.max_fragmentation(0.9)],
+    # Busy fraction is a property of the host too: 0.823 on the H100 that recorded the baseline, 0.775 and 0.788
+    # on two other lent H100s (the eager prefill is in the judged span: the loop marks no steps).
     "cuda_graph": [
-        pytest.mark.min_gpu_busy(0.8),
+        pytest.mark.min_gpu_busy(0.7),
         pytest.mark.max_gpu_idle_us(50, stat="p99"),
         pytest.mark.max_fragmentation(0.9),
     ],
     "hf_generate": [pytest.mark.min_gpu_busy(0.05), pytest.mark.max_fragmentation(0.9)],
 }
+
+
+def speed_budgets(name: str) -> list[pytest.MarkDecorator]:
+    """A strategy's budgets that need no profiler: syncs, operators and, for the compiled step, compilation."""
+    marks = [SYNC_BUDGETS[name]]
+    if name in OPS_PER_TOKEN:  # the CUDA-only strategies have no CPU count
+        marks.append(pytest.mark.max_ops_per_token(OPS_PER_TOKEN[name]))
+    return marks + (COMPILED if name == "static_compiled" else [])
+
+
+def timeline_budgets(name: str) -> list[pytest.MarkDecorator]:
+    """A strategy's budgets measured under the profiler: GPU timeline, kernel launches, allocator."""
+    return [*TIMELINE_BUDGETS[name], pytest.mark.max_launches_per_token(LAUNCHES_PER_TOKEN[name])]
 
 
 def _cases(marks_of: dict[str, Any]) -> list[Any]:
@@ -98,11 +133,11 @@ def _run(syncguard: SyncGuard, name: str, model: Any, prompt: torch.Tensor) -> N
     assert measured.tokens == NEW_TOKENS
 
 
-@pytest.mark.parametrize("name", _cases(SYNC_BUDGETS))
+@pytest.mark.parametrize("name", _cases({name: speed_budgets(name) for name in STRATEGIES}))
 def test_speed(syncguard: SyncGuard, name: str, model: Any, batch_prompt: torch.Tensor) -> None:
     _run(syncguard, name, model, batch_prompt)
 
 
-@pytest.mark.parametrize("name", _cases(TIMELINE_BUDGETS))
+@pytest.mark.parametrize("name", _cases({name: timeline_budgets(name) for name in STRATEGIES}))
 def test_timeline(syncguard: SyncGuard, name: str, model: Any, batch_prompt: torch.Tensor) -> None:
     _run(syncguard, name, model, batch_prompt)

@@ -51,6 +51,24 @@ def max_reserved_mb(limit: float) -> None:
     """Fail when the CUDA caching allocator's reserved peak in the region exceeds ``limit`` MiB. Needs CUDA."""
 
 
+def max_ops_per_token(limit: float) -> None:
+    """Fail when operators dispatched (aten and other dispatcher ops, nested calls included, as torch.profiler's
+    cpu_op events count them) divided by tokens exceed ``limit``. Needs the native extension."""
+
+
+def max_launches_per_token(limit: float) -> None:
+    """Fail when kernel launches (a CUDA graph launch counts one) divided by tokens exceed ``limit``. Needs CUDA;
+    counted from the timeline capture."""
+
+
+def max_recompiles(limit: float) -> None:
+    """Fail when torch.compile recompiles an already compiled frame more than ``limit`` times in the region."""
+
+
+def max_graph_breaks(limit: float) -> None:
+    """Fail when torch.compile takes more than ``limit`` graph breaks while compiling in the region."""
+
+
 def syncguard(
     *,
     device: str | None = None,
@@ -64,7 +82,7 @@ def syncguard(
     noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
 
 
-Signal = Literal["syncs", "timeline", "memory"]
+Signal = Literal["syncs", "ops", "compiles", "timeline", "memory"]
 
 
 def closest_run(values: Sequence[float], value: float) -> int:
@@ -96,6 +114,8 @@ class BudgetKind:
     needs_tokens: bool = False
     unmeasured: str = ""
     """Why there is no value when the signal was captured but the metric has no run."""
+    counter: str | None = None
+    """The exact counter it reads (:data:`.analysis.counts.COUNTERS`), whose probe may say why it has none."""
 
 
 def _per_token(budget: Budget, value: float, m: Measurement, example: int) -> str:
@@ -141,6 +161,33 @@ def _fragmentation(budget: Budget, value: float, m: Measurement, example: int) -
     )
 
 
+def _ops(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    return (
+        f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {m.count('ops')} operators "
+        f"over {m.tokens} tokens"
+    )
+
+
+def _launches(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    graphs = m.count("graph_launches") or 0
+    kernels = (m.count("launches") or 0) - graphs
+    return (
+        f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {kernels} kernel launches and "
+        f"{graphs} CUDA graph launches ({m.count('graph_kernels') or 0} kernels in the graphs) over {m.tokens} tokens"
+    )
+
+
+def _recompiles(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    return (
+        f"{budget.marker}: limit {budget.limit:g}, measured {value:g} recompilations "
+        f"({m.count('frames_compiled') or 0} frames compiled in the region)"
+    )
+
+
+def _graph_breaks(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    return f"{budget.marker}: limit {budget.limit:g}, measured {value:g} graph breaks taken while compiling"
+
+
 def _reserved(budget: Budget, value: float, m: Measurement, example: int) -> str:
     return f"{budget.marker}: limit {budget.limit:g} MiB, measured reserved peak {value:.1f} MiB"
 
@@ -157,6 +204,21 @@ KINDS: dict[str, BudgetKind] = {
             needs_tokens=True,
         ),
         BudgetKind("max_syncs", max_syncs, "syncs", _named("syncs"), max, _total),
+        BudgetKind(
+            "max_ops_per_token", max_ops_per_token, "ops", _named("ops_per_token"), max, _ops, needs_tokens=True,
+            counter="ops",
+        ),
+        BudgetKind(
+            "max_launches_per_token", max_launches_per_token, "timeline", _named("launches_per_token"), max,
+            _launches, needs_tokens=True, counter="launches",
+        ),
+        BudgetKind(
+            "max_recompiles", max_recompiles, "compiles", _named("recompiles"), max, _recompiles, counter="recompiles",
+        ),
+        BudgetKind(
+            "max_graph_breaks", max_graph_breaks, "compiles", _named("graph_breaks"), max, _graph_breaks,
+            counter="graph_breaks",
+        ),
         BudgetKind(
             "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, statistics.median, _idle,
             unmeasured="the region launched no GPU work",
@@ -363,7 +425,10 @@ def _unmeasured(budget: Budget, measurement: Measurement) -> str | None:
     """Why the budget's signal is missing from the measurement, if it is."""
     if measurement.unmeasured is not None:
         return measurement.unmeasured
-    if budget.signal != "syncs" and not measurement.on_device:
+    counter = budget.kind.counter
+    if counter is not None and (why := measurement.uncounted(counter)) is not None:
+        return why
+    if budget.signal not in ("syncs", "ops", "compiles") and not measurement.on_device:
         return f"needs CUDA; ran on {measurement.device}"
     if budget.signal == "timeline" and not measurement.timelines:
         return "no GPU timeline was recorded"

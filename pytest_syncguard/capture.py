@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from .analysis import gaps, snapshot, trace_file
+from .analysis.counts import RegionCounts
+from .analysis.device_work import device_work
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets
@@ -168,7 +170,8 @@ class CallCapture:
         return result
 
     def with_timelines(self, measurement: Measurement) -> Measurement:
-        """The measurement with the GPU timeline of each of its regions, from the recorded trace."""
+        """The measurement with the GPU timeline of each of its regions and the device work each launched, from
+        the recorded trace."""
         if not self.trace_files:
             return measurement
         trace = trace_file.load(self.trace_files[0])
@@ -178,7 +181,11 @@ class CallCapture:
             gaps.analyze(trace, window=windows[n], warmup_steps=warmup_steps) if n in windows else None
             for n in measurement.region_numbers
         )
-        return replace(measurement, timelines=timelines)
+        counts = dict(measurement.region_counts)
+        for n in measurement.region_numbers:
+            if n in windows:
+                counts[n] = counts.get(n, RegionCounts()).merged(device_work(trace, windows[n]))
+        return replace(measurement, timelines=timelines, region_counts=counts)
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""

@@ -127,9 +127,12 @@ def compare(
         return Comparison(device, file, "new", (), tolerance, fingerprint, drift)
     changes = []
     for name in sorted(set(entry) | set(metrics.values)):
-        if metric(name) is None:
+        spec = metric(name)
+        if spec is None:
             continue
         old, new = entry.get(name), metrics.get(name)
+        if spec.quiet_when_zero:  # absent means none (a loop that compiled nothing)
+            old, new = old or 0.0, new or 0.0
         if old is None or new is None:
             status = "new" if old is None else "missing"
         else:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import torch
 
+from .analysis.counts import RegionCounts, top_over, total
 from .analysis.gaps import Timeline
 from .analysis.memory import MemoryStats
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
-from .probes.memory import region_memory
+from .probes import compiles, ops
+from .probes.memory import driver_calls, region_memory
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE
@@ -63,6 +65,30 @@ class Measurement:
     """Per region that finished normally: its tokens and wall time (on CUDA, between device syncs)."""
     unmeasured: str | None = None
     """Why none of its numbers can be trusted (a region on a device this machine lacks), if so."""
+    region_counts: Mapping[int, RegionCounts] = field(default_factory=dict)
+    """Per region number: its exact counters (operators, compilations, launches, ...)."""
+    count_parts: tuple[tuple[int, ...], ...] = ()
+    """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
+    which the largest counts."""
+
+    def count(self, name: str) -> int | None:
+        """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
+        return total(self._count_runs(), name)
+
+    def count_top(self, name: str) -> tuple[tuple[str, int], ...]:
+        """The largest contributors to a counter: operators, kernels, recompile reasons, graph breaks."""
+        return top_over(self._count_runs(), name)
+
+    def uncounted(self, name: str) -> str | None:
+        """Why a region of the measurement has no value of a counter its probe was asked for, if one has none."""
+        return next((c.unmeasured[name] for c in self.region_counts.values() if name in c.unmeasured), None)
+
+    def _count_runs(self) -> list[list[RegionCounts]]:
+        return [[self.region_counts[n] for n in runs if n in self.region_counts] for runs in self.count_parts]
+
+    def per_token(self, name: str) -> float | None:
+        value = self.count(name)
+        return value / self.tokens if value is not None and self.tokens else None
 
     @property
     def regions(self) -> int:
@@ -133,6 +159,8 @@ class Measurement:
             memory=tuple(s for m in measurements for s in m.memory),
             timings=tuple(t for m in measurements for t in m.timings),
             unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
+            region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
+            count_parts=tuple(p for m in measurements for p in m.count_parts),
         )
 
 
@@ -156,9 +184,12 @@ class GenerationRegion:
     measurement: Measurement | None = None
     forward_calls: int = 0
     track_memory: bool = False
+    count_ops: bool = True
+    """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
+    _counts: list[RegionCounts] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +220,12 @@ class GenerationRegion:
     def by_kind(self) -> dict[str, int]:
         return self._measured().by_kind()
 
+    def count(self, name: str) -> int | None:
+        """One of the region's exact counters (``ops``, ``recompiles``, ...; see :data:`.analysis.counts.COUNTERS`);
+        None where it was not measured. Launches, copies and memsets are there after the test's call, from its
+        timeline."""
+        return self._measured().count(name)
+
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.forward_calls += 1
 
@@ -206,9 +243,15 @@ class GenerationRegion:
                     if TIMELINE.active:
                         for handle in TIMELINE.step_hooks(self.model):
                             stack.callback(handle.remove)
-                if self.track_memory and self.device != "cpu" and torch.cuda.is_available():
+                cuda = self.device != "cpu" and torch.cuda.is_available()
+                if self.track_memory and cuda:
                     stack.enter_context(region_memory(self._memory))
                 stack.enter_context(PROBE.recording(self._recorder))
+                if cuda:
+                    stack.enter_context(driver_calls(self._counts))
+                stack.enter_context(compiles.counting(self._counts))
+                if self.count_ops:  # innermost: the probes' own work is not counted
+                    stack.enter_context(ops.counting(self._counts))
                 yield self
             seconds = self._clock() - start
         finally:
@@ -240,6 +283,9 @@ class GenerationRegion:
                 f"the region computes on {self.device!r} (@pytest.mark.syncguard(device=...)) but CUDA is not "
                 "available: its host tensors cannot stand for device tensors"
             )
+        counts = RegionCounts()
+        for found in self._counts:
+            counts = counts.merged(found)
         return Measurement(
             self.device,
             tokens,
@@ -248,6 +294,8 @@ class GenerationRegion:
             memory=tuple(self._memory),
             timings=() if seconds is None else (RegionTiming(tokens, seconds),),
             unmeasured=unmeasured,
+            region_counts={self.number: counts},
+            count_parts=((self.number,),),
         )
 
 
@@ -297,9 +345,16 @@ class SyncGuard:
         A region inside another one is measured on its own (its object holds its numbers) and is part of the
         outer one: only outermost regions make the test's measurement, so nothing is counted twice.
         """
+        with self._region(tokens, model, count_ops=True) as region:
+            yield region
+
+    @contextmanager
+    def _region(
+        self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool
+    ) -> Iterator[GenerationRegion]:
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         device = (_device_of(model) if model is not None else None) or self.default_device()
-        region = GenerationRegion(tokens, device, model, track_memory=self.track_memory)
+        region = GenerationRegion(tokens, device, model, track_memory=self.track_memory, count_ops=count_ops)
         outermost = not self._open
         self._open.append(region)
         try:
@@ -324,7 +379,12 @@ class SyncGuard:
         repeat: int = 3,
         model: torch.nn.Module | None = None,
     ) -> Measurement:
-        """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times measured; keep the worst run.
+        """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times measured; keep the worst run (the most
+        syncs; of each counter, the largest count).
+
+        With ``repeat`` >= 2 one more measured run comes first, the only one that counts operators: counting them
+        slows a dispatch-bound loop by a few percent, so timings and GPU timelines (medians over runs) are the
+        other ``repeat`` runs'.
 
         Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
         whose count varies fail on its worst run rather than pass on its best.
@@ -338,20 +398,26 @@ class SyncGuard:
             fn()
         outermost = not self._open
         runs: list[Measurement] = []
-        for _ in range(repeat):
-            with self.generation(tokens=tokens, model=model) as region:
+        counting_run = repeat > 1
+        for run in range(repeat + counting_run):
+            with self._region(tokens, model, count_ops=run == 0) as region:
                 fn()
             assert region.measurement is not None
             runs.append(region.measurement)
             if outermost:
                 self.measurements.pop()
-        # The timeline and memory of every run are kept: noisy metrics are judged on their median.
+        # The timeline and timing of every timed run are kept, the memory of every run: noisy metrics are judged
+        # on their median.
         worst = max(runs, key=lambda m: m.syncs)
+        timed = runs[counting_run:]
         worst = replace(
             worst,
-            region_numbers=tuple(n for m in runs for n in m.region_numbers),
+            region_numbers=tuple(n for m in timed for n in m.region_numbers),
             memory=tuple(s for m in runs for s in m.memory),
-            timings=tuple(t for m in runs for t in m.timings),
+            timings=tuple(t for m in timed for t in m.timings),
+            # Counters: of the repeats, the largest count of each (see analysis.counts.total).
+            region_counts={n: c for m in runs for n, c in m.region_counts.items()},
+            count_parts=(tuple(n for m in runs for n in m.region_numbers),),
         )
         if outermost:
             self.measurements.append(worst)

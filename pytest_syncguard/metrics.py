@@ -1,8 +1,9 @@
 """The metrics a test's measurement yields: how each is read from the measured regions, how it is compared
 with a baseline and how it is shown. The one table of them is :data:`METRICS`.
 
-Counts (syncs) are deterministic and compared exactly; the rest are noisy: each measured run (region) gives
-one value, and a test's metric is their median, with the number of runs beside it.
+Counts (syncs and the counters of :mod:`.analysis.counts`) are deterministic and compared exactly; the rest are
+noisy: each measured run (region) gives one value, and a test's metric is their median, with the number of runs
+beside it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
+
+from .analysis.counts import COUNTERS
 
 if TYPE_CHECKING:
     from .guard import Measurement
@@ -31,6 +34,8 @@ class Metric:
     """Noisy metrics: changes smaller than this (in ``unit``) are never reported, whatever the tolerance."""
     runs: Callable[[Measurement], list[float]]
     """Its value in each measured run of a measurement (empty when not measured)."""
+    quiet_when_zero: bool = False
+    """Counted metrics only: left out of a test's metrics when 0 and no budget reads it; absent compares as 0."""
 
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
@@ -57,6 +62,30 @@ _GAP_METRIC = re.compile(r"^(max|mean|p\d+(?:\.\d+)?)_gap_us$")
 def gap_metric_name(stat: str) -> str:
     """The metric of an idle-gap statistic: ``p99`` -> ``p99_gap_us``."""
     return f"{stat}_gap_us"
+
+
+def _counted(name: str) -> Callable[[Measurement], list[float]]:
+    return lambda m: [] if (value := m.count(name)) is None else [float(value)]
+
+
+def _counted_per_token(name: str) -> Callable[[Measurement], list[float]]:
+    return lambda m: [] if (value := m.per_token(name)) is None else [value]
+
+
+#: Counters also given per token (decode step), the unit their budgets use.
+PER_TOKEN_COUNTERS = ("ops", "launches")
+
+
+def _counter_metrics() -> list[Metric]:
+    metrics = []
+    for spec in COUNTERS.values():
+        unit = "B" if spec.name.startswith("copy_bytes") else ""
+        metrics.append(Metric(spec.name, unit, counted=True, higher_is_better=False, floor=0.0,
+                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero))  # fmt: skip
+        if spec.name in PER_TOKEN_COUNTERS:
+            metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
+                                  runs=_counted_per_token(spec.name)))  # fmt: skip
+    return metrics
 
 
 @cache
@@ -88,6 +117,7 @@ METRICS: dict[str, Metric] = {
             runs=lambda m: [t.seconds for t in m.timings],
         ),
         Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates),
+        *_counter_metrics(),
     )
 }  # fmt: skip
 
@@ -135,6 +165,8 @@ class Metrics:
             if spec is None:
                 continue
             per_run = spec.runs(measurement)
+            if spec.quiet_when_zero and not any(per_run) and name not in extra:
+                continue
             if per_run:
                 values[name] = rounded(statistics.median(per_run))
                 runs[name] = len(per_run)

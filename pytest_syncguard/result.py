@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .analysis.counts import ITEMIZED, Items
 from .analysis.gaps import TimelineSummary
 from .analysis.memory import MemoryStats
 from .analysis.sites import Frame, SyncSite
@@ -75,6 +76,8 @@ class MeasuredTest:
     compile_sites: tuple[SiteRecord, ...] = ()
     outcome: str | None = None
     """"failed" or "skipped" when the test's call raised: its numbers are partial, never compared or recorded."""
+    counted_top: Mapping[str, Items] = field(default_factory=dict)
+    """The largest contributors to the itemized counters (operators, kernels, recompile reasons, graph breaks)."""
     timeline: TimelineSummary | None = None
     """The region whose max gap is nearest the median: the example the failure text shows."""
     memory: tuple[MemoryStats, ...] = ()
@@ -145,6 +148,7 @@ class MeasuredTest:
             more_syncs=sum(s.count for s in rest),
             compile_syncs=measurement.compile_syncs,
             compile_sites=tuple(map(SiteRecord.of, measurement.sites(compiling=True)[:TOP_SITES])),
+            counted_top={name: top for name in ITEMIZED if (top := measurement.count_top(name))},
             timeline=timeline,
             memory=measurement.memory,
             error=error,
@@ -161,7 +165,8 @@ class MeasuredTest:
             "sites": [vars(s) | {"stack": list(s.stack)} for s in self.sites], "more_sites": self.more_sites,
             "more_syncs": self.more_syncs, "compile_syncs": self.compile_syncs,
             "compile_sites": [vars(s) | {"stack": list(s.stack)} for s in self.compile_sites],
-            "outcome": self.outcome, "timeline": self.timeline.to_dict() if self.timeline else None,
+            "outcome": self.outcome, "counted_top": {k: [list(i) for i in v] for k, v in self.counted_top.items()},
+            "timeline": self.timeline.to_dict() if self.timeline else None,
             "memory": [m.to_dict() for m in self.memory],
             "allocation_sites": [vars(s) for s in self.allocation_sites],
             "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
@@ -186,6 +191,7 @@ class MeasuredTest:
             compile_syncs=data["compile_syncs"],
             compile_sites=tuple(map(SiteRecord.from_dict, data["compile_sites"])),
             outcome=data["outcome"],
+            counted_top={k: tuple((str(label), int(n)) for label, n in v) for k, v in data["counted_top"].items()},
             timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
             memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
             allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),

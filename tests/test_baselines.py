@@ -214,7 +214,7 @@ def test_cpu_timings_are_recorded_but_never_compared_across_machines(pytester: p
     results = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
     default = {c["metric"]: c["status"] for c in results["test_default"]["baseline"]["changes"]}
     assert default == {"seconds": "not compared", "tokens_per_second": "not compared", "syncs": "unchanged",
-                       "syncs_per_token": "unchanged"}  # fmt: skip
+                       "syncs_per_token": "unchanged", "ops": "unchanged", "ops_per_token": "unchanged"}  # fmt: skip
     assert results["test_default"]["samples"]["seconds"] == 3  # the median of the three measured runs
     assert results["test_one_run"]["samples"]["seconds"] == 1
     assert results["test_lenient"]["baseline"]["tolerance"] == 1e9  # the marker's own tolerance

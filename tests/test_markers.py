@@ -283,7 +283,7 @@ def test_unmeasured():
     result.stdout.fnmatch_lines(
         [
             "*= syncguard summary =*",
-            "test * device  tokens  syncs  syncs/token  median ms  tokens/s  budget * baseline  verdict",
+            "test * device  tokens  syncs  syncs/token  ops/token  median ms  tokens/s  budget * baseline  verdict",
             "*::test_a  cpu  * 4  * 4  * 1.00  * max_syncs_per_token<=1  new * PASS",
             "*::test_b  cpu  * 2  * 6  * 3.00  * -  * new * MEASURED",
             "cpu rows count scalar reads and data-dependent shapes*",

@@ -131,15 +131,16 @@ def test_nested(syncguard):
         with syncguard.generation(tokens=2) as inner:
             reads(2)
         syncguard.measure(lambda: reads(1), tokens=1, repeat=2, warmup=0)
-    assert (outer.syncs, outer.tokens, inner.syncs, inner.tokens) == (6, 4, 2, 2)
-    assert (len(syncguard.measurements), syncguard.last.syncs) == (1, 6)
+    assert (outer.syncs, outer.tokens, inner.syncs, inner.tokens) == (7, 4, 2, 2)
+    assert (len(syncguard.measurements), syncguard.last.syncs) == (1, 7)
 """
     )
     result = pytester.runpytest("--syncguard")
     result.assert_outcomes(failed=1)
-    # 6 real syncs over 4 tokens: before, the inner region and the measure() runs were added again (6 + 2 + 1).
+    # 7 real syncs over 4 tokens (measure(repeat=2) runs three times: its operator-counting run, then two timed
+    # runs): before, the inner region and the measure() runs were added again.
     result.stdout.fnmatch_lines(
-        ["*limit 1.00 per token, measured 1.50: 6 syncs over 4 tokens", "*max_syncs: limit 4, measured 6 syncs*"]
+        ["*limit 1.00 per token, measured 1.75: 7 syncs over 4 tokens", "*max_syncs: limit 4, measured 7 syncs*"]
     )
 
 

@@ -35,6 +35,26 @@ RANGE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 BLOCKING_CALLS = frozenset(
     {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D"}
 )
+#: Host calls that launch one kernel (runtime and driver API; Triton launches through the driver).
+KERNEL_LAUNCHES = frozenset(
+    {
+        "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+    }
+)  # fmt: skip
+#: Operator-scope ranges that compiled code opens only while a profiler records (dynamo, AOTAutograd and
+#: inductor check ``_is_profiler_enabled`` first): a trace has them, an unprofiled run does not.
+_PROFILER_ONLY = frozenset({"Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue"})
+_PROFILER_ONLY_PREFIXES = ("## Call CompiledFxGraph ",)
+
+
+def profiler_only(name: str) -> bool:
+    """Whether a ``cpu_op`` range of this name exists only in a profiled run (see :data:`_PROFILER_ONLY`)."""
+    return name in _PROFILER_ONLY or name.startswith(_PROFILER_ONLY_PREFIXES)
+
+
+#: Host calls that launch a captured CUDA graph.
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 
 
 @contextmanager
@@ -64,6 +84,8 @@ class GpuOp(NamedTuple):
     name: str
     category: str
     correlation: int | None
+    bytes: int = 0
+    """What a memcpy or memset wrote (0 for a kernel)."""
 
 
 class HostCall(NamedTuple):
@@ -139,8 +161,10 @@ def from_events(events: Iterable[Any]) -> Trace:
         if kind == 0:
             stream = args.get("stream", event.get("tid", 0))
             correlation = args.get("correlation")
+            size = args.get("bytes", 0)
             gpu.append(GpuOp(start, start + duration, stream if type(stream) is int else -1, name, category,
-                             correlation if type(correlation) is int else None))  # fmt: skip
+                             correlation if type(correlation) is int else None,
+                             size if type(size) is int and size >= 0 else 0))  # fmt: skip
             continue
         tid = event.get("tid", 0)
         tid = tid if type(tid) is int else hash(tid)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.counts import RegionCounts, difference
 from ..analysis.memory import MemoryStats, expandable_segments_on, region_stats
 
 HISTORY_ENTRIES = 100_000
@@ -39,6 +40,29 @@ def region_memory(collected: list[MemoryStats]) -> Iterator[None]:
             used = after.get("allocation.all.allocated", 0) != before[d].get("allocation.all.allocated", 0)
             if used or d == current:
                 collected.append(region_stats(d, before[d], after, expandable_segments=expandable))
+
+
+#: The allocator's own counts of its driver calls, as the region counters name them.
+_DRIVER_CALLS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free"}
+
+
+def _driver_calls() -> dict[str, int]:
+    totals = dict.fromkeys(_DRIVER_CALLS, 0)
+    for device in range(torch.cuda.device_count()):
+        stats = torch.cuda.memory_stats(device)
+        for name, key in _DRIVER_CALLS.items():
+            totals[name] += int(stats.get(key, 0))
+    return totals
+
+
+@contextmanager
+def driver_calls(found: list[RegionCounts]) -> Iterator[None]:
+    """Append to ``found`` how many cudaMalloc and cudaFree calls the caching allocator made during the block, on
+    every visible device."""
+    before = _driver_calls()
+    yield
+    grown = difference(_driver_calls(), before)
+    found.append(RegionCounts({name: grown.get(name, 0) for name in _DRIVER_CALLS}))
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ..analysis.counts import ITEMIZED
 from ..analysis.gaps import TimelineSummary
 from ..analysis.memory import MemoryStats
 from ..analysis.snapshot import AllocationSite
@@ -28,6 +29,7 @@ def failure_text(result: MeasuredTest) -> str:
         lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
     if "syncs" in signals or not broken:
         lines.extend(site_lines(result))
+    lines.extend(count_lines(result, [c.budget.kind.counter for c in broken if c.budget.kind.counter]))
     if result.timeline is not None and "timeline" in signals:
         lines.extend(timeline_lines(result))
     if result.memory and "memory" in signals:
@@ -35,6 +37,20 @@ def failure_text(result: MeasuredTest) -> str:
         lines.extend(allocation_site_lines(result.allocation_sites))
     lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
     return "\n".join(lines)
+
+
+def count_lines(result: MeasuredTest, counters: Iterable[str]) -> list[str]:
+    """The largest contributors to each of ``counters`` that the result itemizes."""
+    lines: list[str] = []
+    for name in dict.fromkeys(counters):
+        top = result.counted_top.get(name)
+        if name not in ITEMIZED or not top:
+            continue
+        value = result.metrics.get(name)
+        of = "" if value is None else f" of {value:g}"
+        lines.append(f"largest {ITEMIZED[name]} ({name}{of}, most first):")
+        lines.extend(f"  {count:>7} x {label}" for label, count in top)
+    return lines
 
 
 def timeline_lines(result: MeasuredTest) -> list[str]:
@@ -125,13 +141,26 @@ def _metric(result: MeasuredTest, name: str, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+#: The exact counters the summary shows, where any test measured them (every counter is in the JSON results).
+_COUNTER_COLUMNS = (
+    ("ops_per_token", "ops/token"),
+    ("launches_per_token", "launches/token"),
+    ("graph_launches", "graph launches"),
+    ("recompiles", "recompiles"),
+    ("graph_breaks", "graph breaks"),
+)
+
+
 def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
-    """The summary table: test, device, tokens, syncs, syncs per token, budget, verdict."""
+    """The summary table: test, device, tokens, syncs, syncs per token, the exact counters measured, timings,
+    GPU timeline and memory where measured, budget, verdict."""
     results = list(results)
     timeline = any("max_gap_us" in r.metrics for r in results)
     memory = any("fragmentation" in r.metrics for r in results)
     timed = any("seconds" in r.metrics for r in results)
+    counters = [(name, title) for name, title in _COUNTER_COLUMNS if any(name in r.metrics for r in results)]
     header: tuple[str, ...] = ("test", "device", "tokens", "syncs", "syncs/token")
+    header += tuple(title for _, title in counters)
     header += ("median ms", "tokens/s") if timed else ()
     header += ("max gap us", "p99 gap us", "busy") if timeline else ()
     header += ("fragmentation", "reserved MiB") if memory else ()
@@ -146,6 +175,7 @@ def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
             str(r.syncs),
             _fmt(r.syncs_per_token),
         )
+        row += tuple(_metric(r, name, 1 if name.endswith("per_token") else 0) for name, _ in counters)
         if timed:
             seconds, rate = r.metrics.get("seconds"), r.metrics.get("tokens_per_second")
             row += ("-" if seconds is None else f"{seconds * 1e3:.1f}", "-" if rate is None else f"{rate:.0f}")

@@ -1,11 +1,11 @@
-"""The native kernels for scalar reads and copies (``kernels.cpp``): built once per machine and torch version,
-loaded once per process.
+"""The native extension: kernels for scalar reads and copies (``kernels.cpp``) and the operator counter
+(``ops.cpp``), built once per machine and torch version, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
 ``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache
-afterwards. Where it cannot be built the probe falls back to its Python kernels, which count the same syncs
-more slowly, and says why in :data:`NATIVE`. ``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a
-failed build an error.
+afterwards. Where it cannot be built the sync probe falls back to its Python kernels, which count the same syncs
+more slowly, operators are not counted, and :data:`NATIVE` says why. ``SYNCGUARD_NATIVE=0`` skips it;
+``SYNCGUARD_NATIVE=1`` makes a failed build an error.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 ENVIRONMENT = "SYNCGUARD_NATIVE"
-SOURCE = Path(__file__).with_name("kernels.cpp")
+SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp"))
 
 
 class NativeKernelError(RuntimeError):
@@ -77,7 +77,7 @@ def _build() -> ModuleType:
     # One build per torch version: the kernel links against torch's C++ ABI.
     version = re.sub(r"\W", "_", torch.__version__)
     module: ModuleType = load(
-        name=f"syncguard_kernels_{version}", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
+        name=f"syncguard_kernels_{version}", sources=list(SOURCES), extra_cflags=["-O2"], verbose=False
     )
     return module
 

@@ -14,6 +14,7 @@
 #error "syncguard's native kernel needs Python 3.11 or newer (PyFrame_GetLasti)"
 #endif
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/copy_ops.h>
 #include <pybind11/pybind11.h>
@@ -313,8 +314,10 @@ Wait copy_wait(const at::Tensor& self, const at::Tensor& src, bool non_blocking)
   if (!non_blocking) {
     return BLOCKING_COPY;
   }
+  // What Tensor::is_pinned() answers, without dispatching aten::is_pinned: the probe adds no operator to those
+  // it counts.
   const at::Tensor& host = self.is_cpu() ? self : src;
-  return host.is_pinned() ? NONE : PAGEABLE_COPY;
+  return at::globalContext().isPinnedPtr(host.storage().data()) ? NONE : PAGEABLE_COPY;
 }
 
 at::Tensor& copy(c10::DispatchKeySet keys, at::Tensor& self, const at::Tensor& src, bool non_blocking) {
@@ -408,8 +411,11 @@ void uninstall() {
 
 }  // namespace
 
+void bind_op_counter(py::module_& m);  // ops.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_";
+  m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_, and its operator counter";
+  bind_op_counter(m);
   m.def("install", &install, "Register the kernels (copy_ with copies=True); they queue the calls that count");
   m.def("uninstall", &uninstall, "Remove the kernels and drop the probe's objects (the queue is kept)");
   m.def("drain", &drain, "Take the queued calls: (wait, code or None, lasti, allowed, compiling, stack above or None)");

@@ -1,0 +1,125 @@
+"""Exact counters of host overhead in a region: what each one counts and where it comes from (:data:`COUNTERS`),
+and one region's counts with the largest contributors to each (pure data, no torch).
+
+Counts are the same run to run and machine to machine for the same code and software, so they are compared
+exactly, like syncs. Where a counter comes from decides where it is measured:
+
+- ``ops``: the native operator counter (a RecordFunction callback, the events torch.profiler calls ``cpu_op``);
+  CPU and CUDA, no timeline capture;
+- ``frames_compiled``, ``recompiles``, ``graph_breaks``: torch.compile's own records (dynamo's counters and
+  compilation metrics); CPU and CUDA, no capture;
+- ``device_mallocs``, ``device_frees``: the CUDA caching allocator's own counts of cudaMalloc/cudaFree; CUDA, no
+  capture;
+- launches, copies and memsets: the CUDA activity of the timeline capture; only where it runs (a test with a
+  timeline or launch budget, on CUDA).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: How many of the largest contributors a region keeps per counter (operators, kernels, reasons).
+TOP = 8
+
+
+@dataclass(frozen=True)
+class CounterSpec:
+    name: str
+    description: str
+    source: str
+    """``ops``, ``compiles``, ``allocator`` or ``timeline``: the probe that counts it."""
+    quiet_when_zero: bool = False
+    """Left out of a test's metrics when 0 and no budget reads it (torch.compile's counters: a loop that does
+    not compile has none); an absent value compares as 0 against a baseline."""
+
+
+COUNTERS: dict[str, CounterSpec] = {
+    spec.name: spec
+    for spec in (
+        CounterSpec("ops", "operators dispatched (aten and other dispatcher ops, nested calls included)", "ops"),
+        CounterSpec("launches", "kernel launches, a CUDA graph launch counted as one", "timeline"),
+        CounterSpec("graph_launches", "CUDA graph launches", "timeline"),
+        CounterSpec("graph_kernels", "kernels run by CUDA graph launches", "timeline"),
+        CounterSpec("copies_h2d", "host-to-device copies", "timeline"),
+        CounterSpec("copy_bytes_h2d", "bytes copied host to device", "timeline"),
+        CounterSpec("copies_d2h", "device-to-host copies", "timeline"),
+        CounterSpec("copy_bytes_d2h", "bytes copied device to host", "timeline"),
+        CounterSpec("copies_d2d", "device-to-device copies", "timeline"),
+        CounterSpec("copy_bytes_d2d", "bytes copied device to device", "timeline"),
+        CounterSpec("memsets", "memsets", "timeline"),
+        CounterSpec("device_mallocs", "cudaMalloc calls of the caching allocator", "allocator"),
+        CounterSpec("device_frees", "cudaFree calls of the caching allocator", "allocator"),
+        CounterSpec("frames_compiled", "frames torch.compile compiled", "compiles", quiet_when_zero=True),
+        CounterSpec("recompiles", "recompilations of an already compiled frame", "compiles", quiet_when_zero=True),
+        CounterSpec("graph_breaks", "graph breaks taken while compiling", "compiles", quiet_when_zero=True),
+    )
+}
+#: The counters whose largest contributors a region keeps, and what those are.
+ITEMIZED = {
+    "ops": "operators",
+    "launches": "kernels",
+    "recompiles": "recompile reasons",
+    "graph_breaks": "graph breaks",
+}
+
+Items = tuple[tuple[str, int], ...]
+
+
+def top_items(counts: Mapping[str, int], limit: int = TOP) -> Items:
+    """The ``limit`` largest nonzero entries, largest first (ties by name, so the order is stable)."""
+    ranked = sorted(((name, n) for name, n in counts.items() if n > 0), key=lambda item: (-item[1], item[0]))
+    return tuple(ranked[:limit])
+
+
+@dataclass(frozen=True)
+class RegionCounts:
+    """One measured region's counters (only those its probes measured) and the largest contributors to the
+    itemized ones."""
+
+    values: Mapping[str, int] = field(default_factory=dict)
+    top: Mapping[str, Items] = field(default_factory=dict)
+    unmeasured: Mapping[str, str] = field(default_factory=dict)
+    """Counters that could not be counted in this region, and why (e.g. compile records dynamo dropped)."""
+
+    def merged(self, other: RegionCounts) -> RegionCounts:
+        """These counts with another probe's (disjoint counters) of the same region."""
+        return RegionCounts(
+            {**self.values, **other.values}, {**self.top, **other.top}, {**self.unmeasured, **other.unmeasured}
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "values": dict(self.values),
+            "top": {name: [list(item) for item in items] for name, items in self.top.items()},
+            "unmeasured": dict(self.unmeasured),
+        }
+
+
+def total(parts: Sequence[Sequence[RegionCounts]], name: str) -> int | None:
+    """A counter over a test's regions: the parts add up, and of the runs of one part (``measure(repeat=...)``)
+    the largest counts. None when no region measured it, or one could not."""
+    if any(name in run.unmeasured for runs in parts for run in runs):
+        return None
+    values = [[run.values[name] for run in runs if name in run.values] for runs in parts]
+    if not any(values):
+        return None
+    return sum(max(found) for found in values if found)
+
+
+def top_over(parts: Sequence[Sequence[RegionCounts]], name: str, limit: int = TOP) -> Items:
+    """The largest contributors to a counter over a test's regions: per part, those of its run with the largest
+    count, added up."""
+    summed: Counter[str] = Counter()
+    for runs in parts:
+        measured = [run for run in runs if name in run.values]
+        if measured:
+            summed.update(dict(max(measured, key=lambda run: run.values[name]).top.get(name, ())))
+    return top_items(summed, limit)
+
+
+def difference(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Counts that grew between two readings of ever-growing counters, by how much."""
+    return {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}

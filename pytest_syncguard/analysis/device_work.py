@@ -1,0 +1,63 @@
+"""Exact counts of the device work a region launched, from the CUDA activity of a profiler trace: kernel and
+CUDA graph launches (with the kernels the graphs ran), copies each way with their bytes, memsets (pure
+functions, no torch).
+
+The host side decides what belongs to a region: a launch counts when its runtime call started inside the
+region's window, and device work when the call that launched it (matched by correlation id) did.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .counts import RegionCounts, top_items
+from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
+
+#: Copy direction from the name the profiler gives a memcpy ("Memcpy HtoD (Pageable -> Device)").
+_DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d"}
+GRAPH_LAUNCH_ITEM = "(CUDA graph launch)"
+
+
+def _direction(name: str) -> str | None:
+    parts = name.split()
+    return _DIRECTIONS.get(parts[1]) if len(parts) > 1 and parts[0] == "Memcpy" else None
+
+
+def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
+    """The launches, copies and memsets of the calls the host made inside ``window`` (host time, us)."""
+    start, end = window
+    inside: dict[int, HostCall] = {}
+    launches = graph_launches = 0
+    for call in trace.host_calls:
+        if not start <= call.start <= end:
+            continue
+        if call.correlation is not None:
+            inside[call.correlation] = call
+        if call.name in KERNEL_LAUNCHES:
+            launches += 1
+        elif call.name in GRAPH_LAUNCHES:
+            graph_launches += 1
+    kernels: Counter[str] = Counter()
+    values = dict.fromkeys(
+        ("graph_kernels", "copies_h2d", "copy_bytes_h2d", "copies_d2h", "copy_bytes_d2h", "copies_d2d",
+         "copy_bytes_d2d", "memsets"),
+        0,
+    )  # fmt: skip
+    for op in trace.gpu_ops:
+        launch = inside.get(op.correlation) if op.correlation is not None else None
+        if launch is None:
+            continue
+        if op.category == "kernel":
+            if launch.name in GRAPH_LAUNCHES:
+                values["graph_kernels"] += 1
+            else:
+                kernels[op.name] += 1
+        elif op.category == "gpu_memset":
+            values["memsets"] += 1
+        elif (direction := _direction(op.name)) is not None:
+            values[f"copies_{direction}"] += 1
+            values[f"copy_bytes_{direction}"] += op.bytes
+    if graph_launches:
+        kernels[GRAPH_LAUNCH_ITEM] = graph_launches
+    values.update(launches=launches + graph_launches, graph_launches=graph_launches)
+    return RegionCounts(values, {"launches": top_items(kernels)})

@@ -1,0 +1,94 @@
+"""On CUDA, every exact counter of every strategy equals an independent count of the same code: a second run
+under torch.profiler with no plugin in it, read as raw trace events (operators, runtime launch calls, kernels,
+copies with their bytes, memsets, cudaMalloc/cudaFree)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pytest_syncguard import SyncGuard
+from pytest_syncguard.analysis.trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, profiler_only
+from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.guard import Measurement
+
+transformers = pytest.importorskip("transformers")
+from examples import models  # noqa: E402
+from examples.strategies import STRATEGIES  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d"}
+
+
+def truth(run: Any, tmp_path: Path) -> dict[str, int]:
+    """The counters of one unmeasured run, from the raw events of its profiler trace."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    path = tmp_path / "truth.trace.json"
+    prof.export_chrome_trace(str(path))
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    calls = Counter(e["name"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    counts = {
+        "ops": sum(1 for e in events if e.get("cat") == "cpu_op" and not profiler_only(e["name"])),
+        "launches": sum(calls[n] for n in KERNEL_LAUNCHES | GRAPH_LAUNCHES),
+        "graph_launches": sum(calls[n] for n in GRAPH_LAUNCHES),
+        "kernels": sum(1 for e in events if e.get("cat") == "kernel"),
+        "memsets": sum(1 for e in events if e.get("cat") == "gpu_memset"),
+        "device_mallocs": calls["cudaMalloc"],
+        "device_frees": calls["cudaFree"],
+    }
+    for short, name in DIRECTIONS.items():
+        copies = [e for e in events if e.get("cat") == "gpu_memcpy" and e["name"].split()[1:2] == [short]]
+        counts[f"copies_{name}"] = len(copies)
+        counts[f"copy_bytes_{name}"] = sum(e["args"]["bytes"] for e in copies)
+    return counts
+
+
+def measured(run: Any) -> Measurement:
+    """The plugin's counters of one run, its timeline captured the way a launch budget captures it."""
+    from pytest_syncguard.budgets import Budget, GuardOptions
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    guard = SyncGuard("counters", device="cuda")
+    capture = CallCapture.of("counters", guard, [Budget("max_launches_per_token", 1e9)], GuardOptions())
+    assert capture.timeline
+    with capture.recording(), guard.generation(tokens=8):
+        run()
+    try:
+        return capture.with_timelines(Measurement.combine(guard.measurements))
+    finally:
+        capture.keep(None, failed=False)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_counter_equals_the_profilers_raw_events(name: str, tmp_path: Path) -> None:
+    model = models.gpt2("cuda", tiny=True)
+    prompt = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(3)).cuda()
+
+    def run() -> object:
+        return STRATEGIES[name](model, prompt, 8, 512)
+
+    run()
+    run()  # compiled, captured and warmed
+    guard = SyncGuard("uncaptured", device="cuda")
+    with guard.generation(tokens=8) as plain:
+        run()
+    counted = measured(run)
+    assert plain.count("ops") == counted.count("ops")  # the plugin's own capture adds no operator
+    expected = truth(run, tmp_path)
+    got = {n: counted.count(n) for n in expected if n != "kernels"}
+    assert got == {n: v for n, v in expected.items() if n != "kernels"}, name
+    launched = (counted.count("launches") or 0) - (counted.count("graph_launches") or 0)
+    assert launched + (counted.count("graph_kernels") or 0) == expected["kernels"]
+    assert counted.count("recompiles") == 0 and counted.count("frames_compiled") == 0
+    print(name, {n: counted.count(n) for n in (*expected, "graph_kernels")})
