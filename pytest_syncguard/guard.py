@@ -222,8 +222,8 @@ class GenerationRegion:
 
     def count(self, name: str) -> int | None:
         """One of the region's exact counters (``ops``, ``recompiles``, ...; see :data:`.analysis.counts.COUNTERS`);
-        None where it was not measured. Launches, copies and memsets are there after the test's call, from its
-        timeline."""
+        None where it was not measured. Launches, copies and memsets come from the test's timeline after its call:
+        they are in the test's results, not here."""
         return self._measured().count(name)
 
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:

@@ -130,6 +130,50 @@ def test_counted(syncguard):
     result.stdout.fnmatch_lines(["*max_ops_per_token<=1000*NOT MEASURED*"])
 
 
+@needs_native
+def test_a_failing_counter_budget_lists_the_largest_operators_and_recompile_reasons(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+@pytest.mark.max_ops_per_token(2)
+def test_ops(syncguard):
+    x = torch.ones(3)
+    with syncguard.generation(tokens=2):
+        for _ in range(2):
+            x = x.sin().cos()
+            x = x.sin()
+
+def shaped(x):
+    return x * 2
+
+@pytest.mark.max_recompiles(0)
+def test_recompiles(syncguard):
+    compiled = torch.compile(shaped, backend="eager", dynamic=False)
+    compiled(torch.ones(2))
+    with syncguard.generation(tokens=1):
+        compiled(torch.ones(3))
+"""
+    )
+    result = pytester.runpytest_subprocess("--syncguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "  max_ops_per_token: limit 2 per token, measured 3.0: 6 operators over 2 tokens",
+            "largest operators (ops of 6, most first):",
+            "        4 x aten::sin",
+            "        2 x aten::cos",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "  max_recompiles: limit 0, measured 1 recompilations (1 frames compiled in the region)",
+            "largest recompile reasons (recompiles of 1, most first):",
+            "        1 x test_a_failing_counter_budget_*.py:* shaped: 0/0: *size mismatch at index 0*",
+        ]
+    )
+
+
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A new function object with its own code, so dynamo has compiled nothing of it yet."""
     code = fn.__code__.replace()

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 #: How many of the largest contributors a region keeps per counter (operators, kernels, reasons).
 TOP = 8
@@ -89,13 +88,6 @@ class RegionCounts:
         return RegionCounts(
             {**self.values, **other.values}, {**self.top, **other.top}, {**self.unmeasured, **other.unmeasured}
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "values": dict(self.values),
-            "top": {name: [list(item) for item in items] for name, items in self.top.items()},
-            "unmeasured": dict(self.unmeasured),
-        }
 
 
 def total(parts: Sequence[Sequence[RegionCounts]], name: str) -> int | None:

@@ -42,6 +42,8 @@ KERNEL_LAUNCHES = frozenset(
         "cuLaunchCooperativeKernel",
     }
 )  # fmt: skip
+#: Host calls that launch a captured CUDA graph.
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 #: Operator-scope ranges that compiled code opens only while a profiler records (dynamo, AOTAutograd and
 #: inductor check ``_is_profiler_enabled`` first): a trace has them, an unprofiled run does not.
 _PROFILER_ONLY = frozenset({"Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue"})
@@ -51,10 +53,6 @@ _PROFILER_ONLY_PREFIXES = ("## Call CompiledFxGraph ",)
 def profiler_only(name: str) -> bool:
     """Whether a ``cpu_op`` range of this name exists only in a profiled run (see :data:`_PROFILER_ONLY`)."""
     return name in _PROFILER_ONLY or name.startswith(_PROFILER_ONLY_PREFIXES)
-
-
-#: Host calls that launch a captured CUDA graph.
-GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 
 
 @contextmanager

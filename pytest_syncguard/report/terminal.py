@@ -29,7 +29,10 @@ def failure_text(result: MeasuredTest) -> str:
         lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
     if "syncs" in signals or not broken:
         lines.extend(site_lines(result))
-    lines.extend(count_lines(result, [c.budget.kind.counter for c in broken if c.budget.kind.counter]))
+    counters = [c.budget.kind.counter for c in broken if c.budget.kind.counter]
+    if result.comparison is not None:  # a counter that regressed against the baseline
+        counters += [c.metric.removesuffix("_per_token") for c in result.comparison.of("regression")]
+    lines.extend(count_lines(result, counters))
     if result.timeline is not None and "timeline" in signals:
         lines.extend(timeline_lines(result))
     if result.memory and "memory" in signals:
