@@ -5,6 +5,7 @@ for launches, copies and memsets."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,13 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.analysis.trace_file import profiler_only
+from pytest_syncguard.budgets import Budget, check_budgets
 from pytest_syncguard.comparison import compare
+from pytest_syncguard.guard import Measurement
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.probes.native import NATIVE
+from pytest_syncguard.report.terminal import failure_text
+from pytest_syncguard.result import MeasuredTest
 
 transformers = pytest.importorskip("transformers")
 from examples import models  # noqa: E402
@@ -131,7 +136,7 @@ def test_counted(syncguard):
 
 
 @needs_native
-def test_a_failing_counter_budget_lists_the_largest_operators_and_recompile_reasons(pytester: pytest.Pytester) -> None:
+def test_a_failing_operator_budget_lists_the_largest_operators(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
 import pytest, torch
@@ -143,20 +148,10 @@ def test_ops(syncguard):
         for _ in range(2):
             x = x.sin().cos()
             x = x.sin()
-
-def shaped(x):
-    return x * 2
-
-@pytest.mark.max_recompiles(0)
-def test_recompiles(syncguard):
-    compiled = torch.compile(shaped, backend="eager", dynamic=False)
-    compiled(torch.ones(2))
-    with syncguard.generation(tokens=1):
-        compiled(torch.ones(3))
 """
     )
-    result = pytester.runpytest_subprocess("--syncguard", "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=2)
+    result = pytester.runpytest("--syncguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
             "  max_ops_per_token: limit 2 per token, measured 3.0: 6 operators over 2 tokens",
@@ -165,13 +160,28 @@ def test_recompiles(syncguard):
             "        2 x aten::cos",
         ]
     )
-    result.stdout.fnmatch_lines(
-        [
-            "  max_recompiles: limit 0, measured 1 recompilations (1 frames compiled in the region)",
-            "largest recompile reasons (recompiles of 1, most first):",
-            "        1 x test_a_failing_counter_budget_*.py:* shaped: 0/0: *size mismatch at index 0*",
-        ]
-    )
+
+
+def _shaped(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_failing_recompile_budget_names_the_frame_and_dynamos_reason() -> None:
+    compiled = torch.compile(_fresh(_shaped), backend="eager", dynamic=False)
+    compiled(torch.ones(2))
+    guard = SyncGuard("test_recompiles", device="cpu")
+    with guard.generation(tokens=1):
+        compiled(torch.ones(3))
+    budget = Budget("max_recompiles", 0)
+    measurement = Measurement.combine(guard.measurements)
+    checks, _ = check_budgets("test_recompiles", [budget], measurement, require_gpu=False)
+    text = failure_text(MeasuredTest.of("test_recompiles", measurement, checks)).splitlines()
+    assert text[1:3] == [
+        "  max_recompiles: limit 0, measured 1 recompilations (1 frames compiled in the region)",
+        "largest recompile reasons (recompiles of 1, most first):",
+    ]
+    # The frame's place, then dynamo's reason, prefixed with the compile id it failed the guard of.
+    assert re.fullmatch(r"        1 x test_counters\.py:\d+ _shaped: \d+/0: .*size mismatch at index 0.*", text[3])
 
 
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
