@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis.trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, profiler_only
+from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement
 
@@ -55,8 +56,6 @@ def truth(run: Any, tmp_path: Path) -> dict[str, int]:
 
 def measured(run: Any) -> Measurement:
     """The plugin's counters of one run, its timeline captured the way a launch budget captures it."""
-    from pytest_syncguard.budgets import Budget, GuardOptions
-
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     guard = SyncGuard("counters", device="cuda")
