@@ -22,11 +22,6 @@ from pytest_syncguard import SyncGuard
 from . import models
 from .strategies import CUDA_ONLY, STRATEGIES
 
-# Timings and gaps are compared with their baselines at 50%: the host-bound strategies ran 28-46% slower on
-# a second lent H100 than on the one that recorded the baseline (tests/data/h100_suite), while counts and
-# the graph's numbers held. Losing what a strategy is for (a graph, a cache) costs 2x or more.
-pytestmark = pytest.mark.syncguard(tolerance=0.5)
-
 CUDA = torch.cuda.is_available()
 BATCH, PROMPT, NEW_TOKENS = (32, 16, 100) if CUDA else (4, 8, 24)
 REPEAT = 5

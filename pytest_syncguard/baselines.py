@@ -1,5 +1,7 @@
 """Baselines per device model: ``<dir>/<device-slug>.json``, one entry per test node id, and the comparison
-of a test's metrics with its entry.
+of a test's metrics with its entry. Beside the metrics, a file keeps each test's details (sync sites, largest
+contributors to the itemized counters), which explain a change of its counts (schema version 2; version 1 files,
+without details, are read as they are).
 
 A baseline file is only written by :func:`update` (``--syncguard-update-baselines``): under a file lock, read,
 merged with the tests that ran (others untouched), written to a temporary file and renamed over the old one,
@@ -12,12 +14,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
+from .analysis.explain import Details
 from .comparison import Comparison, compare
 from .files import write_atomically
 
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/baselines"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LOCK_TIMEOUT_S = 120.0
 
 
@@ -43,6 +46,8 @@ class Baseline:
     device: str
     fingerprint: dict[str, str | None]
     tests: dict[str, dict[str, float]]
+    details: dict[str, Details] = field(default_factory=dict)
+    """Per node id: what explains a change of its counts (absent in version 1 files)."""
 
 
 def path_for(directory: Path, slug: str) -> Path:
@@ -88,14 +93,28 @@ def read(path: Path) -> Baseline | None:
     fingerprint = data.get("fingerprint") or {}
     if not isinstance(fingerprint, dict):
         raise BaselineError(f"{path}: 'fingerprint' must be an object")
-    return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests)
+    raw_details = data.get("details") or {}
+    if not isinstance(raw_details, dict):
+        raise BaselineError(f"{path}: 'details' must map node ids to details")
+    details = {}
+    for nodeid, raw in raw_details.items():
+        try:
+            details[str(nodeid)] = Details.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BaselineError(f"{path}: details of {nodeid}: not valid ({exc!r})") from exc
+    return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests, details)
 
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a baseline can hold")
 
 
-def document(device: str, fingerprint: Mapping[str, str | None], tests: Mapping[str, Mapping[str, float]]) -> str:
+def document(
+    device: str,
+    fingerprint: Mapping[str, str | None],
+    tests: Mapping[str, Mapping[str, float]],
+    details: Mapping[str, Details] | None = None,
+) -> str:
     """The file's text: keys sorted, one metric per line, so that merges and reviews stay simple."""
     data = {
         "schema": SCHEMA,
@@ -103,23 +122,32 @@ def document(device: str, fingerprint: Mapping[str, str | None], tests: Mapping[
         "device": device,
         "fingerprint": dict(fingerprint),
         "tests": {nodeid: dict(sorted(tests[nodeid].items())) for nodeid in sorted(tests)},
+        "details": {nodeid: d.to_dict() for nodeid, d in sorted((details or {}).items()) if nodeid in tests},
     }
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def update(
-    path: Path, device: str, entries: Mapping[str, Mapping[str, float]], fingerprint: Mapping[str, str | None]
+    path: Path,
+    device: str,
+    entries: Mapping[str, Mapping[str, float]],
+    fingerprint: Mapping[str, str | None],
+    details: Mapping[str, Details] | None = None,
 ) -> int:
-    """Write ``entries`` (node id -> metrics) into the baseline at ``path``, keeping every other test's entry.
-    Returns the number of entries written."""
+    """Write ``entries`` (node id -> metrics) and their ``details`` into the baseline at ``path``, keeping every
+    other test's entry. Returns the number of entries written."""
     lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with lock:
             current = read(path)
             tests = dict(current.tests) if current is not None else {}
+            kept = dict(current.details) if current is not None else {}
             tests.update({nodeid: dict(metrics) for nodeid, metrics in entries.items()})
-            write_atomically(path, document(device, fingerprint, tests))
+            for nodeid in entries:
+                kept.pop(nodeid, None)
+            kept.update({nodeid: d for nodeid, d in (details or {}).items() if nodeid in entries})
+            write_atomically(path, document(device, fingerprint, tests, kept))
     except Timeout as exc:
         raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
     except (OSError, ValueError) as exc:  # ValueError: a metric that is not a finite number
@@ -138,19 +166,22 @@ class BaselineStore:
     #: The key of :meth:`worker_output` in an xdist worker's ``workeroutput``.
     WORKER_KEY = "syncguard_baselines"
 
-    def __init__(self, directory: Path, tolerance: float, *, updating: bool) -> None:
+    def __init__(self, directory: Path, tolerance: float | None, *, updating: bool, host_timings: bool = False) -> None:
         self.directory = directory
         self.tolerance = tolerance
         self.updating = updating
+        self.host_timings = host_timings
         self._files: dict[Path, Baseline | None] = {}
         #: Entries written per file, and the files that could not be written (this process's and, on the
         #: xdist controller, its workers').
         self.written: Counter[str] = Counter()
         self.errors: list[str] = []
 
-    def compare(self, nodeid: str, device: str, metrics: Metrics, tolerance: float | None = None) -> Comparison:
-        """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"); raises
-        :class:`BaselineError` naming a file that cannot be read."""
+    def compare(
+        self, nodeid: str, device: str, metrics: Metrics, tolerance: float | None = None, details: Details | None = None
+    ) -> Comparison:
+        """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"), ``details``
+        explaining a change of its counts; raises :class:`BaselineError` naming a file that cannot be read."""
         from .environment import fingerprint, fingerprint_changes, slug_for
 
         slug = slug_for(device)
@@ -167,22 +198,26 @@ class BaselineStore:
             tolerance=self.tolerance if tolerance is None else tolerance,
             fingerprint=environment,
             drift=fingerprint_changes(baseline.fingerprint, environment) if baseline is not None else {},
+            host_timings=self.host_timings,
+            details=(baseline.details.get(nodeid) if baseline is not None else None, details),
         )
         return replace(comparison, status="updated") if self.updating else comparison
 
     def write(self, results: Iterable[MeasuredTest]) -> None:
         """Write the entries of the compared tests that ended without a syncguard error, one update per file."""
         by_file: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
+        details: dict[str, Details] = {}
         environments: dict[tuple[str, str], Mapping[str, str | None]] = {}
         for result in results:
             comparison = result.comparison
             if comparison is not None and result.error is None:
                 key = (comparison.file, comparison.device)
                 by_file.setdefault(key, {})[result.nodeid] = result.metrics.values
+                details[result.nodeid] = result.details()
                 environments[key] = comparison.fingerprint
         for (file, slug), entries in sorted(by_file.items()):
             try:
-                self.written[file] += update(Path(file), slug, entries, environments[(file, slug)])
+                self.written[file] += update(Path(file), slug, entries, environments[(file, slug)], details)
             except BaselineError as exc:
                 self.errors.append(str(exc))
 

@@ -158,7 +158,9 @@ class CallCapture:
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.
         if store is not None and self.options.baseline and result.error is None and not measurement.unmeasured:
             try:
-                comparison = store.compare(self.nodeid, result.device, result.metrics, self.options.tolerance)
+                comparison = store.compare(
+                    self.nodeid, result.device, result.metrics, self.options.tolerance, result.details()
+                )
                 result = replace(result, comparison=comparison)
             except BaselineError as exc:
                 result = replace(result, error=f"{self.nodeid}: {exc}")

@@ -1,7 +1,7 @@
 """The ``syncguard`` command: ``report`` (JUnit files against baselines -> Markdown/JSON verdicts),
 ``comment`` (one sticky PR comment per GPU model through ``gh``), ``trace`` (gap analysis of any PyTorch
-profiler trace), ``baselines`` (show or diff baseline files) and ``device`` (this machine's slug and
-fingerprint)."""
+profiler trace), ``baselines`` (show or diff baseline files), ``device`` (this machine's slug and
+fingerprint) and ``ab`` (base and head of a change run in interleaved rounds on this runner, and judged)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .comment import GH_TIMEOUT_S
 from .files import write_atomically
+
+if TYPE_CHECKING:
+    from .ab import ABReport
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -71,6 +75,43 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _ab(args: argparse.Namespace) -> int:
+    from .ab import ABError, run, summary_lines
+    from .report.markdown import ab_lines
+
+    if not args.pytest_args:
+        print("syncguard ab: give the pytest arguments after --, e.g. -- tests/test_speed.py", file=sys.stderr)
+        return 2
+    try:
+        report = run(
+            base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
+            pytest_args=args.pytest_args, rounds=args.rounds, min_effect=args.min_effect,
+            confidence=args.confidence, out=Path(args.out), timeout=args.timeout,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )  # fmt: skip
+    except ABError as exc:
+        print(f"syncguard ab: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        write_atomically(Path(args.json), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+    if args.markdown:
+        write_atomically(Path(args.markdown), "\n".join(ab_lines(report)) + "\n")
+    print("\n".join(summary_lines(report)))
+    return 1 if args.fail_on_regression and report.regressions else 0
+
+
+def _ab_report(path: str | None) -> ABReport | None:
+    """The A/B report a ``report --ab`` names (untrusted: validated); None without one."""
+    from .ab import ABReport
+
+    if path is None:
+        return None
+    try:
+        return ABReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"--ab {path}: {exc}") from exc
+
+
 def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
     from .report.junit import JUnitError
@@ -79,7 +120,14 @@ def _report(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.junit]
     try:
-        run = compare_run(paths, Path(args.baselines) if args.baselines else None, args.tolerance)
+        ab = _ab_report(args.ab)
+    except ValueError as exc:
+        print(f"syncguard report: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run = compare_run(
+            paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings
+        )
     except (JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
@@ -90,11 +138,11 @@ def _report(args: argparse.Namespace) -> int:
     if args.json:
         write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
-    text, truncated = render(run, full_report=full_path.name if full_path else None)
+    text, truncated = render(run, full_report=full_path.name if full_path else None, ab=ab)
     if args.markdown:
         write_atomically(Path(args.markdown), text)
         if truncated and full_path is not None:
-            write_atomically(full_path, render(run, limit=sys.maxsize)[0])
+            write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab)[0])
     else:
         print(text, end="")
     regressions = len(run.with_status("regression"))
@@ -174,6 +222,22 @@ def _tolerance(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < 1):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def _rounds(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds from 1 to 1000, got {text!r}")
+    return int(text)
+
+
 def _positive(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a pull request number, got {text!r}")
@@ -203,8 +267,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
     report.add_argument("--tolerance", type=_tolerance, default=None, help="relative tolerance of noisy metrics "
                         "(default: each test's own, as the run recorded it)")  # fmt: skip
+    report.add_argument("--judge-host-timings", action="store_true", help="judge host timings (time, tokens/s, "
+                        "gaps, busy) against the baselines too: only where the runner recorded them")  # fmt: skip
+    report.add_argument("--ab", metavar="FILE", help="add this A/B report (syncguard ab --json) to the Markdown")
     report.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
     report.set_defaults(run=_report)
+
+    from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_ROUNDS
+
+    ab = commands.add_parser(
+        "ab", help="base and head of a change on this runner, in interleaved rounds: counts compared exactly, "
+        "timings as head/base with confidence intervals",
+        description="Run the pytest arguments given after -- in a checkout of the base and in this directory, "
+        "alternating, and judge head against base.",
+    )  # fmt: skip
+    where = ab.add_mutually_exclusive_group(required=True)
+    where.add_argument("--base", metavar="REF", help="the base commit: a git worktree of it is made and removed")
+    where.add_argument("--base-dir", metavar="DIR", help="a checkout of the base, used as it is")
+    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"rounds of base and head (default "
+                    f"{DEFAULT_ROUNDS}: a 95%% interval needs 6 or more)")  # fmt: skip
+    ab.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT, metavar="FRACTION",
+                    help="the smallest relative change judged a regression or improvement (default "
+                    f"{DEFAULT_MIN_EFFECT})")  # fmt: skip
+    ab.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="of the intervals (default "
+                    f"{DEFAULT_CONFIDENCE})")  # fmt: skip
+    ab.add_argument("--out", default="syncguard-ab", metavar="DIR", help="each round's results and log (default "
+                    "syncguard-ab/)")  # fmt: skip
+    ab.add_argument("--json", metavar="OUT", help="write the A/B report as JSON (for syncguard report --ab)")
+    ab.add_argument("--markdown", metavar="OUT", help="write the A/B report as Markdown")
+    ab.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS", help="give up a round's pytest "
+                    "run that takes longer (default 3600)")  # fmt: skip
+    ab.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
+    ab.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="what each round runs")
+    ab.set_defaults(run=_ab)
 
     comment = commands.add_parser("comment", help="create or update this tool's PR comment through gh")
     comment.add_argument("--pr", type=_positive, required=True, help="pull request number")

@@ -1,7 +1,11 @@
-"""A test's metrics against its baseline entry: one :class:`Change` per metric and the overall status.
+"""A test's metrics against its baseline entry: one :class:`Change` per metric, the overall status, and what
+explains a change of its counts.
 
-Counts are compared exactly (any increase is a regression); noisy metrics only when they are the median of at
-least :data:`MIN_RUNS` runs, beyond a relative tolerance and the metric's floor.
+Counts are compared exactly (any increase is a regression). Device-side metrics (device time per token, allocator
+memory) are compared when they are the median of at least :data:`MIN_RUNS` runs, beyond a relative tolerance
+(each metric's own, from its spread between runners, unless the test or the run sets one) and the metric's floor.
+Host-dependent timings are "not judged" against a baseline, which was recorded on another runner, unless the
+run says the runner is the baseline's host (``host_timings``); they are judged A/B (:mod:`.ab`).
 """
 
 from __future__ import annotations
@@ -10,14 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .analysis.explain import Details, Explanation, explain
 from .metrics import Metrics, metric
 
+#: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
 #: Noisy metrics are compared only when they are the median of at least this many runs.
 MIN_RUNS = 3
-#: Timings on the ``cpu`` slug are not compared: it stands for any CPU, so they would compare machines.
-UNTIMED_DEVICES = frozenset({"cpu"})
-TIMINGS = frozenset({"seconds", "tokens_per_second"})
 
 Fingerprint = dict[str, "str | None"]
 #: Fingerprint keys whose value differs: key -> [baseline's, this run's].
@@ -32,8 +35,8 @@ class Change:
     old: float | None
     new: float | None
     status: str
-    """regression, improvement, unchanged, new (no baseline value), missing (not measured now) or
-    not compared (a noisy metric from too few runs)."""
+    """regression, improvement, unchanged, new (no baseline value), missing (not measured now), not compared (a
+    noisy metric from too few runs) or not judged (a host timing against a baseline from another runner)."""
 
     @property
     def delta(self) -> float | None:
@@ -65,11 +68,16 @@ class Comparison:
     """regression, improvement, unchanged, new (no entry), updated (written by this run) or "not compared" (the
     test's call raised: its numbers are partial)."""
     changes: tuple[Change, ...] = ()
-    tolerance: float = DEFAULT_TOLERANCE
+    tolerance: float | None = None
+    """Set by the test or the run for every noisy metric; None: each metric's own (:func:`tolerance_of`)."""
     fingerprint: Fingerprint = field(default_factory=dict)
     """The environment this run measured in."""
     drift: Drift = field(default_factory=dict)
     """Where that environment differs from the one the baseline file was recorded in."""
+    explanation: Explanation = field(default_factory=Explanation)
+    """What changed in the sync sites and the counters' largest contributors, where counts changed."""
+    host_timings: bool = False
+    """Host timings were judged against the baseline (the runner is the baseline's host)."""
 
     def of(self, status: str) -> list[Change]:
         return [c for c in self.changes if c.status == status]
@@ -82,7 +90,8 @@ class Comparison:
         return {
             "device": self.device, "file": self.file, "status": self.status, "tolerance": self.tolerance,
             "changes": [vars(c) for c in self.changes], "fingerprint": self.fingerprint,
-            "fingerprint_changes": self.drift,
+            "fingerprint_changes": self.drift, "explanation": self.explanation.to_dict(),
+            "host_timings": self.host_timings,
         }  # fmt: skip
 
     @classmethod
@@ -90,11 +99,19 @@ class Comparison:
         changes = tuple(Change(**c) for c in data["changes"])
         return cls(
             data["device"], data["file"], data["status"], changes, data["tolerance"], dict(data["fingerprint"]),
-            dict(data["fingerprint_changes"]),
+            dict(data["fingerprint_changes"]), Explanation.from_dict(data["explanation"]), data["host_timings"],
         )  # fmt: skip
 
 
-def _status(name: str, old: float, new: float, runs: int, tolerance: float, device: str) -> str:
+def tolerance_of(name: str, tolerance: float | None) -> float:
+    """The relative tolerance a noisy metric is compared within: the one the test or run set, else its own."""
+    spec = metric(name)
+    if tolerance is not None:
+        return tolerance
+    return spec.tolerance if spec is not None and spec.tolerance is not None else DEFAULT_TOLERANCE
+
+
+def _status(name: str, old: float, new: float, runs: int, tolerance: float | None, host_timings: bool) -> str:
     spec = metric(name)
     assert spec is not None
     worse = new < old if spec.higher_is_better else new > old
@@ -102,10 +119,12 @@ def _status(name: str, old: float, new: float, runs: int, tolerance: float, devi
         if new == old:
             return "unchanged"
         return "regression" if worse else "improvement"
-    if runs < MIN_RUNS or (device in UNTIMED_DEVICES and name in TIMINGS):
+    if spec.host and not host_timings:
+        return "not judged"
+    if runs < MIN_RUNS:
         return "not compared"
     delta = abs(new - old)
-    if delta <= spec.floor or delta <= tolerance * abs(old):
+    if delta <= spec.floor or delta <= tolerance_of(name, tolerance) * abs(old):
         return "unchanged"
     return "regression" if worse else "improvement"
 
@@ -116,15 +135,19 @@ def compare(
     *,
     device: str,
     file: str,
-    tolerance: float,
+    tolerance: float | None,
     fingerprint: Fingerprint | None = None,
     drift: Drift | None = None,
+    host_timings: bool = False,
+    details: tuple[Details | None, Details | None] = (None, None),
 ) -> Comparison:
     """Each metric against the test's baseline ``entry`` (None: the baseline has none); ``tolerance`` is
-    relative, counts are exact. Metrics this version does not know are left out."""
+    relative (None: each metric's own), counts are exact, host timings judged only with ``host_timings``.
+    ``details`` (the baseline's, this run's) explain the counts that changed. Metrics this version does not know
+    are left out."""
     fingerprint, drift = dict(fingerprint or {}), dict(drift or {})
     if entry is None:
-        return Comparison(device, file, "new", (), tolerance, fingerprint, drift)
+        return Comparison(device, file, "new", (), tolerance, fingerprint, drift, host_timings=host_timings)
     changes = []
     for name in sorted(set(entry) | set(metrics.values)):
         spec = metric(name)
@@ -136,8 +159,15 @@ def compare(
         if old is None or new is None:
             status = "new" if old is None else "missing"
         else:
-            status = _status(name, float(old), float(new), metrics.runs.get(name, 1), tolerance, device)
+            status = _status(name, float(old), float(new), metrics.runs.get(name, 1), tolerance, host_timings)
         changes.append(Change(name, None if old is None else float(old), new, status))
     statuses = {c.status for c in changes}
     overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"
-    return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift)
+    moved = [c.metric for c in changes if c.status in ("regression", "improvement") and _counted(c.metric)]
+    explanation = explain(*details, moved) if moved else Explanation()
+    return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift, explanation, host_timings)
+
+
+def _counted(name: str) -> bool:
+    spec = metric(name)
+    return spec is not None and spec.counted

@@ -3,7 +3,10 @@ with a baseline and how it is shown. The one table of them is :data:`METRICS`.
 
 Counts (syncs and the counters of :mod:`.analysis.counts`) are deterministic and compared exactly; the rest are
 noisy: each measured run (region) gives one value, and a test's metric is their median, with the number of runs
-beside it.
+beside it. Of the noisy ones, device-side metrics (device time per token, allocator memory) are set by the GPU and
+the software and compared with a baseline within a tolerance; host-dependent ones (wall time, tokens/s, idle gaps,
+busy fraction) are set by the runner's CPU as much as by the GPU: they are judged A/B on one runner
+(:mod:`.ab`), and against a baseline only where the user says the runner is the baseline's host.
 """
 
 from __future__ import annotations
@@ -36,12 +39,33 @@ class Metric:
     """Its value in each measured run of a measurement (empty when not measured)."""
     quiet_when_zero: bool = False
     """Counted metrics only: left out of a test's metrics when 0 and no budget reads it; absent compares as 0."""
+    host: bool = False
+    """Depends on the host that launches the work: not judged against a baseline recorded on another runner."""
+    tolerance: float | None = None
+    """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
+    one (from their spread between runners of one GPU model: README, "What the gate judges")."""
+
+    @property
+    def judged_by_baseline(self) -> bool:
+        """Compared with a baseline entry by default: counts and device-side metrics."""
+        return not self.host
 
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
             return f"{int(value)}"
         text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
         return f"{text} {self.unit}" if self.unit else text
+
+
+def _device_us_per_token(m: Measurement) -> list[float]:
+    """Device busy time (kernels, copies, memsets merged) per judged decode step, or per token of a region whose
+    steps are not marked."""
+    found = []
+    for t in m.gpu_timelines:
+        steps = t.judged_steps if t.steps else m.tokens
+        if steps:
+            found.append(t.busy_us / steps)
+    return found
 
 
 def _gap_runs(stat: str) -> Callable[[Measurement], list[float]]:
@@ -90,7 +114,9 @@ def _counter_metrics() -> list[Metric]:
 
 @cache
 def _gap(stat: str) -> Metric:
-    return Metric(gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat))
+    return Metric(
+        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat), host=True
+    )
 
 
 METRICS: dict[str, Metric] = {
@@ -102,21 +128,25 @@ METRICS: dict[str, Metric] = {
         _gap("p99"),
         Metric(
             "busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
-            runs=lambda m: [t.busy_fraction for t in m.gpu_timelines],
+            runs=lambda m: [t.busy_fraction for t in m.gpu_timelines], host=True,
+        ),
+        Metric(
+            "gpu_us_per_token", "us", counted=False, higher_is_better=False, floor=1.0, runs=_device_us_per_token,
+            tolerance=0.05,
         ),
         Metric(
             "fragmentation", "", counted=False, higher_is_better=False, floor=0.01,
-            runs=lambda m: [s.fragmentation for s in m.memory],
+            runs=lambda m: [s.fragmentation for s in m.memory], tolerance=0.02,
         ),
         Metric(
-            "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=1.0,
-            runs=lambda m: [s.reserved_peak / MIB for s in m.memory],
+            "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=2.0,
+            runs=lambda m: [s.reserved_peak / MIB for s in m.memory], tolerance=0.02,
         ),
         Metric(
             "seconds", "s", counted=False, higher_is_better=False, floor=0.0,
-            runs=lambda m: [t.seconds for t in m.timings],
+            runs=lambda m: [t.seconds for t in m.timings], host=True,
         ),
-        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates),
+        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates, host=True),
         *_counter_metrics(),
     )
 }  # fmt: skip

@@ -70,11 +70,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--syncguard-tolerance",
         metavar="FRACTION",
         default=None,
-        help=f"relative change of a noisy metric (gaps, busy, fragmentation, memory, time) reported as a regression "
-        f"or improvement (default {DEFAULT_TOLERANCE}; counts are compared exactly)",
+        help="relative change of a noisy metric against its baseline reported as a regression or improvement "
+        "(default: each device-side metric's own, from its spread between runners; host timings "
+        f"{DEFAULT_TOLERANCE}; counts are compared exactly)",
+    )
+    group.addoption(
+        "--syncguard-judge-host-timings",
+        action="store_true",
+        default=None,
+        help="judge host-dependent timings (time, tokens/s, gaps, busy fraction) against the baselines too: only "
+        "where this runner recorded them (by default they are shown, and judged A/B with `syncguard ab`)",
     )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
     parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
+    parser.addini("syncguard_judge_host_timings", type="bool", default=False, help="as --syncguard-judge-host-timings")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,10 +111,10 @@ def _checked(value: object, option: str, problem: Callable[[Path], str | None]) 
     return path
 
 
-def _tolerance(config: pytest.Config) -> float:
+def _tolerance(config: pytest.Config) -> float | None:
     value = config.getoption("syncguard_tolerance")
     if value is None:
-        return DEFAULT_TOLERANCE
+        return None
     try:
         return parse_tolerance(value)
     except ValueError as exc:
@@ -146,7 +155,9 @@ class SyncguardSession:
         baselines = _baselines_dir(config)
         if updating and (problem := folder_problem(baselines)) is not None:
             raise pytest.UsageError(f"--syncguard-baselines (with --syncguard-update-baselines): {problem}")
-        self.store = BaselineStore(baselines, _tolerance(config), updating=updating)
+        judge = config.getoption("syncguard_judge_host_timings")
+        host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
+        self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []

@@ -4,12 +4,15 @@ are its one writer and one reader at the pytest-xdist and JSON boundary. No torc
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .analysis.counts import ITEMIZED, Items
+from .analysis.counts import ITEMIZED, TOP, Items
+from .analysis.explain import Details, SiteCount
 from .analysis.gaps import TimelineSummary
 from .analysis.memory import MemoryStats
 from .analysis.sites import Frame, SyncSite
@@ -34,20 +37,48 @@ def _display(frame: Frame) -> str:
     return f"{shown}:{frame.lineno} in {frame.function}"
 
 
+def module_path(filename: str) -> str:
+    """``filename`` relative to the ``sys.path`` entry it is imported from (the longest that contains it), so that
+    it reads the same on every machine and install; as given when no entry contains it."""
+    path = os.path.abspath(filename)
+    roots = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    inside = [root for root in roots if path.startswith(root.rstrip(os.sep) + os.sep)]
+    if not inside:
+        return filename
+    return path[len(max(inside, key=len).rstrip(os.sep)) + 1 :].replace(os.sep, "/")
+
+
 @dataclass(frozen=True)
 class SiteRecord:
-    """The syncs of one kind from one call site, as reports show them."""
+    """The syncs of one kind from one call site, as reports show them, and as baselines match them
+    (``path``, module-relative, with ``line``, ``function`` and the source line ``code``)."""
 
     kind: str
     op: str
     site: str
     count: int
     stack: tuple[str, ...]
+    path: str = ""
+    line: int = 0
+    function: str = ""
+    code: str = ""
 
     @classmethod
     def of(cls, site: SyncSite) -> SiteRecord:
-        shown = _display(site.site) if site.site else "?"
-        return cls(site.kind, site.op, shown, site.count, tuple(map(_display, site.stack)))
+        frame = site.site
+        if frame is None:
+            return cls(site.kind, site.op, "?", site.count, tuple(map(_display, site.stack)))
+        code = linecache.getline(frame.filename, frame.lineno).strip()
+        return cls(
+            site.kind, site.op, _display(frame), site.count, tuple(map(_display, site.stack)),
+            module_path(frame.filename), frame.lineno, frame.function, code,
+        )  # fmt: skip
+
+    def counted(self) -> SiteCount | None:
+        """As a baseline keeps it; None for a site that was not found."""
+        if not self.path:
+            return None
+        return SiteCount(self.path, self.line, self.function, self.code, self.kind, self.op, self.count)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SiteRecord:
@@ -114,6 +145,12 @@ class MeasuredTest:
         if not self.checks:
             return "measured"
         return "pass" if all(c.held for c in self.checks) else "not measured"
+
+    def details(self) -> Details:
+        """What explains a change of this test's counts against another run's: its sync sites, and the largest
+        contributors to its itemized counters."""
+        sites = tuple(found for s in self.sites if (found := s.counted()) is not None)
+        return Details(sites, dict(self.counted_top), TOP)
 
     @property
     def failed(self) -> bool:

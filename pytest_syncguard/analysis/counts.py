@@ -20,8 +20,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-#: How many of the largest contributors a region keeps per counter (operators, kernels, reasons).
-TOP = 8
+#: How many of the largest contributors a region keeps per counter (operators, kernels, reasons): enough for
+#: baselines to name what moved; failure texts show fewer (:data:`SHOWN`).
+TOP = 64
+SHOWN = 8
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.explain import Details
 from ..comparison import Drift, Fingerprint
 from ..environment import is_slug
 from ..metrics import Metrics, metric
@@ -40,6 +41,10 @@ class Prop:
     FINGERPRINT = "fingerprint"
     FINGERPRINT_CHANGES = "fingerprint_changes"
     ERROR = "error"
+    HOST_TIMINGS = "host_timings"
+    """"true" when the run judged host timings against the baseline (the runner is the baseline's host)."""
+    DETAILS = "details"
+    """The test's sync sites and counters' largest contributors (JSON), which explain a change of its counts."""
     RUNS = "runs."
     """``runs.<metric>``: how many runs a noisy metric is the median of (written when more than 1)."""
     BASELINE_VALUE = "baseline."
@@ -68,6 +73,8 @@ class JUnitCase:
     tolerance: float | None
     fingerprint: Fingerprint
     drift: Drift
+    host_timings: bool = False
+    details: Details | None = None
 
     @property
     def compared(self) -> bool:
@@ -98,6 +105,15 @@ def _json_object(raw: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _details(raw: str | None) -> Details | None:
+    if raw is None:
+        return None
+    try:
+        return Details.from_dict(json.loads(raw))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"property {PREFIX}{Prop.DETAILS} is not valid ({exc!r})") from exc
+
+
 def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
     metrics = _numbers(found, "")
     runs = {}
@@ -126,6 +142,8 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
         tolerance=tolerance,
         fingerprint=fingerprint,
         drift=drift,
+        host_timings=found.get(Prop.HOST_TIMINGS) == "true",
+        details=_details(found.get(Prop.DETAILS)),
     )
 
 
@@ -162,7 +180,10 @@ def read_cases(path: Path) -> list[JUnitCase]:
             elif any(isinstance(r, Skipped) for r in results):
                 outcome = "skipped"
             nodeid = found.get(Prop.NODEID) or f"{case.classname}::{case.name}"
-            parsed = _case(nodeid, outcome, found)
+            try:
+                parsed = _case(nodeid, outcome, found)
+            except ValueError as exc:
+                raise JUnitError(f"{path}: {nodeid}: {exc}") from exc
             if not is_slug(parsed.device_slug):
                 raise JUnitError(
                     f"{path}: {nodeid}: device slug {parsed.device_slug!r} is not one (lowercase letters, digits "
@@ -190,7 +211,10 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
     if comparison is not None:
         props.append((Prop.BASELINE, comparison.status))
         props.append((Prop.DEVICE_SLUG, comparison.device))
-        props.append((Prop.TOLERANCE, comparison.tolerance))
+        if comparison.tolerance is not None:
+            props.append((Prop.TOLERANCE, comparison.tolerance))
+        if comparison.host_timings:
+            props.append((Prop.HOST_TIMINGS, "true"))
         props.extend(
             (f"{Prop.BASELINE_VALUE}{name}", _number(old)) for name, old in comparison.baseline_values().items()
         )
@@ -198,6 +222,8 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
             props.append((Prop.FINGERPRINT, json.dumps(comparison.fingerprint, sort_keys=True)))
         if comparison.drift:
             props.append((Prop.FINGERPRINT_CHANGES, json.dumps(comparison.drift, sort_keys=True)))
+    if result.error is None and result.outcome is None:
+        props.append((Prop.DETAILS, json.dumps(result.details().to_dict(), sort_keys=True)))
     if result.error is not None:
         props.append((Prop.ERROR, result.error))
     return [(PREFIX + name, value) for name, value in props]

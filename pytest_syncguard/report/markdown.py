@@ -12,10 +12,14 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ..comparison import Change
 from ..metrics import metric
 from .run import CaseComparison, RunComparison
+
+if TYPE_CHECKING:
+    from ..ab import ABReport
 
 #: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
 COMMENT_LIMIT = 65_536 - 512
@@ -94,12 +98,65 @@ def headline(run: RunComparison) -> str:
     return f"**✅ syncguard: no regressions** ({counts})"
 
 
-def sections(run: RunComparison) -> list[list[str]]:
+def ab_lines(report: ABReport) -> list[str]:
+    """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
+    changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
+    from ..ab import ratio_text
+
+    regressed = report.with_verdict("regression")
+    mark = "❌" if regressed else "✅"
+    lines = [
+        f"### {mark} A/B on one runner: {len(regressed)} regressions in {len(report.tests)} tests",
+        "",
+        f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
+        f"{report.rounds} rounds, interleaved; head/base with {report.confidence:.0%} intervals "
+        f"(exact signed-rank); a regression or improvement lies wholly beyond ±{report.min_effect:.0%}.",
+        "",
+        "| test | metric | base → head | head/base [interval] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    quiet: list[str] = []
+    for test in report.tests:
+        rows = [
+            f"| {escape(test.nodeid)} | {escape(c.metric)} | {_value(c.metric, c.base)} → {_value(c.metric, c.head)} "
+            f"| exact | {escape(c.status)} |"
+            for c in test.counts
+        ]
+        rows += [
+            f"| {escape(test.nodeid)} | {escape(name)} | | {escape(ratio_text(v))} | {escape(v.verdict)}"
+            f"{escape(' (' + v.reason + ')') if v.reason else ''} |"
+            for name, v in sorted(test.timings.items())
+            if v.verdict != "unchanged"
+        ]
+        if test.verdict == "unchanged" or not rows:
+            quiet.append(test.nodeid)
+            continue
+        lines.extend(rows)
+        lines.extend(
+            f"| {escape(test.nodeid)} | what changed | {escape(line)} | | |" for line in test.explanation.lines()
+        )
+    lines.append("")
+    if quiet:
+        lines += [f"<details><summary>{len(quiet)} tests unchanged</summary>", ""]
+        lines += [f"- {escape(nodeid)}" for nodeid in quiet] + ["", "</details>", ""]
+    for side, ids in sorted(report.only_in.items()):
+        lines.append(f"Measured only in the {escape(side)}, not compared: {', '.join(escape(i) for i in ids)}")
+    return lines
+
+
+def sections(run: RunComparison, ab: ABReport | None = None) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines)."""
     blocks: list[list[str]] = [[headline(run), ""]]
     regressed = _pairs(run.with_status("regression"), "regression")
     if regressed:
         blocks.append(["### Regressions", "", *_change_rows(regressed), ""])
+        explained = [v for v in run.with_status("regression") if v.comparison.explanation]
+        if explained:
+            lines = ["What changed in the counts:", ""]
+            for v in explained:
+                lines.append(f"- {escape(v.case.nodeid)} on {escape(v.case.device_slug)}:")
+                lines.extend(f"  - {escape(line)}" for line in v.comparison.explanation.lines())
+            blocks.append([*lines, ""])
     failed = run.failed_tests
     if failed:
         lines = ["### Failed tests", "", "| test | device | verdict |", "|---|---|---|"]
@@ -107,6 +164,8 @@ def sections(run: RunComparison) -> list[list[str]]:
             f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.verdict)} |" for v in failed
         )
         blocks.append([*lines, ""])
+    if ab is not None:
+        blocks.append([*ab_lines(ab), ""])
     improved = _pairs(run.with_status("improvement"), "improvement")
     if improved:
         blocks.append(
@@ -124,6 +183,19 @@ def sections(run: RunComparison) -> list[list[str]]:
         blocks.append(_listing("### New tests (no baseline entry)", new))
     if run.missing:
         blocks.append(_listing("### In the baselines, not in this run", run.missing))
+    host = _pairs(run.cases, "not judged")
+    if host:
+        blocks.append(
+            [
+                "<details><summary>Host timings, not judged against the baseline (recorded on another runner; "
+                "judged A/B on one runner)</summary>",
+                "",
+                *_change_rows(host),
+                "",
+                "</details>",
+                "",
+            ]
+        )
     if run.environment:
         lines = ["### Environment differs from the baseline's", ""]
         for device, changes in sorted(run.environment.items()):
@@ -141,9 +213,12 @@ def sections(run: RunComparison) -> list[list[str]]:
     return blocks
 
 
-def render(run: RunComparison, limit: int = COMMENT_LIMIT, full_report: str | None = None) -> tuple[str, bool]:
-    """The Markdown, cut to ``limit`` characters at line ends if needed; returns (text, truncated)."""
-    lines = [line for block in sections(run) for line in block]
+def render(
+    run: RunComparison, limit: int = COMMENT_LIMIT, full_report: str | None = None, ab: ABReport | None = None
+) -> tuple[str, bool]:
+    """The Markdown (with the A/B report ``ab`` when given), cut to ``limit`` characters at line ends if needed;
+    returns (text, truncated)."""
+    lines = [line for block in sections(run, ab) for line in block]
     text = "\n".join(lines) + "\n"
     if len(text) <= limit:
         return text, False

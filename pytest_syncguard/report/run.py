@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis.explain import Details
 from ..baselines import Baseline, path_for, read
-from ..comparison import DEFAULT_TOLERANCE, Comparison, Drift, compare
+from ..comparison import Comparison, Drift, compare
 from ..environment import fingerprint_changes
 from ..result import PARTIAL
 from .junit import JUnitCase, read_cases
@@ -83,14 +84,17 @@ def merge_cases(paths: Sequence[Path]) -> list[JUnitCase]:
     return [merged[key] for key in sorted(merged)]
 
 
-def compare_run(paths: Sequence[Path], baselines: Path | None, tolerance: float | None = None) -> RunComparison:
-    """Compare every measured case of the JUnit files; raises ``JUnitError``/``BaselineError`` naming a file."""
+def compare_run(
+    paths: Sequence[Path], baselines: Path | None, tolerance: float | None = None, host_timings: bool = False
+) -> RunComparison:
+    """Compare every measured case of the JUnit files; raises ``JUnitError``/``BaselineError`` naming a file.
+    Host timings are judged where ``host_timings`` says so, or where the run judged them."""
     run = RunComparison(sources=[str(p) for p in paths])
     files: dict[str, Baseline | None] = {}
     for case in merge_cases(paths):
         slug = case.device_slug
         within = tolerance if tolerance is not None else case.tolerance
-        within = DEFAULT_TOLERANCE if within is None else within
+        recorded: Details | None = None
         if baselines is not None:
             path = path_for(baselines, slug)
             if slug not in files:
@@ -98,6 +102,7 @@ def compare_run(paths: Sequence[Path], baselines: Path | None, tolerance: float 
             baseline = files[slug]
             entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
             drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
+            recorded = baseline.details.get(case.nodeid) if baseline is not None else None
         else:
             path = Path(f"{slug}.json")
             entry = case.baseline_values if case.compared else None
@@ -107,7 +112,7 @@ def compare_run(paths: Sequence[Path], baselines: Path | None, tolerance: float 
             continue
         comparison = compare(
             entry, case.metrics, device=slug, file=str(path), tolerance=within, fingerprint=case.fingerprint,
-            drift=drift,
+            drift=drift, host_timings=host_timings or case.host_timings, details=(recorded, case.details),
         )  # fmt: skip
         if drift:
             run.environment.setdefault(slug, drift)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..analysis.counts import ITEMIZED
+from ..analysis.counts import ITEMIZED, SHOWN
 from ..analysis.gaps import TimelineSummary
 from ..analysis.memory import MemoryStats
 from ..analysis.snapshot import AllocationSite
@@ -27,6 +27,7 @@ def failure_text(result: MeasuredTest) -> str:
     if result.comparison is not None and result.comparison.status == "regression":
         device = result.comparison.device
         lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
+        lines.extend(f"  {line}" for line in result.comparison.explanation.lines())
     if "syncs" in signals or not broken:
         lines.extend(site_lines(result))
     counters = [c.budget.kind.counter for c in broken if c.budget.kind.counter]
@@ -52,7 +53,7 @@ def count_lines(result: MeasuredTest, counters: Iterable[str]) -> list[str]:
         value = result.metrics.get(name)
         of = "" if value is None else f" of {value:g}"
         lines.append(f"largest {ITEMIZED[name]} ({name}{of}, most first):")
-        lines.extend(f"  {count:>7} x {label}" for label, count in top)
+        lines.extend(f"  {count:>7} x {label}" for label, count in top[:SHOWN])
     return lines
 
 
@@ -221,6 +222,8 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
     if not updating:
         for r, c in compared:
             lines.extend(f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("regression"))
+            if c.status == "regression":
+                lines.extend(f"  {line}" for line in c.explanation.lines())
         improved = [(r, c) for r, c in compared if c.status == "improvement"]
         for r, c in improved:
             lines.extend(f"improvement {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("improvement"))
@@ -230,6 +233,12 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
         if improved or new:
             ids = " ".join(sorted({r.nodeid for r, _ in improved} | set(new)))
             lines.append(f"record them with: pytest --syncguard --syncguard-update-baselines {ids}")
+        if any(c.of("not judged") for _, c in compared):
+            lines.append(
+                "host timings (time, tokens/s, gaps, busy fraction) were not judged against baselines recorded on "
+                "another runner: compare them A/B on one runner with `syncguard ab --base REF`, or pass "
+                "--syncguard-judge-host-timings where this runner recorded the baselines"
+            )
     if updating:
         lines.extend(
             f"not recorded in the baselines ({r.outcome}: its numbers are partial): {r.nodeid}"

@@ -1,15 +1,16 @@
-"""The native extension: kernels for scalar reads and copies (``kernels.cpp``) and the operator counter
-(``ops.cpp``), built once per machine and torch version, loaded once per process.
+"""The native extension: kernels for scalar reads and copies (``kernels.cpp``) and the operator counter (``ops.cpp``),
+built once per machine and torch version, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
-``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache
-afterwards. Where it cannot be built the sync probe falls back to its Python kernels, which count the same syncs
-more slowly, operators are not counted, and :data:`NATIVE` says why. ``SYNCGUARD_NATIVE=0`` skips it;
-``SYNCGUARD_NATIVE=1`` makes a failed build an error.
-"""
+``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache afterwards:
+one build per torch version and per checkout and content of the sources, so that two checkouts run in turn
+(``syncguard ab``) do not rebuild each other's. Where it cannot be built the sync probe falls back to its Python
+kernels, which count the same syncs more slowly, operators are not counted, and :data:`NATIVE` says why.
+``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a failed build an error."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -74,11 +75,16 @@ def _reason(exc: Exception) -> str:
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    # One build per torch version: the kernel links against torch's C++ ABI.
+    # One build per torch version (the kernel links against torch's C++ ABI) and per sources: the builder's
+    # ninja file names the sources' paths, so another checkout under the same name would rebuild.
     version = re.sub(r"\W", "_", torch.__version__)
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.encode() + b"\0" + Path(source).read_bytes())
     module: ModuleType = load(
-        name=f"syncguard_kernels_{version}", sources=list(SOURCES), extra_cflags=["-O2"], verbose=False
-    )
+        name=f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}", sources=list(SOURCES), extra_cflags=["-O2"],
+        verbose=False,
+    )  # fmt: skip
     return module
 
 

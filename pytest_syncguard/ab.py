@@ -1,0 +1,404 @@
+"""``syncguard ab``: base and head of a change measured on one runner, in interleaved rounds, and judged.
+
+Each round runs the same pytest command once in a checkout of the base (a git worktree of ``--base``) and once in
+the head (the working directory), in alternating order (base first in odd rounds), each with ``--syncguard`` and its
+own JSON results, JUnit file and log under the output folder; each side imports its own code first (its root, and
+its ``src/`` if there is one, lead ``PYTHONPATH``). Then, per test measured on both sides:
+
+- counts (syncs, operators, launches, ...) are compared exactly, head against base, with what changed (sync sites
+  that appeared or grew, the counters' contributors that moved);
+- every other metric is judged from its per-round pairs (:mod:`.analysis.ab_stats`): head/base with a confidence
+  interval and a verdict, regression, improvement, unchanged or inconclusive, against a minimum effect.
+
+No torch here: the rounds are separate pytest processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
+from .analysis.explain import Details, Explanation, SiteCount, explain
+from .metrics import metric
+
+SCHEMA = "pytest-syncguard/ab"
+SCHEMA_VERSION = 1
+DEFAULT_ROUNDS = 6
+DEFAULT_MIN_EFFECT = 0.03
+DEFAULT_CONFIDENCE = 0.95
+#: Judged through another metric (tokens/s is tokens over time): not listed twice.
+DERIVED = frozenset({"tokens_per_second"})
+#: Exit statuses of a round's pytest that still measured: all passed, or some test failed (a budget, say).
+MEASURED_EXITS = (0, 1)
+
+
+class ABError(Exception):
+    """An A/B run that cannot go on; the message names the side, round, ref or file at fault."""
+
+
+@dataclass(frozen=True)
+class CountChange:
+    metric: str
+    base: float
+    head: float
+    status: str
+    """regression, improvement or "varies" (the value was not the same in every round of one side)."""
+
+
+@dataclass(frozen=True)
+class TestAB:
+    """One test, head against base."""
+
+    nodeid: str
+    counts: tuple[CountChange, ...]
+    timings: Mapping[str, RatioVerdict]
+    explanation: Explanation = field(default_factory=Explanation)
+
+    @property
+    def verdict(self) -> str:
+        statuses = {c.status for c in self.counts} | {v.verdict for v in self.timings.values()}
+        for status in ("regression", "varies", "improvement", INCONCLUSIVE):
+            if status in statuses:
+                return status
+        return "unchanged"
+
+
+@dataclass(frozen=True)
+class ABReport:
+    base: str
+    head: str
+    rounds: int
+    min_effect: float
+    confidence: float
+    device: str
+    command: tuple[str, ...]
+    tests: tuple[TestAB, ...]
+    only_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Tests measured on one side only ("base" or "head"), or not in every round."""
+
+    def with_verdict(self, verdict: str) -> list[TestAB]:
+        return [t for t in self.tests if t.verdict == verdict]
+
+    @property
+    def regressions(self) -> int:
+        return len(self.with_verdict("regression"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "base": self.base, "head": self.head,
+            "rounds": self.rounds, "min_effect": self.min_effect, "confidence": self.confidence,
+            "device": self.device, "command": list(self.command),
+            "tests": [
+                {"nodeid": t.nodeid, "verdict": t.verdict, "counts": [vars(c) for c in t.counts],
+                 "timings": {name: vars(v) for name, v in sorted(t.timings.items())},
+                 "explanation": t.explanation.to_dict()}
+                for t in self.tests
+            ],
+            "only_in": {side: list(ids) for side, ids in self.only_in.items()},
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: object) -> ABReport:
+        """The report of an A/B JSON file; ValueError on anything else (the file may be untrusted)."""
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            raise ValueError(f"not a syncguard A/B report (schema {SCHEMA!r} expected)")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"A/B report schema version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        try:
+            tests = tuple(
+                TestAB(
+                    str(t["nodeid"]),
+                    tuple(
+                        CountChange(str(c["metric"]), float(c["base"]), float(c["head"]), str(c["status"]))
+                        for c in t["counts"]
+                    ),
+                    {str(name): _verdict(v) for name, v in t["timings"].items()},
+                    Explanation.from_dict(t["explanation"]),
+                )
+                for t in data["tests"]
+            )
+            return cls(
+                str(data["base"]), str(data["head"]), int(data["rounds"]), float(data["min_effect"]),
+                float(data["confidence"]), str(data["device"]), tuple(map(str, data["command"])), tests,
+                {str(side): tuple(map(str, ids)) for side, ids in data["only_in"].items()},
+            )  # fmt: skip
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"A/B report is malformed ({exc!r})") from exc
+
+
+def _verdict(raw: Mapping[str, Any]) -> RatioVerdict:
+    def number(key: str) -> float | None:
+        value = raw[key]
+        return None if value is None else float(value)
+
+    return RatioVerdict(
+        int(raw["rounds"]), number("ratio"), number("low"), number("high"), number("confidence"), str(raw["verdict"]),
+        str(raw["reason"]),
+    )  # fmt: skip
+
+
+# -- reading one side's results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the A/B reads of one test in one run's JSON results."""
+
+    metrics: Mapping[str, float]
+    details: Details
+    device: str
+
+
+def _site(raw: Mapping[str, Any]) -> SiteCount | None:
+    if raw.get("path"):
+        return SiteCount(
+            str(raw["path"]), int(raw["line"]), str(raw["function"]), str(raw.get("code", "")), str(raw["kind"]),
+            str(raw["op"]), int(raw["count"]),
+        )  # fmt: skip
+    return None
+
+
+def read_results(path: Path) -> dict[str, Measured]:
+    """The measured tests of a ``--syncguard-json`` file whose call did not raise: node id -> what A/B reads."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        found = {}
+        for test in data["tests"]:
+            if test.get("error") is not None or test.get("outcome") is not None:
+                continue
+            sites = tuple(s for raw in test.get("sites", ()) if (s := _site(raw)) is not None)
+            top = {name: tuple((str(label), int(n)) for label, n in items)
+                   for name, items in test.get("counted_top", {}).items()}  # fmt: skip
+            slug = (test.get("baseline") or {}).get("device") or test["device"]
+            found[str(test["nodeid"])] = Measured(dict(test["metrics"]), Details(sites, top, _top_limit()), str(slug))
+        return found
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ABError(f"{path}: not readable syncguard JSON results ({exc!r})") from exc
+
+
+def _top_limit() -> int:
+    from .analysis.counts import TOP
+
+    return TOP
+
+
+# -- comparing the two sides --------------------------------------------------------------------------------------
+
+
+def compare_sides(
+    base: Sequence[Mapping[str, Measured]],
+    head: Sequence[Mapping[str, Measured]],
+    *,
+    min_effect: float,
+    confidence: float,
+) -> tuple[list[TestAB], dict[str, tuple[str, ...]]]:
+    """Per test measured in every round on both sides: counts exactly, the other metrics by paired rounds."""
+    every_base = set.intersection(*(set(r) for r in base)) if base else set()
+    every_head = set.intersection(*(set(r) for r in head)) if head else set()
+    everywhere = every_base & every_head
+    seen = set().union(*base, *head)
+    only_in = {
+        side: tuple(sorted(ids))
+        for side, ids in (("base", seen - every_head), ("head", seen - every_base))
+        if ids
+    }  # fmt: skip
+    tests = []
+    for nodeid in sorted(everywhere):
+        b = [r[nodeid] for r in base]
+        h = [r[nodeid] for r in head]
+        counts: list[CountChange] = []
+        timings: dict[str, RatioVerdict] = {}
+        names = set(b[0].metrics) & set(h[0].metrics)
+        for name in sorted(names):
+            spec = metric(name)
+            if spec is None or name in DERIVED:
+                continue
+            if not all(name in m.metrics for m in (*b, *h)):
+                continue
+            if spec.counted:
+                old = {m.metrics[name] for m in b}
+                new = {m.metrics[name] for m in h}
+                if len(old) > 1 or len(new) > 1:
+                    counts.append(CountChange(name, max(old), max(new), "varies"))
+                elif new != old:
+                    (was,), (now,) = old, new
+                    counts.append(CountChange(name, was, now, "regression" if now > was else "improvement"))
+            else:
+                pairs = [(x.metrics[name], y.metrics[name]) for x, y in zip(b, h, strict=True)]
+                timings[name] = judge(
+                    pairs, higher_is_better=spec.higher_is_better, min_effect=min_effect, confidence=confidence
+                )
+        moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
+        explanation = explain(b[0].details, h[0].details, moved) if moved else Explanation()
+        tests.append(TestAB(nodeid, tuple(counts), timings, explanation))
+    return tests, only_in
+
+
+# -- running the rounds --------------------------------------------------------------------------------------------
+
+
+def _git(directory: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=300)
+    except FileNotFoundError as exc:
+        raise ABError("git is not installed: give the base as a checkout with --base-dir") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ABError(f"git {' '.join(args)} took over 300 s") from exc
+    if done.returncode != 0:
+        raise ABError(f"git {' '.join(args)} in {directory} failed: {done.stderr.strip()[:500]}")
+    return done.stdout.strip()
+
+
+@contextmanager
+def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
+    """A detached worktree of ``ref`` (a clean checkout of it), removed afterwards; yields (folder, commit)."""
+    commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    parent = Path(tempfile.mkdtemp(prefix="syncguard-ab-"))
+    folder = parent / "base"
+    _git(repository, "worktree", "add", "--detach", str(folder), commit)
+    try:
+        yield folder, commit
+    finally:
+        subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(folder)],
+                       capture_output=True, timeout=300, check=False)  # fmt: skip
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def describe_checkout(directory: Path) -> str:
+    """The commit a checkout is at, marked ``+changes`` when its tracked files differ; the folder without git."""
+    try:
+        commit = _git(directory, "rev-parse", "HEAD")
+        dirty = _git(directory, "status", "--porcelain", "--untracked-files=no")
+    except ABError:
+        return str(directory)
+    return commit[:12] + (" +changes" if dirty else "")
+
+
+def side_environment(directory: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a side's pytest: its own code first on ``PYTHONPATH``."""
+    first = [str(directory)] + ([str(directory / "src")] if (directory / "src").is_dir() else [])
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
+
+
+def run_side(directory: Path, pytest_args: Sequence[str], out: Path, label: str, timeout: float) -> Path:
+    """One side's pytest run of one round; returns its JSON results."""
+    results, log, junit = out / f"{label}.json", out / f"{label}.log", out / f"{label}.xml"
+    empty = out / "no-baselines"
+    empty.mkdir(exist_ok=True)
+    command = [
+        sys.executable, "-m", "pytest", *pytest_args, "--syncguard", "--syncguard-json", str(results),
+        "--syncguard-baselines", str(empty), "-p", "no:cacheprovider", "--rootdir", str(directory),
+        "--junitxml", str(junit),
+    ]  # fmt: skip
+    with log.open("w", encoding="utf-8") as sink:
+        try:
+            done = subprocess.run(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
+                                  stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise ABError(f"{label}: pytest ran over {timeout:.0f} s (log: {log})") from exc
+    if done.returncode not in MEASURED_EXITS:
+        raise ABError(f"{label}: pytest exited {done.returncode} in {directory} (log: {log})")
+    if not results.is_file():
+        raise ABError(f"{label}: pytest wrote no results (log: {log})")
+    return results
+
+
+def run_rounds(
+    base: Path, head: Path, pytest_args: Sequence[str], rounds: int, out: Path, *, timeout: float, progress: Any
+) -> tuple[list[dict[str, Measured]], list[dict[str, Measured]]]:
+    """``rounds`` interleaved rounds (base first in odd ones); each side's results per round."""
+    sides: dict[str, list[dict[str, Measured]]] = {"base": [], "head": []}
+    folders = {"base": base, "head": head}
+    for index in range(1, rounds + 1):
+        order = ("base", "head") if index % 2 else ("head", "base")
+        for side in order:
+            label = f"round{index}-{side}"
+            progress(f"syncguard ab: {label} ...")
+            results = read_results(run_side(folders[side], pytest_args, out, label, timeout))
+            if not results:
+                raise ABError(f"{label}: no measured test in its results (log: {out / (label + '.log')})")
+            sides[side].append(results)
+    return sides["base"], sides["head"]
+
+
+def run(
+    *,
+    base_ref: str | None,
+    base_dir: Path | None,
+    head: Path,
+    pytest_args: Sequence[str],
+    rounds: int = DEFAULT_ROUNDS,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    confidence: float = DEFAULT_CONFIDENCE,
+    out: Path,
+    timeout: float = 3600.0,
+    progress: Any = print,
+) -> ABReport:
+    """The whole A/B: the base's checkout, the rounds, the comparison."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if rounds < rounds_needed(confidence):
+        progress(
+            f"syncguard ab: {rounds} rounds cannot give a {confidence:.0%} interval (needs "
+            f"{rounds_needed(confidence)}): every timing will be inconclusive"
+        )
+    if base_dir is not None:
+        base_dir = base_dir.resolve()
+        base_name = describe_checkout(base_dir)
+        base_side, head_side = run_rounds(base_dir, head, pytest_args, rounds, out, timeout=timeout, progress=progress)
+    else:
+        assert base_ref is not None
+        with worktree(head, base_ref) as (folder, commit):
+            base_name = commit[:12]
+            base_side, head_side = run_rounds(folder, head, pytest_args, rounds, out, timeout=timeout,
+                                              progress=progress)  # fmt: skip
+    tests, only_in = compare_sides(base_side, head_side, min_effect=min_effect, confidence=confidence)
+    devices = sorted({m.device for r in (*base_side, *head_side) for m in r.values()})
+    return ABReport(
+        base_name, describe_checkout(head), rounds, min_effect, confidence, ", ".join(devices), tuple(pytest_args),
+        tuple(tests), only_in,
+    )  # fmt: skip
+
+
+def summary_lines(report: ABReport) -> list[str]:
+    """The A/B as text: one line per test, the non-unchanged metrics under it."""
+    lines = [
+        f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {report.rounds} rounds "
+        f"interleaved, {report.confidence:.0%} intervals, minimum effect {report.min_effect:.0%}",
+    ]
+    for test in report.tests:
+        lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
+        for c in test.counts:
+            lines.append(f"    {c.metric}: {_number(c.base)} -> {_number(c.head)} ({c.status})")
+        lines.extend(f"    {line}" for line in test.explanation.lines())
+        for name, v in sorted(test.timings.items()):
+            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{f' ({v.reason})' if v.reason else ''}")
+    for side, ids in sorted(report.only_in.items()):
+        lines.append(f"only measured in every round of the {side} (not compared): {', '.join(ids)}")
+    totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
+    lines.append(
+        f"syncguard ab: {len(report.tests)} tests, " + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
+    )
+    return lines
+
+
+def ratio_text(v: RatioVerdict) -> str:
+    """``x1.031 [0.998, 1.062]`` (head/base, its interval), or ``-`` without one."""
+    if v.ratio is None or v.low is None or v.high is None:
+        return "-"
+    return f"x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]"
+
+
+def _number(value: float) -> str:
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"

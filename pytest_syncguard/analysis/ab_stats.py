@@ -1,0 +1,112 @@
+"""Head against base of one timing, from paired rounds run on one runner: the head/base ratio with an exact
+distribution-free confidence interval, and a verdict against a minimum effect (pure functions, no torch).
+
+Each round gives one value per side (a test's median over its runs); its log ratio ``log(head / base)`` is one
+paired difference. The estimate is the Hodges-Lehmann median of the Walsh averages of those differences, and the
+interval the one Wilcoxon's signed-rank test gives (exact, from the test's null distribution; it assumes only
+that a difference is as likely above as below its median). With ``n`` rounds the most confident interval is the
+range of the ``n`` ratios, at confidence ``1 - 2 / 2**n``: 5 rounds cannot give 95%, 6 can.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+#: Verdicts of a timing A/B.
+REGRESSION, IMPROVEMENT, UNCHANGED, INCONCLUSIVE = "regression", "improvement", "unchanged", "inconclusive"
+
+
+@cache
+def _signed_rank_counts(n: int) -> tuple[int, ...]:
+    """How many of the 2**n sign patterns give each value of the signed-rank statistic W+ (0 .. n(n+1)/2)."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        longer = counts + [0] * rank
+        for value, ways in enumerate(counts):
+            longer[value + rank] += ways
+        counts = longer
+    return tuple(counts)
+
+
+def rounds_needed(confidence: float) -> int:
+    """The fewest rounds whose signed-rank interval reaches ``confidence``."""
+    n = 1
+    while 2 / 2**n > 1 - confidence:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    """The interval's exact coverage (at least the confidence asked for)."""
+
+
+def interval(differences: Sequence[float], confidence: float) -> Interval | None:
+    """Hodges-Lehmann estimate of the median difference and its signed-rank interval at ``confidence`` or
+    more; None when ``len(differences)`` rounds cannot reach it."""
+    n = len(differences)
+    if n == 0:
+        return None
+    counts = _signed_rank_counts(n)
+    total = 2**n
+    # The interval between the k-th smallest and k-th largest Walsh average covers with 1 - 2 P(W+ <= k - 1).
+    k, below = 0, 0
+    while k < len(counts) and 2 * (below + counts[k]) / total <= 1 - confidence:
+        below += counts[k]
+        k += 1
+    if k == 0:
+        return None
+    walsh = sorted((differences[i] + differences[j]) / 2 for i in range(n) for j in range(i, n))
+    middle = len(walsh) // 2
+    estimate = walsh[middle] if len(walsh) % 2 else (walsh[middle - 1] + walsh[middle]) / 2
+    return Interval(estimate, walsh[k - 1], walsh[-k], 1 - 2 * below / total)
+
+
+@dataclass(frozen=True)
+class RatioVerdict:
+    """Head/base of one metric: ratio estimate, interval, verdict and why."""
+
+    rounds: int
+    ratio: float | None
+    low: float | None
+    high: float | None
+    confidence: float | None
+    verdict: str
+    reason: str = ""
+
+
+def judge(
+    pairs: Sequence[tuple[float, float]], *, higher_is_better: bool, min_effect: float, confidence: float
+) -> RatioVerdict:
+    """The verdict of ``(base, head)`` values of paired rounds: a regression (or improvement) only when the whole
+    interval of head/base lies beyond the minimum effect in that direction, unchanged when it lies within it,
+    else inconclusive."""
+    usable = [(b, h) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
+    if len(usable) < len(pairs):
+        return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio")
+    found = interval([math.log(h / b) for b, h in usable], confidence)
+    if found is None:
+        reason = (
+            f"{len(usable)} rounds cannot give a {confidence:.0%} interval: run {rounds_needed(confidence)} or more"
+        )
+        return RatioVerdict(len(usable), None, None, None, None, INCONCLUSIVE, reason)
+    bound = math.log1p(min_effect)
+    worse_low, worse_high = (-found.high, -found.low) if higher_is_better else (found.low, found.high)
+    if worse_low > bound:
+        verdict = REGRESSION
+    elif worse_high < -bound:
+        verdict = IMPROVEMENT
+    elif -bound <= worse_low and worse_high <= bound:
+        verdict = UNCHANGED
+    else:
+        verdict = INCONCLUSIVE
+    return RatioVerdict(
+        len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict
+    )

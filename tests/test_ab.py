@@ -1,0 +1,267 @@
+"""The regression gate: the A/B statistics against brute force and simulation, count explanations (sync sites,
+movers) through baselines, and ``syncguard ab`` end to end on a real git repository."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.ab import ABReport
+from pytest_syncguard.analysis.ab_stats import (
+    IMPROVEMENT,
+    INCONCLUSIVE,
+    REGRESSION,
+    UNCHANGED,
+    _signed_rank_counts,
+    interval,
+    judge,
+    rounds_needed,
+)
+from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
+from pytest_syncguard.baselines import BaselineStore, read, update
+from pytest_syncguard.metrics import Metrics
+
+
+def test_the_signed_rank_distribution_is_the_enumeration_of_sign_patterns() -> None:
+    for n in range(1, 9):
+        counted = [0] * (n * (n + 1) // 2 + 1)
+        for signs in itertools.product((0, 1), repeat=n):
+            counted[sum(rank for rank, positive in zip(range(1, n + 1), signs, strict=True) if positive)] += 1
+        assert list(_signed_rank_counts(n)) == counted
+
+
+def _accepted(differences: list[float], shift: float, confidence: float) -> bool:
+    """Brute force: the two-sided exact signed-rank test of median ``shift`` does not reject."""
+    moved = [d - shift for d in differences]
+    ranked = sorted(range(len(moved)), key=lambda i: abs(moved[i]))
+    w_plus = sum(rank + 1 for rank, i in enumerate(ranked) if moved[i] > 0)
+    counts = _signed_rank_counts(len(moved))
+    low_tail = sum(counts[: w_plus + 1]) / 2 ** len(moved)
+    high_tail = sum(counts[w_plus:]) / 2 ** len(moved)
+    return bool(2 * min(low_tail, high_tail) > 1 - confidence)
+
+
+def test_the_interval_is_the_set_of_shifts_the_signed_rank_test_accepts() -> None:
+    generator = random.Random(7)
+    for n, confidence in ((6, 0.95), (8, 0.95), (10, 0.9), (5, 0.9)):
+        differences = [generator.gauss(0.05, 0.03) for _ in range(n)]
+        found = interval(differences, confidence)
+        assert found is not None and found.confidence >= confidence
+        grid = [found.low + (found.high - found.low) * k / 50 for k in range(1, 50)]
+        assert all(_accepted(differences, shift, confidence) for shift in grid)
+        assert not _accepted(differences, found.low - 1e-9, confidence)
+        assert not _accepted(differences, found.high + 1e-9, confidence)
+    assert rounds_needed(0.95) == 6 and rounds_needed(0.9) == 5
+    assert interval([0.1] * 5, 0.95) is None  # 5 rounds cannot give 95%
+    assert interval([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 0.95).low == pytest.approx(0.1)  # type: ignore[union-attr]
+
+
+def test_verdicts_against_the_minimum_effect_in_simulation() -> None:
+    """Six rounds at 95%: no change with 5% noise is almost never called a regression (the whole interval must
+    lie beyond +3%); a 20% slowdown with 3% noise almost always is."""
+    generator = random.Random(11)
+
+    def verdicts(effect: float, noise: float, trials: int = 400) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for _ in range(trials):
+            pairs = [(1.0, (1 + effect) * math.exp(generator.gauss(0, noise))) for _ in range(6)]
+            verdict = judge(pairs, higher_is_better=False, min_effect=0.03, confidence=0.95).verdict
+            found[verdict] = found.get(verdict, 0) + 1
+        return found
+
+    null = verdicts(0.0, 0.05)
+    assert null.get(REGRESSION, 0) + null.get(IMPROVEMENT, 0) <= 4
+    slower = verdicts(0.20, 0.03)
+    assert slower.get(REGRESSION, 0) >= 390
+    steady = verdicts(0.0, 0.002)
+    assert steady.get(UNCHANGED, 0) >= 390
+    faster = judge([(1.0, 2.0)] * 6, higher_is_better=True, min_effect=0.03, confidence=0.95)
+    assert faster.verdict == IMPROVEMENT and faster.ratio == pytest.approx(2.0)
+    few = judge([(1.0, 2.0)] * 5, higher_is_better=False, min_effect=0.03, confidence=0.95)
+    assert few.verdict == INCONCLUSIVE and "run 6 or more" in few.reason
+
+
+def _site(line: int, code: str, count: int, function: str = "decode") -> SiteCount:
+    return SiteCount("pkg/loop.py", line, function, code, "scalar read", "aten::_local_scalar_dense", count)
+
+
+def test_a_site_is_matched_by_its_source_text_across_a_line_inserted_above_it() -> None:
+    before = [_site(10, "if bool(done.all()):", 100)]
+    after = [_site(10, "if token[0].item() < 0:", 100), _site(12, "if bool(done.all()):", 100)]
+    (change,) = site_changes(before, after)
+    assert (change.status, change.site.where, change.old, change.new) == (
+        "appeared",
+        "pkg/loop.py:10 in decode",
+        0,
+        100,
+    )
+    assert "if token[0].item() < 0:" in change.describe()
+    grew = site_changes(before, [_site(11, "if bool(done.all()):", 150)])
+    assert [(c.status, c.old, c.new) for c in grew] == [("grew", 100, 150)]
+    no_code = site_changes([_site(10, "", 4)], [_site(10, "", 4), _site(20, "", 2)])
+    assert [(c.status, c.site.line) for c in no_code] == [("appeared", 20)]
+
+
+def test_movers_say_when_an_item_was_beyond_a_cut_list() -> None:
+    old = Details(top={"ops": (("aten::add", 300), ("aten::mm", 200))}, top_limit=2)
+    new = Details(top={"ops": (("aten::add", 400), ("aten::mm", 200))}, top_limit=2)
+    explanation = explain(old, new, ["ops_per_token"])
+    assert [m.describe() for m in explanation.movers] == ["operators of ops: aten::add 300 -> 400 (+100)"]
+    cut = explain(old, Details(top={"ops": (("aten::add", 300), ("aten::item", 250))}, top_limit=2), ["ops"])
+    # aten::item (250) is above the old list's smallest (200): it moved; aten::mm (200) may be just below 250.
+    assert {m.item: (m.old, m.new) for m in cut.movers} == {"aten::item": (None, 250)}
+
+
+def test_baselines_keep_the_details_that_explain_a_count_regression(tmp_path: Path) -> None:
+    details = Details((_site(10, "if bool(done.all()):", 4),), {"ops": (("aten::add", 8),)}, 64)
+    update(tmp_path / "cpu.json", "cpu", {"t::a": {"syncs": 4, "ops": 8}}, {"torch": "2.13"}, {"t::a": details})
+    assert read(tmp_path / "cpu.json").details["t::a"] == details  # type: ignore[union-attr]
+    now = Details((_site(10, "if bool(done.all()):", 4), _site(11, "x.item()", 4)), {"ops": (("aten::add", 12),)}, 64)
+    store = BaselineStore(tmp_path, None, updating=False)
+    comparison = store.compare("t::a", "cpu", Metrics({"syncs": 8, "ops": 12}, {}), details=now)
+    assert comparison.status == "regression"
+    assert comparison.explanation.lines() == [
+        "sync site appeared pkg/loop.py:11 in decode: x.item() (scalar read, aten::_local_scalar_dense): 0 -> 4 "
+        "syncs (+4)",
+        "moved: operators of ops: aten::add 8 -> 12 (+4)",
+    ]
+    update(tmp_path / "cpu.json", "cpu", {"t::b": {"syncs": 1}}, {"torch": "2.13"}, {})
+    assert set(read(tmp_path / "cpu.json").details) == {"t::a"}  # type: ignore[union-attr]  # others kept
+
+
+LOOP = """
+    import time
+
+    import pytest
+    import torch
+
+
+    def step(x):
+        return torch.tanh(x @ x)
+
+
+    @pytest.mark.max_syncs_per_token(2)
+    def test_decode(syncguard):
+        x = torch.randn(32, 32) / 8
+
+        def loop():
+            y = x
+            for _ in range(10):
+                y = step(y)
+                if bool((y > 10).any()):
+                    break
+
+        syncguard.measure(loop, tokens=10, repeat=3)
+
+
+    def test_steady(syncguard):
+        x = torch.randn(32, 32) / 8
+        syncguard.measure(lambda: [step(x) for _ in range(10)], tokens=10, repeat=3)
+"""
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_regression(tmp_path: Path) -> None:
+    """A base commit, and a head that adds a host read and 2 ms of sleep per step: the count regression names the
+    new site with its source line, the time's interval lies beyond the minimum effect, the other test's counts
+    hold, and the worktree of the base is removed."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    slower = textwrap.dedent(LOOP).replace(
+        "            y = step(y)\n            if bool",
+        "            y = step(y)\n            time.sleep(0.002)\n            _ = y.sum().item()\n            if bool",
+    )
+    (repo / "test_loop.py").write_text(slower)
+    _git(repo, "commit", "-qam", "head")
+    environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
+    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
+               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
+               "test_loop.py", "-q"]  # fmt: skip
+    done = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = ABReport.from_dict(json.loads((repo / "ab.json").read_text()))
+    tests = {t.nodeid: t for t in report.tests}
+    decode, steady = tests["test_loop.py::test_decode"], tests["test_loop.py::test_steady"]
+    assert decode.verdict == REGRESSION
+    assert {(c.metric, c.base, c.head) for c in decode.counts} >= {("syncs", 10, 20), ("syncs_per_token", 1, 2)}
+    (site,) = decode.explanation.sites
+    assert (site.status, site.site.path, site.site.code) == ("appeared", "test_loop.py", "_ = y.sum().item()")
+    assert decode.timings["seconds"].verdict == REGRESSION and decode.timings["seconds"].low > 1.5  # type: ignore[operator]
+    assert "tokens_per_second" not in decode.timings  # judged once, as seconds
+    assert steady.counts == ()  # its counts did not move
+    assert "y\\.sum\\(\\)\\.item\\(\\)" in (repo / "ab.md").read_text()
+    assert "worktree" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
+                                            text=True).stdout.split("\n", 1)[1]  # fmt: skip
+    assert len(list((repo / "syncguard-ab").glob("round*-*.json"))) == 4
+    # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
+    (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
+    junit = repo / "syncguard-ab" / "round1-head.xml"
+    rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--ab", "ab.json"],
+                              cwd=repo, capture_output=True, text=True)  # fmt: skip
+    assert rendered.returncode == 0 and "A/B on one runner: 1 regressions in 2 tests" in rendered.stdout
+    refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--ab", "bad.json"],
+                             cwd=repo, capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
+
+
+GATE = Path(__file__).parent / "data" / "h100_gate"
+
+
+def _report(tmp_path: Path, name: str, *extra: str) -> tuple[str, str]:
+    import gzip
+
+    junit = tmp_path / f"{name}.xml"
+    junit.write_bytes(gzip.decompress((GATE / f"{name}.xml.gz").read_bytes()))
+    markdown = tmp_path / f"{name}.md"
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--baselines",
+                           str(GATE / "baselines"), "--markdown", str(markdown), *extra],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stderr, markdown.read_text()
+
+
+def test_the_h100_gate_passes_an_unchanged_suite_from_another_host_and_names_each_planted_change(
+    tmp_path: Path,
+) -> None:
+    """Real runs (tests/data/README.md): the unchanged suite on a third H100 host against the baseline a second
+    recorded passes (judging its host timings would have failed it), and the planted changes are caught where they
+    were planted, with what changed, and nowhere else."""
+    summary, _ = _report(tmp_path, "unchanged-host3")
+    assert "17 tests, 0 regressions" in summary
+    cried_wolf, _ = _report(tmp_path, "unchanged-host3", "--judge-host-timings")
+    assert "17 tests, 0 regressions" not in cried_wolf
+    speed, speed_md = _report(tmp_path, "planted-speed")
+    assert "3 tests, 2 regressions" in speed  # kv_cache and static_cache; cuda_graph's counts hold
+    assert (
+        "sync site appeared examples\\/strategies\\.py\\:71 in kv\\_cache\\: if token\\[0\\]\\.item\\(\\)" in speed_md
+    )
+    assert "test\\_speed\\[cuda\\_graph\\]" not in speed_md.split("### Regressions")[1].split("<details>")[0]
+    timeline, timeline_md = _report(tmp_path, "planted-timeline")
+    assert "3 tests, 3 regressions" in timeline
+    regressions = timeline_md.split("### Regressions")[1].split("What changed")[0]
+    assert "gpu\\_us\\_per\\_token | 2092 us → 2542 us" in regressions  # the GPU step made slower
+    assert "launches | 35663 → 35763" in regressions and "CUDAFunctorOnSelf\\_add" in timeline_md
+    unchanged = ABReport.from_dict(json.loads((GATE / "ab-unchanged.json").read_text()))
+    assert unchanged.regressions == 0
+    planted = {
+        t.nodeid.split("::")[1]: t for t in ABReport.from_dict(json.loads((GATE / "ab-planted.json").read_text())).tests
+    }
+    seconds = planted["test_speed[cuda_graph]"].timings["seconds"]
+    assert seconds.verdict == REGRESSION and seconds.low is not None and seconds.low > 1.1
