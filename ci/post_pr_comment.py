@@ -3,7 +3,8 @@ branch, on the artifact of a GPU run, which is untrusted data (a fork's code pro
 
 The artifact is never executed and none of it reaches a shell: the PR number and device slug must match
 strict patterns, the PR's current head must be the commit the GPU run tested, only ``junit-*.xml`` files of
-bounded size are read (by junitparser, inside ``syncguard report``, which escapes everything it renders), and
+bounded size are read (by junitparser, inside ``syncguard report``, which escapes everything it renders), as is
+the A/B report ``ab-<slug>.json`` where there is one (validated by ``syncguard report --ab``), and
 the Markdown is rendered here, against the baselines of the default branch. After posting, the
 ``gpu-approved`` label is removed from a fork's PR, so that its next push needs a maintainer again.
 
@@ -62,9 +63,12 @@ def main() -> None:
     ]
     if not junit:
         fail("artifact has no junit-*.xml file")
+    ab = folder / f"ab-{slug}.json"
+    with_ab = ["--ab", str(ab)] if ab.is_file() and not ab.is_symlink() and ab.stat().st_size <= MAX_JUNIT_BYTES else []
     body = Path(os.environ.get("RUNNER_TEMP", "/tmp")) / "syncguard-comment.md"
     report = subprocess.run(
-        ["syncguard", "report", *map(str, junit), "--baselines", "baselines", "--markdown", str(body)], check=False
+        ["syncguard", "report", *map(str, junit), "--baselines", "baselines", *with_ab, "--markdown", str(body)],
+        check=False,
     )
     if report.returncode != 0:
         fail("syncguard report failed")

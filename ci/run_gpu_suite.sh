@@ -5,7 +5,9 @@
 #
 #   bash ci/run_gpu_suite.sh [OUT]
 #
-# PR_NUMBER (optional) is written to OUT/pr-number for the comment workflow, which checks it again.
+# PR_NUMBER (optional) is written to OUT/pr-number for the comment workflow, which checks it again. BASE_SHA
+# (optional, a pull request's base commit): the timing tests are also run A/B against the merge base on this
+# runner (syncguard ab), since host timings are not judged against a baseline recorded on another machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-syncguard-out}"
@@ -38,6 +40,15 @@ python -m pytest examples -p no:cacheprovider "${workers[@]}" \
     --syncguard-artifacts "$out/artifacts"
 status=$?
 
-syncguard report "$out/junit-$slug.xml" --baselines baselines \
+ab=()
+if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
+    merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
+    syncguard ab --base "$merge_base" --rounds 6 --out "$out/ab" --json "$out/ab-$slug.json" \
+        --markdown "$out/ab-$slug.md" --fail-on-regression -- examples/test_strategies.py -k test_speed \
+        || status=1
+    ab=(--ab "$out/ab-$slug.json")
+fi
+
+syncguard report "$out/junit-$slug.xml" --baselines baselines "${ab[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 exit "$status"
