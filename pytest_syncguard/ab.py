@@ -54,7 +54,7 @@ class CountChange:
 
 
 @dataclass(frozen=True)
-class TestAB:
+class HeadAgainstBase:
     """One test, head against base."""
 
     nodeid: str
@@ -80,11 +80,11 @@ class ABReport:
     confidence: float
     device: str
     command: tuple[str, ...]
-    tests: tuple[TestAB, ...]
+    tests: tuple[HeadAgainstBase, ...]
     only_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Tests measured on one side only ("base" or "head"), or not in every round."""
 
-    def with_verdict(self, verdict: str) -> list[TestAB]:
+    def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
 
     @property
@@ -114,7 +114,7 @@ class ABReport:
             raise ValueError(f"A/B report schema version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
         try:
             tests = tuple(
-                TestAB(
+                HeadAgainstBase(
                     str(t["nodeid"]),
                     tuple(
                         CountChange(str(c["metric"]), float(c["base"]), float(c["head"]), str(c["status"]))
@@ -201,7 +201,7 @@ def compare_sides(
     *,
     min_effect: float,
     confidence: float,
-) -> tuple[list[TestAB], dict[str, tuple[str, ...]]]:
+) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured in every round on both sides: counts exactly, the other metrics by paired rounds."""
     every_base = set.intersection(*(set(r) for r in base)) if base else set()
     every_head = set.intersection(*(set(r) for r in head)) if head else set()
@@ -240,7 +240,7 @@ def compare_sides(
                 )
         moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
         explanation = explain(b[0].details, h[0].details, moved) if moved else Explanation()
-        tests.append(TestAB(nodeid, tuple(counts), timings, explanation))
+        tests.append(HeadAgainstBase(nodeid, tuple(counts), timings, explanation))
     return tests, only_in
 
 

@@ -204,7 +204,8 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert {(c.metric, c.base, c.head) for c in decode.counts} >= {("syncs", 10, 20), ("syncs_per_token", 1, 2)}
     (site,) = decode.explanation.sites
     assert (site.status, site.site.path, site.site.code) == ("appeared", "test_loop.py", "_ = y.sum().item()")
-    assert decode.timings["seconds"].verdict == REGRESSION and decode.timings["seconds"].low > 1.5  # type: ignore[operator]
+    seconds = decode.timings["seconds"]  # 20 ms of sleep per loop; 2 rounds cannot rule out noise here
+    assert seconds.ratio is not None and seconds.ratio > 1.5, seconds
     assert "tokens_per_second" not in decode.timings  # judged once, as seconds
     assert steady.counts == ()  # its counts did not move
     assert "y\\.sum\\(\\)\\.item\\(\\)" in (repo / "ab.md").read_text()
