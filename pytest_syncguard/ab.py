@@ -14,6 +14,7 @@ No torch here: the rounds are separate pytest processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
-from .analysis.explain import Details, Explanation, SiteCount, explain
+from .analysis.counts import TOP
+from .analysis.explain import Details, Explanation, explain
 from .metrics import metric
+from .result import SiteRecord
 
 SCHEMA = "pytest-syncguard/ab"
 SCHEMA_VERSION = 1
@@ -157,39 +160,23 @@ class Measured:
     device: str
 
 
-def _site(raw: Mapping[str, Any]) -> SiteCount | None:
-    if raw.get("path"):
-        return SiteCount(
-            str(raw["path"]), int(raw["line"]), str(raw["function"]), str(raw.get("code", "")), str(raw["kind"]),
-            str(raw["op"]), int(raw["count"]),
-        )  # fmt: skip
-    return None
-
-
 def read_results(path: Path) -> dict[str, Measured]:
     """The measured tests of a ``--syncguard-json`` file whose call did not raise: node id -> what A/B reads."""
-    import json
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         found = {}
         for test in data["tests"]:
             if test.get("error") is not None or test.get("outcome") is not None:
                 continue
-            sites = tuple(s for raw in test.get("sites", ()) if (s := _site(raw)) is not None)
+            records = (SiteRecord.from_dict(raw) for raw in test.get("sites", ()))
+            sites = tuple(site for record in records if (site := record.counted()) is not None)
             top = {name: tuple((str(label), int(n)) for label, n in items)
                    for name, items in test.get("counted_top", {}).items()}  # fmt: skip
             slug = (test.get("baseline") or {}).get("device") or test["device"]
-            found[str(test["nodeid"])] = Measured(dict(test["metrics"]), Details(sites, top, _top_limit()), str(slug))
+            found[str(test["nodeid"])] = Measured(dict(test["metrics"]), Details(sites, top, TOP), str(slug))
         return found
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ABError(f"{path}: not readable syncguard JSON results ({exc!r})") from exc
-
-
-def _top_limit() -> int:
-    from .analysis.counts import TOP
-
-    return TOP
 
 
 # -- comparing the two sides --------------------------------------------------------------------------------------

@@ -45,11 +45,6 @@ class Metric:
     """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
     one (from their spread between runners of one GPU model: README, "What the gate judges")."""
 
-    @property
-    def judged_by_baseline(self) -> bool:
-        """Compared with a baseline entry by default: counts and device-side metrics."""
-        return not self.host
-
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
             return f"{int(value)}"

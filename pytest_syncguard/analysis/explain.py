@@ -41,6 +41,16 @@ class SiteCount:
     def key(self, by_code: bool) -> tuple[str, str, str, str, str]:
         return (self.path, self.function, self.code if by_code else str(self.line), self.kind, self.op)
 
+    @classmethod
+    def from_dict(cls, raw: object) -> SiteCount:
+        """A site from plain data; ValueError/KeyError/TypeError on anything else (it may come from a file)."""
+        if not isinstance(raw, Mapping):
+            raise ValueError("a site must be an object")
+        return cls(
+            str(raw["path"]), int(raw["line"]), str(raw["function"]), str(raw.get("code", "")), str(raw["kind"]),
+            str(raw["op"]), int(raw["count"]),
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Details:
@@ -64,15 +74,7 @@ class Details:
         """Details from plain data; ValueError on anything else (the data may come from an untrusted file)."""
         if not isinstance(data, Mapping):
             raise ValueError("details must be an object")
-        sites = []
-        for raw in data.get("sites", ()):
-            if not isinstance(raw, Mapping):
-                raise ValueError("a site must be an object")
-            site = SiteCount(
-                str(raw["path"]), int(raw["line"]), str(raw["function"]), str(raw.get("code", "")), str(raw["kind"]),
-                str(raw["op"]), int(raw["count"]),
-            )  # fmt: skip
-            sites.append(site)
+        sites = tuple(SiteCount.from_dict(raw) for raw in data.get("sites", ()))
         top_raw = data.get("top", {})
         if not isinstance(top_raw, Mapping):
             raise ValueError("top must be an object")
@@ -81,7 +83,7 @@ class Details:
             for name, items in top_raw.items()
             if name in ITEMIZED
         }
-        return cls(tuple(sites), top, int(data.get("top_limit", 0)))
+        return cls(sites, top, int(data.get("top_limit", 0)))
 
 
 @dataclass(frozen=True)
@@ -139,12 +141,8 @@ class Explanation:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Explanation:
-        sites = []
-        for raw in data["sites"]:
-            old, new = raw["old"], raw["new"]
-            site = Details.from_dict({"sites": [{k: v for k, v in raw.items() if k not in ("old", "new")}]}).sites[0]
-            sites.append(SiteChange(site, old, new))
-        return cls(tuple(sites), tuple(Mover(**m) for m in data["movers"]))
+        sites = tuple(SiteChange(SiteCount.from_dict(raw), int(raw["old"]), int(raw["new"])) for raw in data["sites"])
+        return cls(sites, tuple(Mover(**m) for m in data["movers"]))
 
     def __bool__(self) -> bool:
         return bool(self.sites or self.movers)
