@@ -9,6 +9,11 @@ Writes to OUT_DIR:
 - graph_loop.trace.json.gz: the same steps replayed as a CUDA graph, without host reads, trimmed alike;
 - gpt2_b32_100.trace.json.gz: HF generate of 100 new tokens with GPT-2 (124M config, random init) at batch 32,
   the full trace (the input of bench/bench_trace.py).
+
+``--capture`` writes, instead, traces of the timeline capture as it is now (CUDA activity and the plugin's
+annotations, no host operators, a sentinel kernel at the end), trimmed alike:
+- capture_graph_steps.trace.json.gz: 12 graph replays in a region without a model (steps: the graph launches);
+- capture_marked_steps.trace.json.gz: the eager steps with a ``.item()`` each, marked by ``region.step()``.
 """
 
 from __future__ import annotations
@@ -89,6 +94,30 @@ def loop(out: Path, name: str, graphed: bool) -> None:
     files[0].unlink()
 
 
+def capture_loops(out: Path) -> None:
+    """The traces of the capture as it is now: graph replays as steps, steps marked by the loop."""
+    torch.manual_seed(0)
+    step = Step()
+    x = torch.randn(256, 1024, device="cuda")
+    guard = SyncGuard("capture")
+    with torch.no_grad():
+        graphed = GraphStep(step, x)
+        torch.cuda.synchronize()
+        with TIMELINE.capturing() as files, guard.generation(tokens=12):
+            for _ in range(12):
+                x = graphed(x)
+        trimmed(files[0], out / "capture_graph_steps.trace.json.gz")
+        files[0].unlink()
+        with TIMELINE.capturing() as files, guard.generation(tokens=12) as region:
+            for _ in range(12):
+                region.step()
+                x = step(x)
+                if x.sum().item() > 1e30:
+                    break
+        trimmed(files[0], out / "capture_marked_steps.trace.json.gz")
+        files[0].unlink()
+
+
 def gpt2(out: Path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -112,6 +141,11 @@ def gpt2(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--capture":
+        directory = Path(sys.argv[2])
+        directory.mkdir(parents=True, exist_ok=True)
+        capture_loops(directory)
+        sys.exit(0)
     directory = Path(sys.argv[1])
     directory.mkdir(parents=True, exist_ok=True)
     loop(directory, "item_loop", graphed=False)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .analysis.gaps import parse_stat
+from .analysis.gaps import FORWARD_STEPS, parse_stat
 from .metrics import MIB, Metric, gap_metric_name, metric
 
 if TYPE_CHECKING:
@@ -133,7 +133,11 @@ def _judged_steps(m: Measurement, example: int) -> str:
     timelines = m.gpu_timelines
     shown = timelines[example]
     runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
-    steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up" if shown.steps else "no steps"
+    steps = "no steps"
+    if shown.steps:
+        steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up"
+        if shown.steps_from != FORWARD_STEPS:
+            steps += f"; steps: {shown.steps_from}"
     return runs + steps
 
 
@@ -440,7 +444,8 @@ def check_budgets(
 ) -> tuple[list[BudgetCheck], str | None]:
     """Each budget against the measurement, and the usage error that kept some from being checked (a per-token
     budget without a token count). A budget whose signal is missing is "not measured", which fails it with
-    ``require_gpu``; it never passes."""
+    ``require_gpu``; it never passes. A timeline budget over a trace that cannot be trusted fails with the
+    reason ("unreliable"), never with a number."""
     checks = []
     error = None
     for budget in budgets:
@@ -450,6 +455,9 @@ def check_budgets(
                 "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
             )
             checks.append(BudgetCheck(budget, None, None, "not checked"))
+        elif budget.signal == "timeline" and measurement.unreliable_timeline is not None:
+            text = f"{budget.marker}: unreliable: {measurement.unreliable_timeline}"
+            checks.append(BudgetCheck(budget, None, False, text))
         elif (reason := _unmeasured(budget, measurement)) is not None:
             checks.append(budget.not_measured(reason, required=require_gpu))
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +20,9 @@ import torch
 
 from .analysis import gaps, snapshot, trace_file
 from .analysis.counts import RegionCounts
-from .analysis.device_work import device_work
+from .analysis.device_work import device_work, unreliable_counts
+from .analysis.gaps import TimelineSummary
+from .analysis.reliability import sentinel_problem
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets
@@ -88,6 +90,8 @@ class CallCapture:
     options: GuardOptions
     timeline: bool
     memory: bool
+    host_ops: bool = False
+    """Record every host operator in the timeline (a diagnostic run: slows the host)."""
     trace_files: list[Path] = field(default_factory=list)
     snapshots: list[Path] = field(default_factory=list)
     whole_call: GenerationRegion | None = None
@@ -107,7 +111,7 @@ class CallCapture:
         try:
             with ExitStack() as stack:
                 if self.timeline:
-                    self.trace_files = stack.enter_context(TIMELINE.capturing())
+                    self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
                 if self.memory:
                     self.snapshots = stack.enter_context(allocation_history())
                 stack.enter_context(self.whole_call.recording())
@@ -173,7 +177,7 @@ class CallCapture:
 
     def with_timelines(self, measurement: Measurement) -> Measurement:
         """The measurement with the GPU timeline of each of its regions and the device work each launched, from
-        the recorded trace."""
+        the recorded trace; or, when the trace cannot be trusted, with the reason instead of their numbers."""
         if not self.trace_files:
             return measurement
         trace = trace_file.load(self.trace_files[0])
@@ -183,10 +187,14 @@ class CallCapture:
             gaps.analyze(trace, window=windows[n], warmup_steps=warmup_steps) if n in windows else None
             for n in measurement.region_numbers
         )
+        problem = sentinel_problem(trace) or next((t.unreliable for t in timelines if t and t.unreliable), None)
         counts = dict(measurement.region_counts)
         for n in measurement.region_numbers:
             if n in windows:
-                counts[n] = counts.get(n, RegionCounts()).merged(device_work(trace, windows[n]))
+                work = device_work(trace, windows[n]) if problem is None else unreliable_counts(problem)
+                counts[n] = counts.get(n, RegionCounts()).merged(work)
+        if problem is not None:
+            return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
         return replace(measurement, timelines=timelines, region_counts=counts)
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
@@ -221,3 +229,33 @@ class CallCapture:
             for path in [*self.trace_files, *self.snapshots]:
                 path.unlink(missing_ok=True)
         return kept, problem
+
+
+def diagnose_gaps(nodeid: str, guard: SyncGuard, options: GuardOptions, rerun: Callable[[], object]) -> TimelineSummary:
+    """Run a test's call again (``rerun``) with every host operator recorded: its widest region's timeline, whose
+    launch-bound gaps list the operators between launches. Nothing of it is judged: the recording slows the
+    host. The guard's own measurements are kept; a problem raises :class:`DiagnosisError`."""
+    saved, guard.measurements = guard.measurements, []
+    capture = CallCapture(nodeid, guard, (), options, timeline=True, memory=False, host_ops=True)
+    try:
+        with capture.recording():
+            rerun()
+        whole = capture.whole_call.measurement if capture.whole_call else None
+        measured = guard.measurements or ([whole] if whole else [])
+        if not measured:
+            raise DiagnosisError("the rerun measured nothing")
+        measurement = capture.with_timelines(Measurement.combine(measured))
+        if measurement.unreliable_timeline is not None:
+            raise DiagnosisError(f"its timeline is unreliable: {measurement.unreliable_timeline}")
+        timelines = measurement.gpu_timelines
+        if not timelines:
+            raise DiagnosisError("the rerun launched no GPU work")
+        widest = max(range(len(timelines)), key=lambda i: timelines[i].gap_stat("max"))
+        return timelines[widest].summary(region=widest + 1)
+    finally:
+        guard.measurements = saved
+        capture.keep(None, failed=False)
+
+
+class DiagnosisError(Exception):
+    """Why a diagnostic rerun gave nothing to show."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from .analysis import gaps, trace_file
+    from .analysis import gaps, reliability, trace_file
     from .report.terminal import gap_lines
 
     try:
@@ -29,7 +29,20 @@ def _trace(args: argparse.Namespace) -> int:
     except trace_file.TraceError as exc:
         print(f"syncguard trace: {exc}", file=sys.stderr)
         return 2
-    timeline = gaps.analyze(trace, warmup_steps=args.warmup_steps, top=args.top)
+    # A trace of the plugin's capture carries its sentinel, which is not the loop's work; another profiler's
+    # trace is not judged by it.
+    sentinel = [r.start for r in trace.ranges if r.name == reliability.SENTINEL_ANNOTATION]
+    captured = bool(sentinel)
+    window = (float("-inf"), sentinel[-1]) if captured else None
+    timeline = gaps.analyze(trace, window=window, warmup_steps=args.warmup_steps, top=args.top)
+    problem = (reliability.sentinel_problem(trace) if captured else None) or (timeline and timeline.unreliable)
+    if problem:
+        if args.json:
+            found = {"file": args.file, "events": trace.events_read, "timeline": None, "unreliable": problem}
+            print(json.dumps(found, indent=2))
+        else:
+            print(f"{args.file}: unreliable: {problem}")
+        return 1
     statistics = {}
     if timeline is not None:
         statistics = {"busy_fraction": timeline.busy_fraction, "max_gap_us": timeline.gap_stat("max"),

@@ -19,7 +19,7 @@ from .probes import compiles, ops
 from .probes.memory import driver_calls, region_memory
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
-from .probes.timeline import TIMELINE
+from .probes.timeline import TIMELINE, MarkedSteps
 
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
@@ -70,6 +70,8 @@ class Measurement:
     count_parts: tuple[tuple[int, ...], ...] = ()
     """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
     which the largest counts."""
+    unreliable_timeline: str | None = None
+    """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
@@ -161,6 +163,7 @@ class Measurement:
             unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
             region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
             count_parts=tuple(p for m in measurements for p in m.count_parts),
+            unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
         )
 
 
@@ -191,6 +194,7 @@ class GenerationRegion:
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
     _counts: list[RegionCounts] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
+    _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
@@ -226,6 +230,19 @@ class GenerationRegion:
         they are in the test's results, not here."""
         return self._measured().count(name)
 
+    def step(self) -> None:
+        """Mark the start of a decode step. A loop that calls it at each step has its GPU timeline judged by these
+        steps (the first ``warmup_steps`` left out) rather than by its model's forward calls or its CUDA graph
+        replays; it costs nothing unless a timeline is being captured."""
+        if self._open is None:
+            raise SyncguardUsageError("region.step() is called inside the region's `with` block")
+        self._steps.mark()
+
+    @property
+    def marked_steps(self) -> int:
+        """How many times the loop called :meth:`step`."""
+        return self._steps.marks
+
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.forward_calls += 1
 
@@ -238,6 +255,7 @@ class GenerationRegion:
             with ExitStack() as stack:
                 self._open = stack
                 stack.enter_context(TIMELINE.region(self.number))
+                stack.callback(self._steps.close)
                 if self.model is not None:
                     stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
                     if TIMELINE.active:
@@ -422,6 +440,15 @@ class SyncGuard:
         if outermost:
             self.measurements.append(worst)
         return worst
+
+    def step(self) -> None:
+        """Mark the start of a decode step in the innermost open region (see :meth:`GenerationRegion.step`): for a
+        loop run by :meth:`measure`, whose region the loop does not hold."""
+        if not self._open:
+            raise SyncguardUsageError(
+                f"{self.nodeid}: syncguard.step() is called inside syncguard.generation() or syncguard.measure()"
+            )
+        self._open[-1].step()
 
     @contextmanager
     def allow(self) -> Iterator[None]:

@@ -81,7 +81,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="judge host-dependent timings (time, tokens/s, gaps, busy fraction) against the baselines too: only "
         "where this runner recorded them (by default they are shown, and judged A/B with `syncguard ab`)",
     )
+    group.addoption(
+        "--syncguard-gap-ops",
+        action="store_true",
+        default=None,
+        help="a test that fails a GPU timeline budget runs its call once more with every host operator recorded, "
+        "and its failure lists the operators between launches in that run's largest gaps (not judged: recording "
+        "them slows the host)",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
+    parser.addini("syncguard_gap_ops", type="bool", default=False, help="as --syncguard-gap-ops")
     parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
     parser.addini("syncguard_judge_host_timings", type="bool", default=False, help="as --syncguard-judge-host-timings")
 
@@ -139,6 +148,24 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     return guard
 
 
+def _timeline_failed(result: MeasuredTest) -> bool:
+    return any(c.held is False and c.budget.signal == "timeline" for c in result.checks)
+
+
+def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTest) -> MeasuredTest:
+    """The result with a diagnostic rerun's gaps (``--syncguard-gap-ops``), or a note of why there are none."""
+    from dataclasses import replace
+
+    from .capture import diagnose_gaps
+
+    try:
+        diagnosis = diagnose_gaps(item.nodeid, guard, item.stash.get(_OPTIONS, GuardOptions()), item.runtest)
+    except Exception as exc:  # the judged result stands; the note says why there is no diagnosis
+        note = f"syncguard: {item.nodeid}: --syncguard-gap-ops: no diagnosis: {type(exc).__name__}: {exc}"
+        return replace(result, notes=(*result.notes, note))
+    return replace(result, gap_diagnosis=diagnosis)
+
+
 class SyncguardSession:
     """Per-run state: whether the summary is on, the baseline store, and the results of every test's report."""
 
@@ -158,6 +185,8 @@ class SyncguardSession:
         judge = config.getoption("syncguard_judge_host_timings")
         host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
         self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
+        gap_ops = config.getoption("syncguard_gap_ops")
+        self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []
@@ -226,6 +255,8 @@ class SyncguardSession:
                 artifacts=self.artifacts,
                 notes=self.notes,
             )
+            if result is not None and raised is None and self.gap_ops and _timeline_failed(result):
+                result = _with_gap_diagnosis(item, guard, result)
             if result is not None:
                 item.stash[_RESULT] = result
 

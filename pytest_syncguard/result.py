@@ -111,6 +111,9 @@ class MeasuredTest:
     """The largest contributors to the itemized counters (operators, kernels, recompile reasons, graph breaks)."""
     timeline: TimelineSummary | None = None
     """The region whose max gap is nearest the median: the example the failure text shows."""
+    gap_diagnosis: TimelineSummary | None = None
+    """A failing timeline's diagnostic rerun with every host operator recorded (``--syncguard-gap-ops``): its
+    widest region, whose gaps name the operators between launches. Slower than the judged run: not judged."""
     memory: tuple[MemoryStats, ...] = ()
     """Allocator numbers per region and device."""
     allocation_sites: tuple[AllocationSite, ...] = ()
@@ -204,6 +207,7 @@ class MeasuredTest:
             "compile_sites": [vars(s) | {"stack": list(s.stack)} for s in self.compile_sites],
             "outcome": self.outcome, "counted_top": {k: [list(i) for i in v] for k, v in self.counted_top.items()},
             "timeline": self.timeline.to_dict() if self.timeline else None,
+            "gap_diagnosis": self.gap_diagnosis.to_dict() if self.gap_diagnosis else None,
             "memory": [m.to_dict() for m in self.memory],
             "allocation_sites": [vars(s) for s in self.allocation_sites],
             "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
@@ -230,6 +234,7 @@ class MeasuredTest:
             outcome=data["outcome"],
             counted_top={k: tuple((str(label), int(n)) for label, n in v) for k, v in data["counted_top"].items()},
             timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
+            gap_diagnosis=TimelineSummary.from_dict(data["gap_diagnosis"]) if data.get("gap_diagnosis") else None,
             memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
             allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),
             comparison=Comparison.from_dict(data["baseline"]) if data["baseline"] else None,

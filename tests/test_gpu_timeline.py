@@ -66,6 +66,15 @@ def test_eager_with_host_read(syncguard, step):
                 break
 
 
+@pytest.mark.max_gpu_idle_us(1)
+def test_launch_bound(syncguard):
+    x = torch.randn(64, device="cuda")
+    with syncguard.generation(tokens=20):
+        for _ in range(20):
+            for _ in range(40):
+                x = x * 1.0001  # tiny kernels: the host launches slower than the device runs them
+
+
 # p99, not max: once in a few runs on the H100 one replay among the ~550 gaps started up to 50 us late, with
 # the host far ahead (a device-side delay that no host change can remove).
 @pytest.mark.max_gpu_idle_us(10, stat="p99")
@@ -85,21 +94,27 @@ def test_graph_without_host_read(syncguard, step):
 def test_host_read_gap_fails_with_its_line_and_the_graph_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_loops=LOOPS)
     artifacts = pytester.path / "artifacts"
-    result = pytester.runpytest_subprocess("--syncguard", f"--syncguard-artifacts={artifacts}", "-v")
+    result = pytester.runpytest_subprocess(
+        "--syncguard", f"--syncguard-artifacts={artifacts}", "--syncguard-gap-ops", "-v"
+    )
     print(result.stdout.str())
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     line = next(i for i, text in enumerate(LOOPS.strip().splitlines(), 1) if "HOST READ" in text)
     result.stdout.fnmatch_lines(
         [
             "*max_gpu_idle_us: limit 10 us (max gap), measured * us (* gaps, 22 steps judged after 2 warm-up)*",
             "*host sync*step*",
             f"*cudaStreamSynchronize at scalar read at *test_loops.py:{line} in test_eager_with_host_read*",
-            "*kept *test_eager_with_host_read.trace.json.gz*",
+            "*the host's operators are not recorded: --syncguard-gap-ops*",
+            "*largest gaps of a diagnostic rerun with every host operator recorded*",
+            "*launch-bound*",
+            "*ops between: aten::mul*",
+            "*kept *test_launch_bound.trace.json.gz*",
             "*test_graph_without_host_read*PASS*",
         ]
     )
-    kept = list(artifacts.glob("*.trace.json.gz"))
-    assert len(kept) == 1
+    kept = sorted(artifacts.glob("*.trace.json.gz"))
+    assert len(kept) == 2 and "test_eager_with_host_read" in kept[0].name
     # The kept trace reads back through the CLI with the same analysis.
     cli = subprocess.run(
         [sys.executable, "-m", "pytest_syncguard.cli", "trace", str(kept[0])], capture_output=True, text=True

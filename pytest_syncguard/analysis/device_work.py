@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .counts import RegionCounts, top_items
+from .counts import COUNTERS, RegionCounts, top_items
 from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
 
 #: Copy direction from the name the profiler gives a memcpy ("Memcpy HtoD (Pageable -> Device)").
@@ -61,3 +61,9 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
         kernels[GRAPH_LAUNCH_ITEM] = graph_launches
     values.update(launches=launches + graph_launches, graph_launches=graph_launches)
     return RegionCounts(values, {"launches": top_items(kernels)})
+
+
+def unreliable_counts(reason: str) -> RegionCounts:
+    """No device-work count, for a trace that cannot be trusted: each counter of the timeline says why."""
+    return RegionCounts(unmeasured={n: f"the GPU timeline is unreliable: {reason}" for n, spec in COUNTERS.items()
+                                    if spec.source == "timeline"})  # fmt: skip

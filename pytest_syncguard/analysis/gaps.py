@@ -1,8 +1,10 @@
 """Device idle gaps and busy time over a trace, and the cause of each gap (pure functions, no torch).
 
 The device timeline merges kernels, memcpys and memsets of all streams: the GPU is idle when nothing runs on
-any stream. Each op belongs to the decode step in which the host launched it (annotations ``syncguard.step``
-made by the plugin, or ``ProfilerStep#N`` of a profiler schedule); warm-up steps are left out. A gap is
+any stream. Each op belongs to the decode step in which the host launched it; warm-up steps are left out. Steps come,
+in this order of preference, from the loop's own marks (``region.step()``: ``syncguard.step.marked``), from the
+forward calls of the region's model (``syncguard.step``) or a profiler schedule (``ProfilerStep#N``), else from
+the launches of CUDA graphs (a loop that replays one graph per step marks its steps by replaying it). A gap is
 attributed from the host side of the op that ended it:
 
 - ``host sync``: a blocking call (``cudaStreamSynchronize``, ...) returned on the launching thread after the
@@ -21,14 +23,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from .trace_file import BLOCKING_CALLS, GpuOp, HostCall, HostRange, Trace, paused_gc
+from .reliability import graph_problem, overlap_problem
+from .trace_file import BLOCKING_CALLS, GRAPH_LAUNCHES, GpuOp, HostCall, HostRange, Trace, paused_gc
 
 STEP_ANNOTATION = "syncguard.step"
+MARKED_STEP_ANNOTATION = "syncguard.step.marked"
 REGION_ANNOTATION = "syncguard.region"
 SYNC_ANNOTATION = "syncguard.sync"
 #: Host and device clocks are aligned by the profiler to about a microsecond.
 SLACK_US = 1.0
 HOST_SYNC, LAUNCH_BOUND, OTHER = "host sync", "launch-bound", "other"
+#: How to see which operators kept the host from launching (see :func:`attribute`).
+OPS_HINT = "--syncguard-gap-ops reruns a failing test to list them"
+#: Where a region's decode steps came from.
+MARKED_STEPS, FORWARD_STEPS, GRAPH_STEPS, NO_STEPS = "marked", "forward calls", "CUDA graph launches", ""
 
 
 class Gap(NamedTuple):
@@ -95,6 +103,8 @@ class TimelineSummary(JudgedSteps):
     p50_gap_us: float
     top_gaps: tuple[AttributedGap, ...]
     streams: tuple[StreamView, ...]
+    steps_from: str = NO_STEPS
+    """Where the steps came from (:data:`MARKED_STEPS`, ...); empty when there are none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +128,9 @@ class Timeline(JudgedSteps):
     """Every idle gap between device ops, in time order."""
     top_gaps: tuple[AttributedGap, ...]
     streams: tuple[StreamView, ...] = field(default=())
+    steps_from: str = NO_STEPS
+    unreliable: str | None = None
+    """Why the timeline's numbers cannot be trusted (lost graph kernels, overlapping ops), if so."""
 
     @property
     def busy_fraction(self) -> float:
@@ -131,7 +144,7 @@ class Timeline(JudgedSteps):
         judged = {f.name: getattr(self, f.name) for f in fields(JudgedSteps)}
         return TimelineSummary(
             **judged, region=region, gaps=len(self.gaps_us), p50_gap_us=self.gap_stat("p50"), top_gaps=self.top_gaps,
-            streams=self.streams,
+            streams=self.streams, steps_from=self.steps_from,
         )  # fmt: skip
 
 
@@ -199,8 +212,11 @@ class _Host:
             calls.sort(key=lambda c: c.end)
         self.blocking_ends = {tid: [c.end for c in calls] for tid, calls in self.blocking.items()}
         self.ranges: dict[int, list[HostRange]] = {}
+        self.recorded_ops = False
+        """Whether the trace recorded the host's operators (a capture with ``host_ops``, or another profiler's)."""
         for r in trace.ranges:
             self.ranges.setdefault(r.tid, []).append(r)
+            self.recorded_ops = self.recorded_ops or r.category == "cpu_op"
         self.range_starts = {tid: [r.start for r in rs] for tid, rs in self.ranges.items()}
 
     def launched_at(self, op: GpuOp) -> HostCall | None:
@@ -266,6 +282,12 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
         late = launch.start - sync.end
         detail = f"{sync.name} at {where}; next launch {late:.0f} us after it returned"
         return AttributedGap(gap.duration, gap.start, gap.step, HOST_SYNC, detail, op.name)
+    if launch.start >= gap.start - SLACK_US and not host.recorded_ops:
+        detail = (
+            f"host launched {launch.name} {launch.start - gap.start:.0f} us after the device went idle (the "
+            f"host's operators are not recorded: {OPS_HINT})"
+        )
+        return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
     if launch.start >= gap.start - SLACK_US:
         ops = host.ops_between(launch.tid, gap.start, launch.start)
         in_ops = sum(min(r.end, launch.start) - max(r.start, gap.start) for r in ops)
@@ -283,14 +305,26 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
     return AttributedGap(gap.duration, gap.start, gap.step, OTHER, detail, op.name)
 
 
-def step_ranges(trace: Trace, window: tuple[float, float] | None) -> list[HostRange]:
-    steps = [
-        r for r in trace.ranges
-        if r.category == "user_annotation" and (r.name == STEP_ANNOTATION or r.name.startswith("ProfilerStep#"))
-    ]  # fmt: skip
-    if window is not None:
-        steps = [r for r in steps if window[0] <= r.start <= window[1]]
-    return steps
+def step_starts(trace: Trace, window: tuple[float, float] | None) -> tuple[list[float], str]:
+    """When each decode step in ``window`` began (host time, sorted), and where the steps came from."""
+
+    def inside(time: float) -> bool:
+        return window is None or window[0] <= time <= window[1]
+
+    marked, forward = [], []
+    for r in trace.ranges:
+        if r.category != "user_annotation" or not inside(r.start):
+            continue
+        if r.name == MARKED_STEP_ANNOTATION:
+            marked.append(r.start)
+        elif r.name == STEP_ANNOTATION or r.name.startswith("ProfilerStep#"):
+            forward.append(r.start)
+    if marked:
+        return marked, MARKED_STEPS
+    if forward:
+        return forward, FORWARD_STEPS
+    graphs = [c.start for c in trace.host_calls if c.name in GRAPH_LAUNCHES and inside(c.start)]
+    return (graphs, GRAPH_STEPS) if graphs else ([], NO_STEPS)
 
 
 def regions(trace: Trace) -> dict[int, tuple[float, float]]:
@@ -318,8 +352,7 @@ def analyze(
 
 def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int, top: int) -> Timeline | None:
     host = _Host(trace)
-    steps = step_ranges(trace, window)
-    step_starts = [r.start for r in steps]
+    starts, steps_from = step_starts(trace, window)
     judged: list[GpuOp] = []
     step_of: dict[int, int | None] = {}
     for op in trace.gpu_ops:
@@ -327,13 +360,16 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
         when = launch.start if launch is not None else op.start
         if window is not None and not (window[0] <= when <= window[1]):
             continue
-        step = bisect.bisect_right(step_starts, when) - 1 if steps else None
+        step = bisect.bisect_right(starts, when) - 1 if starts else None
         if step is not None and step < warmup_steps:
             continue
         step_of[id(op)] = step
         judged.append(op)
     if not judged:
         return None
+    first = judged[0].start if not starts or warmup_steps >= len(starts) else starts[warmup_steps]
+    launches = [c for c in trace.host_calls if c.start >= first and (window is None or c.start <= window[1])]
+    unreliable = graph_problem(launches, trace.gpu_ops)
     busy, gaps = merge(judged)
     gaps = [g._replace(step=step_of[id(g.next_op)]) for g in gaps]
     largest = sorted(gaps, key=lambda g: -g.duration)[:top]
@@ -343,17 +379,20 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
     streams = []
     for stream, ops in sorted(by_stream.items()):
         stream_busy, stream_gaps = merge(ops)
+        unreliable = unreliable or overlap_problem(stream, ops)
         span = max(o.end for o in ops) - ops[0].start
         widest = max((g.duration for g in stream_gaps), default=0.0)
         streams.append(StreamView(stream, len(ops), stream_busy, span, widest))
     return Timeline(
-        steps=len(steps),
-        warmup_steps=min(warmup_steps, len(steps)) if steps else 0,
-        judged_steps=max(len(steps) - warmup_steps, 0) if steps else 0,
+        steps=len(starts),
+        warmup_steps=min(warmup_steps, len(starts)) if starts else 0,
+        judged_steps=max(len(starts) - warmup_steps, 0) if starts else 0,
         gpu_ops=len(judged),
         span_us=max(o.end for o in judged) - judged[0].start,
         busy_us=busy,
         gaps_us=tuple(g.duration for g in gaps),
         top_gaps=tuple(attribute(g, host) for g in largest),
         streams=tuple(streams),
+        steps_from=steps_from,
+        unreliable=unreliable,
     )

@@ -1,8 +1,16 @@
-"""The timeline probe: a torch.profiler session over a test's call on CUDA, with the plugin's regions, decode
-steps and counted syncs annotated, exported as a Chrome trace for :mod:`..analysis.gaps`.
+"""The timeline probe: a profiler session over a test's call on CUDA that records the device's work and the
+plugin's own annotations (regions, decode steps, counted syncs), exported as a Chrome trace for
+:mod:`..analysis.gaps`.
 
-Only host ranges and CUDA activity are recorded (no shapes, no Python stacks): each adds host time per op,
-which would lengthen the very launch gaps being measured.
+What it records is what the verdicts need and nothing the loop pays for per operator: the CUDA activity
+(kernels, copies, memsets, runtime calls, synchronizations) comes from CUPTI, and on the host only
+``record_function`` ranges (user scope) are recorded. The dispatcher's operators are not: recording each one
+costs host time before every launch, which in a launch-bound loop lengthens the very gaps being measured
+(bench/bench_timeline_capture.py). ``host_ops=True`` records them too, for a diagnostic run whose timings are
+not judged.
+
+A sentinel kernel is launched inside an annotation just before the capture stops: a trace whose sentinel has
+no kernel lost events (the profiler's device buffers filled), and nothing in it is trusted.
 """
 
 from __future__ import annotations
@@ -15,37 +23,58 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._C._autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+from torch._C._profiler import ProfilerActivity, RecordScope, _ExperimentalConfig
 from torch.autograd.profiler import record_function
-from torch.profiler import ProfilerActivity, profile
 
-from ..analysis.gaps import REGION_ANNOTATION, STEP_ANNOTATION, SYNC_ANNOTATION
+from ..analysis.gaps import MARKED_STEP_ANNOTATION, REGION_ANNOTATION, STEP_ANNOTATION, SYNC_ANNOTATION
+from ..analysis.reliability import SENTINEL_ANNOTATION
+
+_ACTIVITIES = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
+
+
+def _config() -> Any:
+    """A profiler configuration of this torch version: no shapes, memory, stacks, flops or modules; CUDA
+    synchronization events on."""
+    experimental = _ExperimentalConfig(enable_cuda_sync_events=True)
+    # torch.autograd.profiler.profile builds the ProfilerConfig its torch version expects; it is not entered.
+    holder = torch.autograd.profiler.profile(use_device="cuda", experimental_config=experimental)
+    return holder.config()  # type: ignore[no-untyped-call]
 
 
 class TimelineProbe:
-    """Process-wide: at most one profiled test call at a time (torch.profiler does not nest)."""
+    """Process-wide: at most one captured test call at a time (the profiler does not nest)."""
 
     def __init__(self) -> None:
         self.active = False
 
     @contextmanager
-    def capturing(self) -> Iterator[list[Path]]:
-        """Profile the block; on exit the yielded list holds the exported trace file (the caller removes it)."""
+    def capturing(self, *, host_ops: bool = False) -> Iterator[list[Path]]:
+        """Capture the block; on exit the yielded list holds the exported trace file (the caller removes it).
+        ``host_ops``: record every operator on the host as well (slows a launch-bound loop: diagnosis only)."""
         if self.active:
             raise RuntimeError("syncguard: a timeline capture is already running")
-        config = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], experimental_config=config)
+        config = _config()
+        scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
+        _prepare_profiler(config, _ACTIVITIES)
+        _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
         exported: list[Path] = []
-        prof.start()
         self.active = True
+        result = None
         try:
             yield exported
         finally:
             self.active = False
-            torch.cuda.synchronize()  # the last kernels belong to the trace
-            prof.stop()
+            try:
+                torch.cuda.synchronize()  # the last kernels belong to the trace
+                with record_function(SENTINEL_ANNOTATION):
+                    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]
+                torch.cuda.synchronize()
+            finally:
+                result = _disable_profiler()
             handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".trace.json")
             os.close(handle)
-            prof.export_chrome_trace(name)
+            result.save(name)
             exported.append(Path(name))
 
     def region(self, number: int) -> AbstractContextManager[Any]:
@@ -69,6 +98,28 @@ class TimelineProbe:
                 open_steps.pop().__exit__(None, None, None)
 
         return [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+
+
+class MarkedSteps:
+    """The decode steps a loop marks itself (``region.step()``): each mark ends the open step and begins the
+    next; annotated only while a capture runs."""
+
+    def __init__(self) -> None:
+        self.marks = 0
+        self._open: record_function | None = None
+
+    def mark(self) -> None:
+        self.marks += 1
+        self.close()
+        if TIMELINE.active:
+            step = record_function(MARKED_STEP_ANNOTATION)
+            step.__enter__()  # type: ignore[no-untyped-call]
+            self._open = step
+
+    def close(self) -> None:
+        step, self._open = self._open, None
+        if step is not None:
+            step.__exit__(None, None, None)
 
 
 TIMELINE = TimelineProbe()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..analysis.counts import ITEMIZED, SHOWN
-from ..analysis.gaps import TimelineSummary
+from ..analysis.gaps import FORWARD_STEPS, NO_STEPS, AttributedGap, TimelineSummary
 from ..analysis.memory import MemoryStats
 from ..analysis.snapshot import AllocationSite
 from ..metrics import MIB
@@ -36,6 +36,8 @@ def failure_text(result: MeasuredTest) -> str:
     lines.extend(count_lines(result, counters))
     if result.timeline is not None and "timeline" in signals:
         lines.extend(timeline_lines(result))
+    if result.gap_diagnosis is not None:
+        lines.extend(diagnosis_lines(result.gap_diagnosis))
     if result.memory and "memory" in signals:
         lines.extend(memory_lines(result.memory))
         lines.extend(allocation_site_lines(result.allocation_sites))
@@ -66,6 +68,27 @@ def timeline_lines(result: MeasuredTest) -> list[str]:
     return gap_lines(result.timeline, busy, largest, p99, regions=runs)
 
 
+def diagnosis_lines(summary: TimelineSummary, shown: int = 5) -> list[str]:
+    """The largest gaps of a diagnostic rerun, with the host operators between launches."""
+    return [
+        "largest gaps of a diagnostic rerun with every host operator recorded (--syncguard-gap-ops; the recording "
+        "slows the host, so these durations are not the judged ones):",
+        *_gap_entries(summary.top_gaps[:shown]),
+    ]
+
+
+def _gap_entries(top_gaps: Sequence[AttributedGap]) -> list[str]:
+    return [
+        line
+        for gap in top_gaps
+        for line in (
+            f"  {gap.duration_us:>9.1f} us  {gap.cause:<12}  step {'-' if gap.step is None else gap.step:<4}  "
+            f"before {gap.next_op[:60]}",
+            f"               {gap.detail}",
+        )
+    ]
+
+
 def gap_lines(summary: TimelineSummary, busy: float, max_gap: float, p99_gap: float, *, regions: int = 1) -> list[str]:
     """Busy fraction and gap statistics, then the largest idle gaps with their cause, decode step and source."""
     median = f" (median of {regions} regions)" if regions > 1 else ""
@@ -73,18 +96,14 @@ def gap_lines(summary: TimelineSummary, busy: float, max_gap: float, p99_gap: fl
     return [
         f"GPU timeline{median}: busy {busy:.3f}, max gap {max_gap:.1f} us, p99 gap {p99_gap:.1f} us",
         f"{which}{summary.gaps} gaps over {summary.span_us:.0f} us, p50 {summary.p50_gap_us:.1f} us "
-        f"({summary.judged_steps} of {summary.steps} steps judged)",
+        f"({summary.judged_steps} of {summary.steps} steps judged{_steps_from(summary)})",
         "largest gaps (duration, cause, step, before op):",
-        *(
-            line
-            for gap in summary.top_gaps
-            for line in (
-                f"  {gap.duration_us:>9.1f} us  {gap.cause:<12}  step {'-' if gap.step is None else gap.step:<4}  "
-                f"before {gap.next_op[:60]}",
-                f"               {gap.detail}",
-            )
-        ),
+        *_gap_entries(summary.top_gaps),
     ]
+
+
+def _steps_from(summary: TimelineSummary) -> str:
+    return f"; steps: {summary.steps_from}" if summary.steps_from not in (FORWARD_STEPS, NO_STEPS) else ""
 
 
 def memory_lines(memory: Sequence[MemoryStats]) -> list[str]:

@@ -1,0 +1,161 @@
+"""Traces of the timeline capture as it is now (CUDA activity and the plugin's annotations, no host operators,
+a sentinel kernel at the end; real H100 traces, tests/data/README.md): where steps come from, what makes a
+trace unreliable, and that an unreliable trace gives its reason instead of a number."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_syncguard.analysis import gaps, reliability, trace_file
+from pytest_syncguard.analysis.device_work import device_work
+from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
+from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.guard import Measurement, SyncGuard
+
+DATA = Path(__file__).parent / "data"
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    with gzip.open(DATA / f"{name}.trace.json.gz", "rt") as source:
+        return list(json.load(source)["traceEvents"])
+
+
+def analyzed(found: list[dict[str, Any]]) -> tuple[trace_file.Trace, gaps.Timeline]:
+    trace = trace_file.from_events(found)
+    (window,) = gaps.regions(trace).values()
+    timeline = gaps.analyze(trace, window=window, warmup_steps=2)
+    assert timeline is not None
+    return trace, timeline
+
+
+def test_the_capture_records_annotations_and_device_work_but_no_host_operator() -> None:
+    for name in ("capture_graph_steps", "capture_marked_steps"):
+        trace, timeline = analyzed(events(name))
+        assert {r.category for r in trace.ranges} == {"user_annotation"}, name
+        assert reliability.sentinel_problem(trace) is None and timeline.unreliable is None, name
+
+
+def test_graph_launches_are_the_steps_of_a_loop_that_marks_none() -> None:
+    trace, timeline = analyzed(events("capture_graph_steps"))
+    launches = [c for c in trace.host_calls if c.name in trace_file.GRAPH_LAUNCHES]
+    assert len(launches) == 12
+    assert (timeline.steps, timeline.judged_steps, timeline.steps_from) == (12, 10, gaps.GRAPH_STEPS)
+    # The judged ops are the kernels of the last ten replays (plus the input copies launched between them).
+    (window,) = gaps.regions(trace).values()
+    work = device_work(trace, window)
+    per_graph = work.values["graph_kernels"] // 12
+    assert timeline.gpu_ops >= 10 * per_graph
+    assert timeline.busy_fraction > 0.8 and timeline.gap_stat("max") < 50
+
+
+def test_marked_steps_win_and_host_syncs_keep_their_python_site() -> None:
+    _, timeline = analyzed(events("capture_marked_steps"))
+    assert (timeline.steps, timeline.judged_steps, timeline.steps_from) == (12, 10, gaps.MARKED_STEPS)
+    top = timeline.top_gaps[0]
+    assert top.cause == gaps.HOST_SYNC and "scalar read at" in top.detail and "capture_traces.py" in top.detail
+
+
+def test_a_launch_bound_gap_without_recorded_operators_says_how_to_list_them() -> None:
+    trace = trace_file.from_events(events("capture_marked_steps"))
+    timeline = gaps.analyze(trace)  # the whole trace: its first step launches long after the region began
+    assert timeline is not None
+    bound = [g for g in timeline.top_gaps if g.cause == gaps.LAUNCH_BOUND]
+    assert bound and all(gaps.OPS_HINT in g.detail for g in bound)
+
+
+def _graph_kernels_removed(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    launches = {
+        e["args"]["correlation"] for e in found if e.get("name") in trace_file.GRAPH_LAUNCHES and "args" in e
+    }  # fmt: skip
+    return [e for e in found if not (e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches)]
+
+
+def test_graph_launches_without_kernels_make_the_timeline_unreliable() -> None:
+    _, timeline = analyzed(_graph_kernels_removed(events("capture_graph_steps")))
+    assert timeline.unreliable is not None and "CUDA graph launches have no kernels" in timeline.unreliable
+
+
+def test_ops_overlapping_on_one_stream_make_the_timeline_unreliable() -> None:
+    found = events("capture_marked_steps")
+    kernels = sorted((e for e in found if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    before, after = kernels[-20], kernels[-19]  # in a judged step
+    after["ts"], after["dur"] = before["ts"] + 0.5, before["dur"] + 5.0  # starts while the one before still runs
+    _, timeline = analyzed(found)
+    assert timeline.unreliable is not None and "overlap" in timeline.unreliable
+    _, untouched = analyzed(events("capture_marked_steps"))
+    assert untouched.unreliable is None
+
+
+def _device_events_lost_after(found: list[dict[str, Any]], fraction: float) -> list[dict[str, Any]]:
+    """What a filled device buffer leaves: CUPTI's records (device ops and runtime calls) stop part way; the
+    host's annotations go on."""
+    cupti = sorted((e for e in found if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime")),
+                   key=lambda e: e["ts"])  # fmt: skip
+    cut = cupti[int(len(cupti) * fraction)]["ts"]
+    return [e for e in found if e.get("cat") == "user_annotation" or e["ts"] < cut]
+
+
+def test_lost_device_events_are_found_by_the_sentinel() -> None:
+    trace = trace_file.from_events(_device_events_lost_after(events("capture_marked_steps"), 0.6))
+    problem = reliability.sentinel_problem(trace)
+    assert problem is not None and "device events were lost" in problem
+    stripped = [e for e in events("capture_marked_steps") if e.get("name") != reliability.SENTINEL_ANNOTATION]
+    problem = reliability.sentinel_problem(trace_file.from_events(stripped))
+    assert problem is not None and "end marker is missing" in problem
+
+
+def _measured_over(found: list[dict[str, Any]], tmp_path: Path, budgets: list[Budget]) -> Measurement:
+    """The capture's analysis of a recorded trace, for the region the trace annotates."""
+    trace = trace_file.from_events(found)
+    (number,) = gaps.regions(trace)
+    path = tmp_path / "capture.trace.json"
+    path.write_text(json.dumps({"traceEvents": found}))
+    capture = CallCapture("t", SyncGuard("t"), budgets, GuardOptions(), timeline=True, memory=False)
+    capture.trace_files = [path]
+    measurement = Measurement("cuda", 12, (), region_numbers=(number,), count_parts=((number,),))
+    return capture.with_timelines(measurement)
+
+
+def test_an_unreliable_trace_gives_its_reason_and_no_number(tmp_path: Path) -> None:
+    budgets = [Budget("max_gpu_idle_us", 1e9), Budget("min_gpu_busy", 0.0), Budget("max_launches_per_token", 1e9)]
+    lost = _device_events_lost_after(events("capture_marked_steps"), 0.6)
+    measurement = _measured_over(lost, tmp_path, budgets)
+    assert measurement.unreliable_timeline is not None and measurement.timelines == ()
+    assert measurement.count("launches") is None
+    checks, error = check_budgets("t", budgets, measurement, require_gpu=False)
+    assert error is None
+    for check in checks:  # each fails with the reason, even the budgets that any number would pass
+        assert check.held is False and check.value is None
+        assert "unreliable: device events were lost" in check.text, check.text
+    reliable = _measured_over(events("capture_marked_steps"), tmp_path, budgets)
+    assert reliable.unreliable_timeline is None and reliable.count("launches")
+    checks, _ = check_budgets("t", budgets, reliable, require_gpu=False)
+    assert all(c.held for c in checks)
+
+
+def test_trace_command_says_unreliable_and_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "lost.trace.json"
+    path.write_text(json.dumps({"traceEvents": _device_events_lost_after(events("capture_marked_steps"), 0.6)}))
+    cli = [sys.executable, "-m", "pytest_syncguard.cli", "trace"]
+    done = subprocess.run([*cli, str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and "unreliable: device events were lost" in done.stdout
+    done = subprocess.run([*cli, "--json", str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and json.loads(done.stdout)["timeline"] is None
+    # A reliable trace of the capture is analyzed up to its sentinel, which is not the loop's work.
+    done = subprocess.run([*cli, str(DATA / "capture_graph_steps.trace.json.gz")], capture_output=True, text=True)
+    assert done.returncode == 0 and "spin_kernel" not in done.stdout and "steps: CUDA graph launches" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["item_loop", "graph_loop", "capture_graph_steps", "capture_marked_steps"])
+def test_real_traces_are_reliable(name: str) -> None:
+    trace = trace_file.load(DATA / f"{name}.trace.json.gz")
+    for window in gaps.regions(trace).values():
+        timeline = gaps.analyze(trace, window=window)
+        assert timeline is not None and timeline.unreliable is None
