@@ -3,7 +3,8 @@
 
 Each round runs, per strategy, a bare run and a captured one (syncguard's capture: CUDA activity and the
 plugin's annotations), and with ``--host-ops`` one that also records every host operator (what the plugin
-captured before), in an order rotated each round, in one process. Per strategy it prints:
+captured before; its busy fraction and gaps from its first two timed runs, whose traces take seconds each to
+read), in an order rotated each round, in one process. Per strategy it prints:
 
 - wall time of each variant (medians; a captured run is timed inside the capture, between device syncs, as a
   test's region is) and the median over rounds of captured/bare;
@@ -27,7 +28,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ from pytest_syncguard.probes.timeline import TIMELINE
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
+#: Runs of the ``--host-ops`` variant whose trace is analysed (each takes seconds to read); the others are timed.
+HOST_OPS_ANALYSED = 2
 _REGIONS = itertools.count(1)
 
 
@@ -65,29 +68,16 @@ class Variant:
     """``--parts``: a profiler configuration timed alone (wall time only)."""
 
     def run(self, fn: Callable[[], object]) -> None:
-        if self.part is not None:
-            with self.part():
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                self.wall.append(time.perf_counter() - start)
-            return
         if self.host_ops is None:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            self.wall.append(time.perf_counter() - start)
+            with self.part() if self.part is not None else nullcontext():
+                self.wall.append(_timed(fn))
             return
         number = next(_REGIONS)
         with TIMELINE.capturing(host_ops=self.host_ops) as files:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            with TIMELINE.region(number):
-                fn()
-            torch.cuda.synchronize()
-            self.wall.append(time.perf_counter() - start)
+            self.wall.append(_timed(fn, TIMELINE.region(number)))
+        if self.host_ops and len(self.busy) >= HOST_OPS_ANALYSED:
+            files[0].unlink()  # reading a trace with every host operator takes seconds: its wall time suffices
+            return
         try:
             trace = trace_file.load(files[0])
         finally:
@@ -102,6 +92,16 @@ class Variant:
         self.device_us.append(timeline.busy_us)
         self.max_gap.append(timeline.gap_stat("max"))
         self.p99_gap.append(timeline.gap_stat("p99"))
+
+
+def _timed(fn: Callable[[], object], around: AbstractContextManager[object] | None = None) -> float:
+    """Wall time of ``fn`` between device syncs, as a test's region is timed."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with around or nullcontext():
+        fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """Overhead of the timeline probe: the tiny-Llama HF ``generate`` of 64 tokens bare and under the timeline
-capture a ``--syncguard`` run with a GPU-timeline budget makes (torch.profiler over the call, export and
+capture a ``--syncguard`` run with a GPU-timeline budget makes (CUDA activity and the plugin's annotations, export and
 analysis not included), interleaved in one process, median of per-sample ratios. Needs CUDA.
 
 Run from the repository root: ``python -m bench.bench_timeline_probe [--samples N]``.

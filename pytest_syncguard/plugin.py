@@ -149,7 +149,8 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
 
 
 def _timeline_failed(result: MeasuredTest) -> bool:
-    return any(c.held is False and c.budget.signal == "timeline" for c in result.checks)
+    """Whether a measured GPU timeline broke a budget (not one that was missing or unreliable)."""
+    return any(c.held is False and c.value is not None and c.budget.signal == "timeline" for c in result.checks)
 
 
 def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTest) -> MeasuredTest:

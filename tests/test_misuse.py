@@ -412,3 +412,41 @@ def test_a_region_left_open_is_closed_by_abandon() -> None:
     assert not PROBE.installed and guard.measurements == []
     region.__exit__(None, None, None)  # closed later (the garbage collector): changes nothing
     assert not PROBE.installed
+
+
+def test_step_marks_belong_inside_a_region_and_cost_nothing_without_a_capture() -> None:
+    guard = SyncGuard("steps", device="cpu")
+    with pytest.raises(Exception, match=r"syncguard.step\(\) is called inside"):
+        guard.step()
+    with guard.generation(tokens=3) as region:
+        for _ in range(3):
+            guard.step()  # the innermost open region's step
+        region.step()
+    assert region.marked_steps == 4
+    with pytest.raises(Exception, match=r"region.step\(\) is called inside"):
+        region.step()
+
+
+def test_gap_ops_never_reruns_a_test_whose_timeline_was_not_measured(pytester: pytest.Pytester) -> None:
+    """On a machine without CUDA a timeline budget is not measured (failed with --syncguard-require-gpu): there
+    is nothing to diagnose, and the test is run once."""
+    pytester.makepyfile(
+        """
+import pytest
+
+RUNS = []
+
+@pytest.mark.max_gpu_idle_us(10)
+def test_idle(syncguard):
+    RUNS.append(1)
+    with syncguard.generation(tokens=1):
+        pass
+    assert len(RUNS) == 1
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        "--syncguard", "--syncguard-require-gpu", "--syncguard-gap-ops", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*max_gpu_idle_us: not measured*"])
+    assert "diagnostic rerun" not in result.stdout.str() and "no diagnosis" not in result.stdout.str()

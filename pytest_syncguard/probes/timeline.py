@@ -60,7 +60,6 @@ class TimelineProbe:
         _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
         exported: list[Path] = []
         self.active = True
-        result = None
         try:
             yield exported
         finally:
