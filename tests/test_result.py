@@ -115,6 +115,23 @@ def test_the_xdist_and_json_round_trip_gives_back_the_same_result() -> None:
     assert data["verdict"] == "fail"
 
 
+def test_a_gap_diagnosis_travels_with_the_result_and_is_shown_apart_from_the_judged_gaps() -> None:
+    """What --syncguard-gap-ops adds (a diagnostic rerun's widest region, host operators recorded) survives the
+    xdist/JSON round trip, and the failure text shows it after the judged numbers, marked as not judged."""
+    from dataclasses import replace
+
+    result = _measured((Budget("max_gpu_idle_us", 1.0),))
+    diagnosis = replace(_timelines()[0].summary(region=1), steps_from=gaps.GRAPH_STEPS)
+    result = replace(result, gap_diagnosis=diagnosis)
+    assert MeasuredTest.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+    text = failure_text(result).splitlines()
+    header = next(i for i, line in enumerate(text) if "diagnostic rerun with every host operator recorded" in line)
+    judged = next(i for i, line in enumerate(text) if line.startswith("GPU timeline"))
+    assert judged < header
+    assert "not the judged ones" in text[header]
+    assert text[header + 1].strip().startswith(f"{diagnosis.top_gaps[0].duration_us:.1f} us")
+
+
 def test_junit_properties_are_read_back_into_the_same_numbers(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
