@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .analysis.gaps import FORWARD_STEPS, parse_stat
+from .analysis.gaps import parse_stat, steps_note
 from .metrics import MIB, Metric, gap_metric_name, metric
 
 if TYPE_CHECKING:
@@ -135,9 +135,7 @@ def _judged_steps(m: Measurement, example: int) -> str:
     runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
     steps = "no steps"
     if shown.steps:
-        steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up"
-        if shown.steps_from != FORWARD_STEPS:
-            steps += f"; steps: {shown.steps_from}"
+        steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up{steps_note(shown.steps_from)}"
     return runs + steps
 
 

@@ -305,6 +305,12 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
     return AttributedGap(gap.duration, gap.start, gap.step, OTHER, detail, op.name)
 
 
+def steps_note(steps_from: str) -> str:
+    """``"; steps: <source>"`` for a failure text, where the steps are not the model's forward calls (the usual
+    source, left unsaid); empty where there are none."""
+    return f"; steps: {steps_from}" if steps_from not in (FORWARD_STEPS, NO_STEPS) else ""
+
+
 def step_starts(trace: Trace, window: tuple[float, float] | None) -> tuple[list[float], str]:
     """When each decode step in ``window`` began (host time, sorted), and where the steps came from."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..analysis.counts import ITEMIZED, SHOWN
-from ..analysis.gaps import FORWARD_STEPS, NO_STEPS, AttributedGap, TimelineSummary
+from ..analysis.gaps import AttributedGap, TimelineSummary, steps_note
 from ..analysis.memory import MemoryStats
 from ..analysis.snapshot import AllocationSite
 from ..metrics import MIB
@@ -96,14 +96,10 @@ def gap_lines(summary: TimelineSummary, busy: float, max_gap: float, p99_gap: fl
     return [
         f"GPU timeline{median}: busy {busy:.3f}, max gap {max_gap:.1f} us, p99 gap {p99_gap:.1f} us",
         f"{which}{summary.gaps} gaps over {summary.span_us:.0f} us, p50 {summary.p50_gap_us:.1f} us "
-        f"({summary.judged_steps} of {summary.steps} steps judged{_steps_from(summary)})",
+        f"({summary.judged_steps} of {summary.steps} steps judged{steps_note(summary.steps_from)})",
         "largest gaps (duration, cause, step, before op):",
         *_gap_entries(summary.top_gaps),
     ]
-
-
-def _steps_from(summary: TimelineSummary) -> str:
-    return f"; steps: {summary.steps_from}" if summary.steps_from not in (FORWARD_STEPS, NO_STEPS) else ""
 
 
 def memory_lines(memory: Sequence[MemoryStats]) -> list[str]:
