@@ -58,9 +58,10 @@ def generate_run(device: str) -> Callable[[], Sample]:
     return run
 
 
-def instrumented(run: Callable[[], Sample], device: str) -> Callable[[], Sample]:
-    """``run`` inside a measured region, as a test measures it."""
-    guard = SyncGuard("bench", device=device)
+def instrumented(run: Callable[[], Sample], device: str, *, races: bool = False) -> Callable[[], Sample]:
+    """``run`` inside a measured region, as a test measures it (``races``: with the race check, as under
+    --syncguard on CUDA)."""
+    guard = SyncGuard("bench", device=device, check_races=races)
 
     def variant() -> Sample:
         with guard.generation(tokens=64):
@@ -182,6 +183,8 @@ def main() -> None:
     run = generate_run(device)
     probed = sync_probe_only(run, on_device=device != "cpu")
     variants = {"bare": run, "instrumented": instrumented(run, device), "timed run": timed_run(run, device)}
+    if device == "cuda":
+        variants["instrumented, race check"] = instrumented(run, device, races=True)
     if args.parts:
         variants["sync probe only"] = probed
         variants["op counter only"] = op_counter_only(run)
@@ -198,6 +201,12 @@ def main() -> None:
     print(f"machine: {machine}; torch {torch.__version__}; samples {args.pairs} x {args.runs} generates")
     print(f"scalar reads and copies counted by the {PROBE.kernels}; operators {ops.unavailable() or 'counted'}")
     report(samples, args.runs)
+    if device == "cuda":
+        from pytest_syncguard.probes.races import RACES
+
+        seen = RACES.seen
+        instrumented(run, device, races=True)()
+        print(f"race check: {RACES.seen - seen} non_blocking copies watched in {args.runs} instrumented generates")
     recorder = SyncRecorder(on_device=device != "cpu")
     with PROBE.recording(recorder):
         run()

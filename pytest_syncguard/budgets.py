@@ -69,6 +69,12 @@ def max_graph_breaks(limit: float) -> None:
     """Fail when torch.compile takes more than ``limit`` graph breaks while compiling in the region."""
 
 
+def no_async_races() -> None:
+    """Fail when the host reads or writes memory whose non_blocking copy it has not waited for (a race: the
+    value read may be stale). Checked by default in measured regions on CUDA under --syncguard; the marker
+    requires it everywhere. Needs CUDA and the native extension."""
+
+
 def syncguard(
     *,
     device: str | None = None,
@@ -82,7 +88,7 @@ def syncguard(
     noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
 
 
-Signal = Literal["syncs", "ops", "compiles", "timeline", "memory"]
+Signal = Literal["syncs", "ops", "compiles", "timeline", "memory", "races"]
 
 
 def closest_run(values: Sequence[float], value: float) -> int:
@@ -106,7 +112,8 @@ class BudgetKind:
     sentence: Callable[[Budget, float, Measurement, int], str]
     """The arithmetic of a check in words, from the value it read, the measurement and the index of the run
     nearest that value (the example the sentence quotes)."""
-    limit_argument: str = "limit"
+    limit_argument: str | None = "limit"
+    """The marker's argument that is the limit (None: the limit is 0, e.g. ``no_async_races``)."""
     upper: bool = True
     """True: the value may not exceed the limit; False: it may not fall below it."""
     fraction: bool = False
@@ -194,6 +201,13 @@ def _reserved(budget: Budget, value: float, m: Measurement, example: int) -> str
     return f"{budget.marker}: limit {budget.limit:g} MiB, measured reserved peak {value:.1f} MiB"
 
 
+def _races(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    return (
+        f"{budget.marker}: measured {value:g} host accesses of memory whose non_blocking copy the host had not "
+        "waited for"
+    )
+
+
 def _named(name: str) -> Callable[[str], str]:
     return lambda stat: name
 
@@ -236,6 +250,10 @@ KINDS: dict[str, BudgetKind] = {
         BudgetKind(
             "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), max, _reserved,
             unmeasured="no CUDA memory stats for the region",
+        ),
+        BudgetKind(
+            "no_async_races", no_async_races, "races", _named("async_races"), max, _races, limit_argument=None,
+            counter="async_races",
         ),
     )
 }  # fmt: skip
@@ -312,6 +330,8 @@ class Budget:
     def describe(self) -> str:
         """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``."""
         name = f"{self.marker}({self.stat})" if self.marker == "max_gpu_idle_us" else self.marker
+        if self.kind.limit_argument is None:
+            return name
         return f"{name}{'<=' if self.kind.upper else '>='}{self.limit:g}"
 
     def not_measured(self, reason: str, *, required: bool = False) -> BudgetCheck:
@@ -378,11 +398,23 @@ def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
                     parse_stat(stat)
                 except ValueError as exc:
                     raise BudgetError(f"{item.nodeid}: @pytest.mark.{name}: {exc}") from None
-            budget = Budget(name, _limit(item, kind, arguments[kind.limit_argument]), stat)
+            limit = 0.0 if kind.limit_argument is None else _limit(item, kind, arguments[kind.limit_argument])
+            budget = Budget(name, limit, stat)
             known = budgets.get((name, stat))
             if known is None or (budget.limit < known.limit if kind.upper else budget.limit > known.limit):
                 budgets[(name, stat)] = budget
     return tuple(budgets.values())
+
+
+#: Checked in every measured test on CUDA under --syncguard, marker or not.
+DEFAULT_RACE_CHECK = Budget("no_async_races", 0.0)
+
+
+def with_default_checks(budgets: tuple[Budget, ...], on_cuda: bool) -> tuple[Budget, ...]:
+    """A measured test's budgets under --syncguard: with the race check on CUDA, where its marker is absent."""
+    if not on_cuda or any(b.marker == DEFAULT_RACE_CHECK.marker for b in budgets):
+        return budgets
+    return (*budgets, DEFAULT_RACE_CHECK)
 
 
 def options_for(item: pytest.Item) -> GuardOptions:

@@ -25,7 +25,7 @@ from .analysis.gaps import TimelineSummary
 from .analysis.reliability import sentinel_problem
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
-from .budgets import Budget, GuardOptions, check_budgets
+from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
 from .probes.timeline import TIMELINE
@@ -61,10 +61,12 @@ def outcome_of(raised: BaseException) -> str:
 def close_left_open(guard: SyncGuard) -> str | None:
     """Close what a test's call left open (a region or ``allow()`` block whose generator was never closed), so
     that none of it counts the next test's syncs; what it was, in words (None: nothing)."""
+    from .probes.races import RACES
     from .probes.syncs import PROBE
 
     regions = guard.abandon_open_regions()
     recorders, allowances = PROBE.left_open()
+    RACES.reset()
     PROBE.reset()
     what = []
     if regions or recorders:
@@ -99,15 +101,34 @@ class CallCapture:
     """Why the measurement of the call cannot be trusted (it left a region open, a marker came late), in words."""
 
     @classmethod
-    def of(cls, nodeid: str, guard: SyncGuard, budgets: Sequence[Budget], options: GuardOptions) -> CallCapture:
+    def of(
+        cls,
+        nodeid: str,
+        guard: SyncGuard,
+        budgets: Sequence[Budget],
+        options: GuardOptions,
+        *,
+        default_checks: bool = False,
+    ) -> CallCapture:
+        """The capture a test's budgets need; ``default_checks`` (--syncguard) adds the checks that are on by
+        default (:func:`.budgets.with_default_checks`)."""
         device = guard.default_device()
         cuda = device != "cpu" and torch.cuda.is_available()
+        if default_checks:
+            budgets = with_default_checks(tuple(budgets), cuda)
         signals = {b.signal for b in budgets}
         return cls(nodeid, guard, budgets, options, cuda and "timeline" in signals, cuda and "memory" in signals)
 
+    @property
+    def races(self) -> bool:
+        """Whether its budgets check races (the guard's regions check them when it says so)."""
+        return any(b.signal == "races" for b in self.budgets)
+
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
-        self.whole_call = GenerationRegion(None, self.guard.default_device(), track_memory=self.memory)
+        self.whole_call = GenerationRegion(
+            None, self.guard.default_device(), track_memory=self.memory, check_races=self.races
+        )
         try:
             with ExitStack() as stack:
                 if self.timeline:

@@ -14,9 +14,11 @@ import torch
 from .analysis.counts import RegionCounts, top_over, total
 from .analysis.gaps import Timeline
 from .analysis.memory import MemoryStats
+from .analysis.races import RaceEvent
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes import compiles, ops
 from .probes.memory import driver_calls, region_memory
+from .probes.races import RACES
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
@@ -72,6 +74,8 @@ class Measurement:
     which the largest counts."""
     unreliable_timeline: str | None = None
     """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
+    races: tuple[RaceEvent, ...] = ()
+    """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked)."""
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
@@ -164,6 +168,7 @@ class Measurement:
             region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
             count_parts=tuple(p for m in measurements for p in m.count_parts),
             unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
+            races=tuple(r for m in measurements for r in m.races),
         )
 
 
@@ -189,10 +194,13 @@ class GenerationRegion:
     track_memory: bool = False
     count_ops: bool = True
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
+    check_races: bool = False
+    """Check host accesses of memory whose non_blocking copy the host has not waited for (CUDA)."""
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
     _counts: list[RegionCounts] = field(default_factory=list, repr=False)
+    _races: list[RaceEvent] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
     _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
 
@@ -265,6 +273,8 @@ class GenerationRegion:
                 if self.track_memory and cuda:
                     stack.enter_context(region_memory(self._memory))
                 stack.enter_context(PROBE.recording(self._recorder))
+                if self.check_races and cuda:  # inside the sync probe: its copy kernel announces the copies
+                    stack.enter_context(RACES.watching(self._races, self._counts))
                 if cuda:
                     stack.enter_context(driver_calls(self._counts))
                 stack.enter_context(compiles.counting(self._counts))
@@ -314,6 +324,7 @@ class GenerationRegion:
             unmeasured=unmeasured,
             region_counts={self.number: counts},
             count_parts=((self.number,),),
+            races=tuple(self._races),
         )
 
 
@@ -329,12 +340,19 @@ class SyncGuard:
     """The ``syncguard`` fixture: measured regions, intended syncs, and the measurements of this test."""
 
     def __init__(
-        self, nodeid: str = "", device: str | None = None, warmup: int = 1, *, track_memory: bool = False
+        self,
+        nodeid: str = "",
+        device: str | None = None,
+        warmup: int = 1,
+        *,
+        track_memory: bool = False,
+        check_races: bool = False,
     ) -> None:
         self.nodeid = nodeid
         self._device = device
         self._warmup = warmup
         self.track_memory = track_memory
+        self.check_races = check_races
         self.measurements: list[Measurement] = []
         """The measurements of the test's outermost regions: what its budgets judge."""
         self._open: list[GenerationRegion] = []
@@ -372,7 +390,9 @@ class SyncGuard:
     ) -> Iterator[GenerationRegion]:
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         device = (_device_of(model) if model is not None else None) or self.default_device()
-        region = GenerationRegion(tokens, device, model, track_memory=self.track_memory, count_ops=count_ops)
+        region = GenerationRegion(
+            tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races
+        )
         outermost = not self._open
         self._open.append(region)
         try:
@@ -436,6 +456,7 @@ class SyncGuard:
             # Counters: of the repeats, the largest count of each (see analysis.counts.total).
             region_counts={n: c for m in runs for n, c in m.region_counts.items()},
             count_parts=(tuple(n for m in runs for n in m.region_numbers),),
+            races=tuple(r for m in runs for r in m.races),
         )
         if outermost:
             self.measurements.append(worst)

@@ -233,7 +233,9 @@ class SyncguardSession:
 
         guard = _guard_of(item)
         guard.track_memory = any(b.signal == "memory" for b in budgets)
-        capture = CallCapture.of(item.nodeid, guard, budgets, item.stash.get(_OPTIONS, GuardOptions()))
+        options = item.stash.get(_OPTIONS, GuardOptions())
+        capture = CallCapture.of(item.nodeid, guard, budgets, options, default_checks=self.enabled)
+        guard.check_races = capture.races
         raised: BaseException | None = None
         try:
             with capture.recording():

@@ -15,6 +15,7 @@ from .analysis.counts import ITEMIZED, TOP, Items
 from .analysis.explain import Details, SiteCount
 from .analysis.gaps import TimelineSummary
 from .analysis.memory import MemoryStats
+from .analysis.races import AsyncRace, RaceEvent, stream_name
 from .analysis.sites import Frame, SyncSite
 from .analysis.snapshot import AllocationSite
 from .budgets import BudgetCheck, closest_run
@@ -85,6 +86,23 @@ class SiteRecord:
         return cls(**{**data, "stack": tuple(data["stack"])})
 
 
+def _source(frame: Frame | None) -> tuple[str, str]:
+    """A frame as reports show it, and its source line."""
+    if frame is None:
+        return "?", ""
+    return _display(frame), linecache.getline(frame.filename, frame.lineno).strip()
+
+
+def race_record(event: RaceEvent) -> AsyncRace:
+    """A race as reports show it: sites relative to the working directory, with their source lines."""
+    copy_site, copy_code = _source(event.copy_site)
+    access_site, access_code = _source(event.access_site)
+    return AsyncRace(
+        event.direction, event.access, event.op, copy_site, access_site, stream_name(event.copy_stream),
+        stream_name(event.access_stream), copy_code, access_code,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MeasuredTest:
     """Everything the plugin knows about one measured test."""
@@ -116,6 +134,8 @@ class MeasuredTest:
     widest region, whose gaps name the operators between launches. Slower than the judged run: not judged."""
     memory: tuple[MemoryStats, ...] = ()
     """Allocator numbers per region and device."""
+    races: tuple[AsyncRace, ...] = ()
+    """Host accesses of memory whose non_blocking copy the host had not waited for."""
     allocation_sites: tuple[AllocationSite, ...] = ()
     """The largest allocation sites of a failing test's allocator history."""
     comparison: Comparison | None = None
@@ -191,6 +211,7 @@ class MeasuredTest:
             counted_top={name: top for name in ITEMIZED if (top := measurement.count_top(name))},
             timeline=timeline,
             memory=measurement.memory,
+            races=tuple(map(race_record, measurement.races)),
             error=error,
         )
 
@@ -208,7 +229,7 @@ class MeasuredTest:
             "outcome": self.outcome, "counted_top": {k: [list(i) for i in v] for k, v in self.counted_top.items()},
             "timeline": self.timeline.to_dict() if self.timeline else None,
             "gap_diagnosis": self.gap_diagnosis.to_dict() if self.gap_diagnosis else None,
-            "memory": [m.to_dict() for m in self.memory],
+            "memory": [m.to_dict() for m in self.memory], "races": [r.to_dict() for r in self.races],
             "allocation_sites": [vars(s) for s in self.allocation_sites],
             "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
             "notes": list(self.notes), "error": self.error, "verdict": self.verdict,
@@ -236,6 +257,7 @@ class MeasuredTest:
             timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
             gap_diagnosis=TimelineSummary.from_dict(data["gap_diagnosis"]) if data.get("gap_diagnosis") else None,
             memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
+            races=tuple(AsyncRace.from_dict(r) for r in data.get("races", ())),
             allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),
             comparison=Comparison.from_dict(data["baseline"]) if data["baseline"] else None,
             artifacts=tuple(data["artifacts"]),

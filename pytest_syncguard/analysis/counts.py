@@ -11,7 +11,9 @@ exactly, like syncs. Where a counter comes from decides where it is measured:
 - ``device_mallocs``, ``device_frees``: the CUDA caching allocator's own counts of cudaMalloc/cudaFree; CUDA, no
   capture;
 - launches, copies and memsets: the CUDA activity of the timeline capture; only where it runs (a test with a
-  timeline or launch budget, on CUDA).
+  timeline or launch budget, on CUDA);
+- ``async_races``: the race probe (host accesses before the host waited for their non_blocking copy); CUDA,
+  with the native extension, no capture.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class CounterSpec:
     name: str
     description: str
     source: str
-    """``ops``, ``compiles``, ``allocator`` or ``timeline``: the probe that counts it."""
+    """``ops``, ``compiles``, ``allocator``, ``timeline`` or ``races``: the probe that counts it."""
     quiet_when_zero: bool = False
     """Left out of a test's metrics when 0 and no budget reads it (torch.compile's counters: a loop that does
     not compile has none); an absent value compares as 0 against a baseline."""
@@ -56,6 +58,12 @@ COUNTERS: dict[str, CounterSpec] = {
         CounterSpec("frames_compiled", "frames torch.compile compiled", "compiles", quiet_when_zero=True),
         CounterSpec("recompiles", "recompilations of an already compiled frame", "compiles", quiet_when_zero=True),
         CounterSpec("graph_breaks", "graph breaks taken while compiling", "compiles", quiet_when_zero=True),
+        CounterSpec(
+            "async_races",
+            "host accesses of memory whose non_blocking copy the host had not waited for",
+            "races",
+            quiet_when_zero=True,
+        ),
     )
 }
 #: The counters whose largest contributors a region keeps, and what those are.

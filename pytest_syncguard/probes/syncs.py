@@ -37,6 +37,8 @@ from torch._C import DispatchKey
 
 from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
 from .native import NATIVE
+from .patches import Patches
+from .races import RACES
 from .sync_ops import ASSIGNED_VALUE, CATALOGUE, SyncKind, SyncOp, as_tensor
 from .timeline import TIMELINE
 
@@ -201,7 +203,7 @@ class SyncProbe:
         self._allowances: set[object] = set()
         self._library: torch.library.Library | None = None
         self._native: Any = None  # the native kernels' module while they are registered
-        self._restore: list[Callable[[], None]] = []
+        self._patches = Patches()
         self._lock = threading.RLock()
 
     @property
@@ -360,6 +362,8 @@ class SyncProbe:
                 local.inside = False
             if verdict is not None:
                 self._emit(name, verdict[0], verdict[1], sys._getframe(1))
+                if RACES.watched:  # it waited for the current stream
+                    RACES.waited()
             return result
 
         return kernel
@@ -379,6 +383,8 @@ class SyncProbe:
             finally:
                 local.inside = False
             self._emit(name, 1, SyncKind.EXPLICIT, sys._getframe(1))
+            if RACES.watched:
+                RACES.synchronized(name, args, kwargs)
             return result
 
         return synchronize
@@ -424,7 +430,7 @@ class SyncProbe:
                 library.impl(entry.name, kernel, _DISPATCH_KEY, with_keyset=True)  # type: ignore[no-untyped-call]
             if by_native:
                 self._install_native(native, copies="copy_" in by_native)
-            self._patch(torch.Tensor, "__setitem__", self._setitem)
+            self._patches.patch(torch.Tensor, "__setitem__", self._setitem)
             if cuda:
                 for owner, name in (
                     (torch.cuda, "torch.cuda.synchronize"),
@@ -433,11 +439,11 @@ class SyncProbe:
                     (getattr(torch, "accelerator", None), "torch.accelerator.synchronize"),
                 ):
                     if hasattr(owner, "synchronize"):
-                        self._patch(owner, "synchronize", functools.partial(self._explicit, name))
+                        self._patches.patch(owner, "synchronize", functools.partial(self._explicit, name))
         except BaseException:
             library._destroy()  # type: ignore[no-untyped-call]
             self._uninstall_native()
-            self._unpatch()
+            self._patches.undo()
             raise
         self._library = library
 
@@ -446,27 +452,13 @@ class SyncProbe:
             kind = _WAITS[wait][1]
             return TIMELINE.sync(lambda: _label(kind, frame))
 
-        native.install(self._local, self._recorders, TIMELINE, annotate, _code_class, STACK_DEPTH, copies)
+        native.install(self._local, self._recorders, TIMELINE, annotate, _code_class, STACK_DEPTH, copies, RACES)
         self._native = native
 
     def _uninstall_native(self) -> None:
         if self._native is not None:
             self._native.uninstall()
             self._native = None
-
-    def _patch(self, owner: Any, attribute: str, wrap: Callable[[Any], Any]) -> None:
-        """Replace ``owner.attribute`` by ``wrap(original)``; undone by :meth:`_unpatch` (an attribute the owner
-        only inherited is deleted again)."""
-        own = owner.__dict__.get(attribute)
-        setattr(owner, attribute, wrap(getattr(owner, attribute)))
-        if own is None:
-            self._restore.append(lambda: delattr(owner, attribute))
-        else:
-            self._restore.append(lambda: setattr(owner, attribute, own))
-
-    def _unpatch(self) -> None:
-        while self._restore:
-            self._restore.pop()()
 
     def _uninstall(self) -> None:
         try:
@@ -477,7 +469,7 @@ class SyncProbe:
                     self._library._destroy()  # type: ignore[no-untyped-call]
         finally:
             self._library = None
-            self._unpatch()
+            self._patches.undo()
 
     @property
     def installed(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from ..analysis.counts import ITEMIZED, SHOWN
 from ..analysis.gaps import AttributedGap, TimelineSummary, steps_note
 from ..analysis.memory import MemoryStats
+from ..analysis.races import race_lines
 from ..analysis.snapshot import AllocationSite
 from ..metrics import MIB
 from ..result import MeasuredTest, SiteRecord
@@ -38,6 +39,8 @@ def failure_text(result: MeasuredTest) -> str:
         lines.extend(timeline_lines(result))
     if result.gap_diagnosis is not None:
         lines.extend(diagnosis_lines(result.gap_diagnosis))
+    if result.races:
+        lines.extend(race_lines(result.races))
     if result.memory and "memory" in signals:
         lines.extend(memory_lines(result.memory))
         lines.extend(allocation_site_lines(result.allocation_sites))
@@ -167,6 +170,7 @@ _COUNTER_COLUMNS = (
     ("graph_launches", "graph launches"),
     ("recompiles", "recompiles"),
     ("graph_breaks", "graph breaks"),
+    ("async_races", "races"),
 )
 
 

@@ -1,4 +1,5 @@
-"""The native extension: kernels for scalar reads and copies (``kernels.cpp``) and the operator counter (``ops.cpp``),
+"""The native extension: kernels for scalar reads and copies (``kernels.cpp``), the operator counter (``ops.cpp``)
+and the race probe's access check (``races.cpp``),
 built once per machine and torch version, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
@@ -20,7 +21,7 @@ from types import ModuleType
 import torch
 
 ENVIRONMENT = "SYNCGUARD_NATIVE"
-SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp"))
+SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp", "races.cpp"))
 
 
 class NativeKernelError(RuntimeError):
@@ -81,9 +82,11 @@ def _build() -> ModuleType:
     digest = hashlib.sha256()
     for source in SOURCES:
         digest.update(source.encode() + b"\0" + Path(source).read_bytes())
+    # NDEBUG as torch's release builds have it: RecordFunction has a debug-only member without it, and the access
+    # check would read the inputs of a class laid out differently from torch's.
     module: ModuleType = load(
-        name=f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}", sources=list(SOURCES), extra_cflags=["-O2"],
-        verbose=False,
+        name=f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}", sources=list(SOURCES),
+        extra_cflags=["-O2", "-DNDEBUG"], verbose=False,
     )  # fmt: skip
     return module
 

@@ -1,5 +1,7 @@
 // The sync probe's native kernels, in C++: aten::_local_scalar_dense (.item(), bool(tensor), int(tensor)) and,
-// on CUDA, aten::copy_ (host<->device transfers).
+// on CUDA, aten::copy_ (host<->device transfers). They also tell the race probe (probes/races.py) of each
+// non_blocking copy between pinned host memory and the device, and of each wait for the current stream while
+// such a copy is watched (races.cpp).
 //
 // A decoding loop reads a scalar once or twice per token and calls copy_ several times per token, so these are
 // the probe's hottest paths. The Python kernels (probes/syncs.py) pay a boxed call into Python and back on every
@@ -29,6 +31,8 @@
 #include <vector>
 
 namespace py = pybind11;
+
+size_t race_watched();  // races.cpp
 
 namespace {
 
@@ -60,6 +64,7 @@ struct ProbeObjects {
   py::object annotate;   // annotate(frame, wait) -> the trace annotation's context manager
   py::object classify;   // classify(code) -> 0 internal, 1 user code (a call site), 2 torch.compile's compiler
   int depth = 5;         // frames in a short stack
+  py::object races;      // the race probe (.active, copied(start, end, to_host), waited()), or None
 };
 
 std::unique_ptr<ProbeObjects> objects;
@@ -87,6 +92,7 @@ struct Names {
   PyObject* active = interned("active");
   PyObject* enter = interned("__enter__");
   PyObject* exit = interned("__exit__");
+  PyObject* waited = interned("waited");
 };
 std::unique_ptr<Names> names;
 
@@ -263,6 +269,8 @@ void redispatch(Run&& run, PyObject* context, bool take_gil) {
   }
 }
 
+void host_waited();
+
 void scalar_read(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   keys = keys & after;
   const at::Tensor& self = stack->back().toTensor();
@@ -302,6 +310,43 @@ void scalar_read(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
   Gil gil;
   close(context);
   record(SCALAR_READ);
+  host_waited();
+}
+
+// The race probe learns that the host waited for the current stream (a device read or a blocking copy made it
+// wait), when a non_blocking copy is being watched. Under the GIL.
+void host_waited() {
+  if (objects == nullptr || objects->races.is_none() || race_watched() == 0) {
+    return;
+  }
+  PyObject* result = PyObject_CallMethodNoArgs(objects->races.ptr(), names->waited);
+  check(result != nullptr);
+  Py_DECREF(result);
+}
+
+// The bytes of a strided host tensor, from its first element to its last.
+std::pair<uintptr_t, uintptr_t> host_bytes(const at::Tensor& host) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < host.dim(); ++d) {
+    last += (host.size(d) - 1) * host.stride(d);
+  }
+  auto start = reinterpret_cast<uintptr_t>(host.const_data_ptr());
+  return {start, start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(host.element_size()))};
+}
+
+// A non_blocking copy between pinned host memory and the device was queued: the race probe, when active, watches
+// its host bytes until the host has waited for it.
+void announce_async_copy(const at::Tensor& self, const at::Tensor& src) {
+  Gil gil;
+  if (objects == nullptr || objects->races.is_none() || !attribute_true(objects->races.ptr(), names->active)) {
+    return;
+  }
+  bool to_host = self.is_cpu();
+  auto [start, end] = host_bytes(to_host ? self : src);
+  PyObject* result = PyObject_CallMethod(objects->races.ptr(), "copied", "KKO", static_cast<unsigned long long>(start),
+                                         static_cast<unsigned long long>(end), to_host ? Py_True : Py_False);
+  check(result != nullptr);
+  Py_DECREF(result);
 }
 
 // What copy_(self, src, non_blocking) makes the host wait for: a blocking transfer between host and device
@@ -322,9 +367,15 @@ Wait copy_wait(const at::Tensor& self, const at::Tensor& src, bool non_blocking)
 
 at::Tensor& copy(c10::DispatchKeySet keys, at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   keys = keys & after;
-  Wait wait = armed.load(std::memory_order_relaxed) ? copy_wait(self, src, non_blocking) : NONE;
+  bool on = armed.load(std::memory_order_relaxed);
+  Wait wait = on ? copy_wait(self, src, non_blocking) : NONE;
   if (wait == NONE) {
-    return at::_ops::copy_::redispatch(keys, self, src, non_blocking);
+    at::_ops::copy_::redispatch(keys, self, src, non_blocking);
+    // Between host and device, non_blocking and not waited for: pinned host memory (or nothing to copy).
+    if (on && non_blocking && self.is_cpu() != src.is_cpu() && !self.is_meta() && !src.is_meta() && self.numel() > 0) {
+      announce_async_copy(self, src);
+    }
+    return self;
   }
   // A copy that converts makes another copy_ inside (through a temporary): only the outermost counts, so the
   // probe's `inside` is set while it runs, as the Python kernels do.
@@ -352,18 +403,21 @@ at::Tensor& copy(c10::DispatchKeySet keys, at::Tensor& self, const at::Tensor& s
   set_inside(false);
   close(context);
   record(wait);
+  if (wait == BLOCKING_COPY || self.is_cpu()) {  // a pageable copy to the host returns once it is done
+    host_waited();
+  }
   return self;
 }
 
 void install(py::object local, py::list recorders, py::object timeline, py::object annotate, py::object classify,
-             int depth, bool copies) {
+             int depth, bool copies, py::object races) {
   if (library != nullptr) {
     throw std::runtime_error("syncguard: the native kernels are already installed");
   }
   if (names == nullptr) {
     names = std::make_unique<Names>();
   }
-  objects = std::make_unique<ProbeObjects>(ProbeObjects{local, recorders, timeline, annotate, classify, depth});
+  objects = std::make_unique<ProbeObjects>(ProbeObjects{local, recorders, timeline, annotate, classify, depth, races});
   try {
     library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::BackendSelect,
                                                __FILE__, __LINE__);
@@ -412,10 +466,12 @@ void uninstall() {
 }  // namespace
 
 void bind_op_counter(py::module_& m);  // ops.cpp
+void bind_race_watch(py::module_& m);  // races.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_, and its operator counter";
   bind_op_counter(m);
+  bind_race_watch(m);
   m.def("install", &install, "Register the kernels (copy_ with copies=True); they queue the calls that count");
   m.def("uninstall", &uninstall, "Remove the kernels and drop the probe's objects (the queue is kept)");
   m.def("drain", &drain, "Take the queued calls: (wait, code or None, lasti, allowed, compiling, stack above or None)");
