@@ -41,6 +41,9 @@ class _Copy(NamedTuple):
     to_host: bool
     start: int
     end: int
+    storage: int
+    """The address of the host tensor's storage: an access of another storage at the same bytes (pinned memory
+    freed and allocated again, which the host allocator does only once the copy has completed) is none."""
     site: Frame | None
 
 
@@ -137,17 +140,19 @@ class RaceProbe:
                 self._uninstall()
 
     # -- events from the native kernels ------------------------------------------------------------
-    def copied(self, start: int, end: int, to_host: bool) -> None:
-        """A non_blocking copy between host bytes [start, end) and the device was queued on the current stream."""
+    def copied(self, to_host: bool, start: int, end: int, storage: int) -> int | None:
+        """A non_blocking copy between the host bytes [start, end) of a pinned storage (its address) and the device
+        was queued on the current stream: the id under which the native check is to watch them (None: not
+        checked)."""
         if not self.active or torch.cuda.is_current_stream_capturing():
-            return
+            return None
         with self._lock:
             stream = _current()
             ident = next(self._ids)
             self.seen += 1
-            site = _user_site(sys._getframe(1))
-            self._copies[ident] = _Copy(stream, self._clocks.copy(stream), to_host, start, end, site)
-            self._native.race_watch(ident, start, end, to_host)
+            number = self._clocks.copy(stream)
+            self._copies[ident] = _Copy(stream, number, to_host, start, end, storage, _user_site(sys._getframe(1)))
+            return ident
 
     def waited(self) -> None:
         """The host waited for the work queued on the current stream so far."""
@@ -244,8 +249,9 @@ class RaceProbe:
             def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 if self._copies and (extent := _extent(tensor)) is not None:
                     start, end = extent
+                    storage = tensor.untyped_storage()._cdata
                     for ident, copy in list(self._copies.items()):
-                        if copy.to_host and start < copy.end and copy.start < end:
+                        if copy.to_host and copy.storage == storage and start < copy.end and copy.start < end:
                             self._race(ident, name, False, sys._getframe(1))
                 return original(tensor, *args, **kwargs)
 

@@ -32,7 +32,8 @@
 
 namespace py = pybind11;
 
-size_t race_watched();  // races.cpp
+size_t race_watched();                                                     // races.cpp
+void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads);  // races.cpp
 
 namespace {
 
@@ -324,16 +325,6 @@ void host_waited() {
   Py_DECREF(result);
 }
 
-// The bytes of a strided host tensor, from its first element to its last.
-std::pair<uintptr_t, uintptr_t> host_bytes(const at::Tensor& host) {
-  int64_t last = 0;
-  for (int64_t d = 0; d < host.dim(); ++d) {
-    last += (host.size(d) - 1) * host.stride(d);
-  }
-  auto start = reinterpret_cast<uintptr_t>(host.const_data_ptr());
-  return {start, start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(host.element_size()))};
-}
-
 // A non_blocking copy between pinned host memory and the device was queued: the race probe, when active, watches
 // its host bytes until the host has waited for it.
 void announce_async_copy(const at::Tensor& self, const at::Tensor& src) {
@@ -342,11 +333,24 @@ void announce_async_copy(const at::Tensor& self, const at::Tensor& src) {
     return;
   }
   bool to_host = self.is_cpu();
-  auto [start, end] = host_bytes(to_host ? self : src);
-  PyObject* result = PyObject_CallMethod(objects->races.ptr(), "copied", "KKO", static_cast<unsigned long long>(start),
-                                         static_cast<unsigned long long>(end), to_host ? Py_True : Py_False);
+  const at::Tensor& host = to_host ? self : src;
+  int64_t last = 0;
+  for (int64_t d = 0; d < host.dim(); ++d) {
+    last += (host.size(d) - 1) * host.stride(d);
+  }
+  auto start = reinterpret_cast<uintptr_t>(host.const_data_ptr());
+  auto end = start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(host.element_size()));
+  auto storage = reinterpret_cast<uintptr_t>(host.storage().unsafeGetStorageImpl());
+  PyObject* result = PyObject_CallMethod(objects->races.ptr(), "copied", "OKKK", to_host ? Py_True : Py_False,
+                                         static_cast<unsigned long long>(start), static_cast<unsigned long long>(end),
+                                         static_cast<unsigned long long>(storage));
   check(result != nullptr);
+  long long ident = result == Py_None ? -1 : PyLong_AsLongLong(result);
   Py_DECREF(result);
+  check(!(ident == -1 && PyErr_Occurred()));
+  if (ident >= 0) {
+    race_watch_tensor(ident, host, to_host);
+  }
 }
 
 // What copy_(self, src, non_blocking) makes the host wait for: a blocking transfer between host and device

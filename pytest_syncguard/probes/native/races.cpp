@@ -28,6 +28,10 @@ struct Watch {
   uintptr_t start;
   uintptr_t end;
   bool reads;  // a read is a race too (a device->host destination); else only a write (a host->device source)
+  // The copy's host storage, when known: only an access of that storage, while it lives, races. Pinned memory freed
+  // and allocated again holds a new storage (the host allocator reuses it only once the copy has completed).
+  const c10::StorageImpl* impl = nullptr;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
 };
 
 // How an operator uses each argument: 0 reads it, 1 writes it, 2 only aliases it (a view).
@@ -84,6 +88,9 @@ void check(const at::Tensor& tensor, int use, std::vector<Hit>* hits) {
     return;
   }
   for (const Watch& watch : watches) {
+    if (watch.impl != nullptr && (tensor.storage().unsafeGetStorageImpl() != watch.impl || watch.storage.expired())) {
+      continue;
+    }
     if (start < watch.end && watch.start < end && (watch.reads || use == WRITE)) {
       hits->push_back({watch.id, use == WRITE});
     }
@@ -155,9 +162,9 @@ std::unique_ptr<at::ObserverContext> on_call(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void watch(int64_t id, uintptr_t start, uintptr_t end, bool reads) {
+void add(Watch watch) {
   std::lock_guard<std::mutex> lock(mutex);
-  watches.push_back({id, start, end, reads});
+  watches.push_back(std::move(watch));
   if (handle == 0) {
     handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_call)
                                        .scopes({at::RecordScope::FUNCTION})
@@ -165,6 +172,10 @@ void watch(int64_t id, uintptr_t start, uintptr_t end, bool reads) {
                                        .needsOutputs(false)
                                        .needsIds(false));
   }
+}
+
+void watch(int64_t id, uintptr_t start, uintptr_t end, bool reads) {
+  add({id, start, end, reads});
 }
 
 // Stop watching `id` (-1: every range); the callback goes once nothing is watched.
@@ -199,6 +210,18 @@ void set_callback(py::object callback) {
 }  // the old callback is released here, outside the lock
 
 }  // namespace
+
+// Watch the host bytes of `host` (a copy's pinned tensor) under `id`, for accesses of its storage while it lives.
+void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads) {
+  uintptr_t start = 0, end = 0;
+  if (!extent(host, &start, &end)) {
+    return;
+  }
+  Watch watch{id, start, end, reads};
+  watch.impl = host.storage().unsafeGetStorageImpl();
+  watch.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(host.storage().getWeakStorageImpl());
+  add(std::move(watch));
+}
 
 // How many ranges are watched (kernels.cpp asks before it tells Python that the host waited for a stream).
 size_t race_watched() {
