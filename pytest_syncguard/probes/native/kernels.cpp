@@ -34,6 +34,7 @@ namespace py = pybind11;
 
 size_t race_watched();                                                     // races.cpp
 void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads);  // races.cpp
+bool race_extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end);  // races.cpp
 
 namespace {
 
@@ -65,7 +66,7 @@ struct ProbeObjects {
   py::object annotate;   // annotate(frame, wait) -> the trace annotation's context manager
   py::object classify;   // classify(code) -> 0 internal, 1 user code (a call site), 2 torch.compile's compiler
   int depth = 5;         // frames in a short stack
-  py::object races;      // the race probe (.active, copied(start, end, to_host), waited()), or None
+  py::object races;      // the race probe (.active, copied(to_host, start, end, storage), waited()), or None
 };
 
 std::unique_ptr<ProbeObjects> objects;
@@ -334,12 +335,10 @@ void announce_async_copy(const at::Tensor& self, const at::Tensor& src) {
   }
   bool to_host = self.is_cpu();
   const at::Tensor& host = to_host ? self : src;
-  int64_t last = 0;
-  for (int64_t d = 0; d < host.dim(); ++d) {
-    last += (host.size(d) - 1) * host.stride(d);
+  uintptr_t start = 0, end = 0;
+  if (!race_extent(host, &start, &end)) {
+    return;
   }
-  auto start = reinterpret_cast<uintptr_t>(host.const_data_ptr());
-  auto end = start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(host.element_size()));
   auto storage = reinterpret_cast<uintptr_t>(host.storage().unsafeGetStorageImpl());
   PyObject* result = PyObject_CallMethod(objects->races.ptr(), "copied", "OKKK", to_host ? Py_True : Py_False,
                                          static_cast<unsigned long long>(start), static_cast<unsigned long long>(end),

@@ -43,20 +43,6 @@ at::CallbackHandle handle = 0;
 py::object on_access;  // on_access(watch id, operator name, wrote) under the GIL
 std::unordered_map<std::string, std::vector<int>> uses;
 
-// The bytes a strided tensor may touch: from its first element to its last.
-bool extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end) {
-  if (!tensor.defined() || !tensor.is_cpu() || !tensor.has_storage() || tensor.numel() == 0) {
-    return false;
-  }
-  int64_t last = 0;
-  for (int64_t d = 0; d < tensor.dim(); ++d) {
-    last += (tensor.size(d) - 1) * tensor.stride(d);
-  }
-  *start = reinterpret_cast<uintptr_t>(tensor.const_data_ptr());
-  *end = *start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(tensor.element_size()));
-  return true;
-}
-
 const std::vector<int>& uses_of(const at::RecordFunction& fn) {
   std::string name = fn.name();
   auto found = uses.find(name);
@@ -77,6 +63,24 @@ const std::vector<int>& uses_of(const at::RecordFunction& fn) {
   return uses.emplace(name, std::move(kinds)).first->second;
 }
 
+// The bytes a strided tensor may touch: from its first element to its last.
+}  // namespace
+
+bool race_extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end) {
+  if (!tensor.defined() || !tensor.is_cpu() || !tensor.has_storage() || tensor.numel() == 0) {
+    return false;
+  }
+  int64_t last = 0;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    last += (tensor.size(d) - 1) * tensor.stride(d);
+  }
+  *start = reinterpret_cast<uintptr_t>(tensor.const_data_ptr());
+  *end = *start + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(tensor.element_size()));
+  return true;
+}
+
+namespace {
+
 struct Hit {
   int64_t id;
   bool wrote;
@@ -84,7 +88,7 @@ struct Hit {
 
 void check(const at::Tensor& tensor, int use, std::vector<Hit>* hits) {
   uintptr_t start = 0, end = 0;
-  if (use == VIEW || !extent(tensor, &start, &end)) {
+  if (use == VIEW || !race_extent(tensor, &start, &end)) {
     return;
   }
   for (const Watch& watch : watches) {
@@ -214,7 +218,7 @@ void set_callback(py::object callback) {
 // Watch the host bytes of `host` (a copy's pinned tensor) under `id`, for accesses of its storage while it lives.
 void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads) {
   uintptr_t start = 0, end = 0;
-  if (!extent(host, &start, &end)) {
+  if (!race_extent(host, &start, &end)) {
     return;
   }
   Watch watch{id, start, end, reads};
