@@ -1,10 +1,12 @@
 """The GPU timeline capture against unprofiled runs of every decoding strategy (the seed article's sizes: GPT-2
 124M, batch 32, prompt 16, 100 new tokens). Needs CUDA.
 
-Each round runs, per strategy, a bare run and a captured one (syncguard's capture: CUDA activity and the
-plugin's annotations), and with ``--host-ops`` one that also records every host operator (what the plugin
-captured before; its busy fraction and gaps from its first two timed runs, whose traces take seconds each to
-read), in an order rotated each round, in one process. Per strategy it prints:
+Each round runs, per strategy, every variant next to a bare run of its own (which of the two goes first
+alternates), so that a ratio compares runs a second apart on a host whose speed drifts: a captured one
+(syncguard's capture: CUDA activity and the plugin's annotations), with ``--host-ops`` one that also records every
+host operator (what the plugin captured before; its busy fraction and gaps from its first two timed runs, whose
+traces take seconds each to read), and the ``--parts``; the order of the variants rotates each round, all in one
+process. Per strategy it prints:
 
 - wall time of each variant (medians; a captured run is timed inside the capture, between device syncs, as a
   test's region is) and the median over rounds of captured/bare;
@@ -14,11 +16,14 @@ read), in an order rotated each round, in one process. Per strategy it prints:
 - the largest and 99th-percentile idle gap of the captured region (every step, no warm-up left out);
 - where the steps came from, and whether the trace was reliable.
 
-``--parts`` adds profiler configurations timed alone, which tell the capture's costs apart: without CUDA
-synchronization events, without the host side at all (CUDA activity only), without external correlation.
+``--parts`` adds configurations timed alone, which tell the capture's costs apart: profiler configurations
+(without CUDA synchronization events, CUDA activity only, without external correlation, the host side only),
+syncguard's capture with CUPTI's records of driver calls switched on again (what it saves by leaving them off),
+with other activity kinds switched off after it started (runtime records, all but kernels, copies and memsets,
+everything), and the allocator history (Python stacks) alone and with the capture.
 
-Run from the repository root: ``python -m bench.bench_timeline_capture [--rounds N] [--host-ops] [--parts]
-[--strategies a,b]``; it prints the machine it ran on.
+Run from the repository root: ``python -m bench.bench_timeline_capture [--rounds N] [--host-ops]
+[--parts all|a,b] [--strategies a,b]``; it prints the machine it ran on.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
-from pytest_syncguard.probes.timeline import TIMELINE
+from pytest_syncguard.probes.memory import allocation_history
+from pytest_syncguard.probes.timeline import TIMELINE, cupti_library, driver_records_off
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
@@ -61,11 +67,17 @@ class Variant:
     device_us: list[float] = field(default_factory=list)
     max_gap: list[float] = field(default_factory=list)
     p99_gap: list[float] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+    """Its wall time over that of the bare run next to it, each round."""
     steps_from: str = ""
     problems: list[str] = field(default_factory=list)
 
     part: Callable[[], AbstractContextManager[object]] | None = None
     """``--parts``: a profiler configuration timed alone (wall time only)."""
+
+    def clear(self) -> None:
+        for values in (self.wall, self.busy, self.device_us, self.max_gap, self.p99_gap, self.ratios):
+            values.clear()
 
     def run(self, fn: Callable[[], object]) -> None:
         if self.host_ops is None:
@@ -112,11 +124,43 @@ def _profiler(activities: set[Any], scopes: set[Any], **experimental: bool) -> I
     ).config()
     _prepare_profiler(config, activities)
     _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
+    driver_records_off()  # as syncguard's capture does
     try:
         yield
     finally:
         torch.cuda.synchronize()
         _disable_profiler()
+
+
+#: CUPTI activity kinds (cupti_activity.h's CUpti_ActivityKind), switched off after the profiler started them
+#: (``--parts``): what each kind of record costs the loop.
+CUPTI_KINDS = {"memcpy": 1, "memset": 2, "driver": 4, "runtime": 5, "kernel": 10, "overhead": 17, "sync": 38}
+
+
+@contextmanager
+def _capture_without(*kinds: str, driver: bool = False) -> Iterator[None]:
+    """syncguard's capture with some CUPTI activity kinds switched off once it started (``driver``: with CUPTI's
+    records of driver calls switched on again, as the profiler has them)."""
+    with TIMELINE.capturing():
+        cupti = cupti_library()
+        if cupti is None:
+            raise RuntimeError("no libcupti loaded in this process")
+        calls = [(cupti.cuptiActivityDisable, CUPTI_KINDS[kind]) for kind in kinds]
+        calls += [(cupti.cuptiActivityEnable, CUPTI_KINDS["driver"])] if driver else []
+        for call, kind in calls:
+            if status := call(kind):
+                raise RuntimeError(f"{call.__name__}({kind}) returned {status}")
+        yield
+
+
+@contextmanager
+def _memory_history(capture: bool) -> Iterator[None]:
+    """The allocator history (Python stacks), with or without syncguard's capture: what a test with a memory
+    budget recorded before it moved to the diagnostic rerun of a failing one."""
+    with allocation_history() as snapshots, TIMELINE.capturing() if capture else nullcontext():
+        yield
+    for snapshot in snapshots:
+        snapshot.unlink()
 
 
 PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
@@ -128,6 +172,16 @@ PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no ext. corr.": lambda: _profiler(
         {CPU, CUDA}, {RecordScope.USER_SCOPE}, enable_cuda_sync_events=True, disable_external_correlation=True
     ),
+    # the profiler's host side alone: no CUPTI
+    "CPU only": lambda: _profiler({CPU}, {RecordScope.USER_SCOPE}),
+    # syncguard's capture with CUPTI kinds switched on or off
+    "driver records": lambda: _capture_without(driver=True),
+    "no runtime": lambda: _capture_without("runtime"),
+    "kernels only": lambda: _capture_without("runtime", "sync", "overhead"),
+    "CUPTI off": lambda: _capture_without(*CUPTI_KINDS),
+    # the allocator history of a memory budget
+    "memory history": lambda: _memory_history(capture=False),
+    "capture + history": lambda: _memory_history(capture=True),
 }
 
 
@@ -136,8 +190,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--host-ops", action="store_true", help="also capture with every host operator recorded")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default: all)")
-    parser.add_argument("--parts", action="store_true", help="also time profiler configurations that tell the "
-                        "capture's costs apart (wall time over bare)")  # fmt: skip
+    parser.add_argument("--parts", default="", help="also time these configurations that tell the capture's costs "
+                        f"apart, comma-separated, or 'all' ({', '.join(PARTS)})")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_timeline_capture needs CUDA")
@@ -167,40 +221,37 @@ def main() -> None:
         variants = [Variant("bare", None), Variant("capture", False)]
         if args.host_ops:
             variants.append(Variant("host ops", True))
-        parts = [Variant(part, None, part=make) for part, make in PARTS.items()] if args.parts else []
+        chosen = list(PARTS) if args.parts == "all" else [p for p in args.parts.split(",") if p]
+        parts = [Variant(part, None, part=PARTS[part]) for part in chosen]
         variants += parts
         for variant in variants:  # warm-up: compilation, graph capture, allocator, profiler start-up
             variant.run(generate)
             variant.run(generate)
         for variant in variants:
-            variant.wall.clear()
-            variant.busy.clear()
-            variant.device_us.clear()
-            variant.max_gap.clear()
-            variant.p99_gap.clear()
-        for r in range(args.rounds):
-            for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
-                variant.run(generate)
-        bare, capture = variants[0], variants[1]
+            variant.clear()
+        bare, others = variants[0], variants[1:]
+        for r in range(args.rounds):  # each variant next to a bare run of its own, which goes first every other time
+            for i, variant in enumerate(others[r % len(others) :] + others[: r % len(others)]):
+                for run in (bare, variant) if (r + i) % 2 == 0 else (variant, bare):
+                    run.run(generate)
+                variant.ratios.append(variant.wall[-1] / bare.wall[-1])
+        capture = variants[1]
         median = statistics.median
-        ratios = [c / b for c, b in zip(capture.wall, bare.wall, strict=True)]
         busy, share = median(capture.busy), median(capture.device_us) / 1e6 / median(bare.wall)
         line = (
-            f"{name:<16} {median(bare.wall) * 1e3:>8.1f} {median(capture.wall) * 1e3:>8.1f} {median(ratios):>9.3f} "
+            f"{name:<16} {median(bare.wall) * 1e3:>8.1f} {median(capture.wall) * 1e3:>8.1f} "
+            f"{median(capture.ratios):>9.3f} "
             f"{busy:>6.3f} {share:>9.3f} {busy / share - 1:>+8.1%} {median(capture.max_gap):>8.0f} "
             f"{median(capture.p99_gap):>8.1f}"
         )
         if args.host_ops:
             ops = variants[2]
-            ops_ratios = [o / b for o, b in zip(ops.wall, bare.wall, strict=True)]
             line += (
-                f" | {median(ops.wall) * 1e3:>8.1f} {median(ops_ratios):>8.3f} {median(ops.busy):>6.3f} "
+                f" | {median(ops.wall) * 1e3:>8.1f} {median(ops.ratios):>8.3f} {median(ops.busy):>6.3f} "
                 f"{median(ops.max_gap):>8.0f} {median(ops.p99_gap):>8.1f}"
             )
         if parts:
-            line += " | " + ", ".join(
-                f"{v.name} {median([w / b for w, b in zip(v.wall, bare.wall, strict=True)]):.3f}" for v in parts
-            )
+            line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f}" for v in parts)
         problems = sorted({p for v in variants for p in v.problems})
         print(f"{line}  {capture.steps_from}; {'unreliable: ' + problems[0] if problems else 'reliable'}", flush=True)
 

@@ -1,6 +1,7 @@
 """Running one test's capture: its syncs (the test's regions, else the whole call), and the GPU timeline and
-allocator history when its budgets need them and it runs on CUDA; afterwards the measurement, its budget
-checks, its baseline comparison and the files of a failing test.
+allocator numbers when its budgets need them and it runs on CUDA; afterwards the measurement, its budget
+checks, its baseline comparison and the files of a failing test. The diagnostic reruns of a failing test (every
+host operator recorded, or the allocator history) are here too: what they record would slow the judged run.
 
 torch.profiler does not nest, so the timeline is recorded over the whole call with the regions annotated, and
 found again per region in the trace.
@@ -94,6 +95,8 @@ class CallCapture:
     memory: bool
     host_ops: bool = False
     """Record every host operator in the timeline (a diagnostic run: slows the host)."""
+    history: bool = False
+    """Record the allocator history with Python stacks (a diagnostic run: slows every allocation)."""
     trace_files: list[Path] = field(default_factory=list)
     snapshots: list[Path] = field(default_factory=list)
     whole_call: GenerationRegion | None = None
@@ -133,7 +136,7 @@ class CallCapture:
             with ExitStack() as stack:
                 if self.timeline:
                     self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
-                if self.memory:
+                if self.memory and self.history:
                     self.snapshots = stack.enter_context(allocation_history())
                 stack.enter_context(self.whole_call.recording())
                 yield self
@@ -189,11 +192,6 @@ class CallCapture:
                 result = replace(result, comparison=comparison)
             except BaselineError as exc:
                 result = replace(result, error=f"{self.nodeid}: {exc}")
-        if result.failed and self.snapshots:
-            try:
-                result = replace(result, allocation_sites=self.allocation_sites())
-            except Exception as exc:  # reported like an unreadable trace
-                result = replace(result, error=f"{self.nodeid}: allocator snapshot analysis failed: {exc}")
         return result
 
     def with_timelines(self, measurement: Measurement) -> Measurement:
@@ -273,6 +271,24 @@ def diagnose_gaps(nodeid: str, guard: SyncGuard, options: GuardOptions, rerun: C
             raise DiagnosisError("the rerun launched no GPU work")
         widest = max(range(len(timelines)), key=lambda i: timelines[i].gap_stat("max"))
         return timelines[widest].summary(region=widest + 1)
+    finally:
+        guard.measurements = saved
+        capture.keep(None, failed=False)
+
+
+def diagnose_allocations(
+    nodeid: str, guard: SyncGuard, options: GuardOptions, rerun: Callable[[], object], artifacts: Path | None
+) -> tuple[tuple[AllocationSite, ...], list[str], str | None]:
+    """Run a test's call again (``rerun``) with the allocator history recorded: the sites of its largest
+    allocations, the snapshot's path once kept in ``artifacts``, and why it could not be. The judged run records
+    no history: its Python stacks cost host time at every allocation (bench/bench_timeline_capture.py). The
+    guard's own measurements are kept."""
+    saved, guard.measurements = guard.measurements, []
+    capture = CallCapture(nodeid, guard, (), options, timeline=False, memory=True, history=True)
+    try:
+        with capture.recording():
+            rerun()
+        return (capture.allocation_sites(), *capture.keep(artifacts, failed=True))
     finally:
         guard.measurements = saved
         capture.keep(None, failed=False)

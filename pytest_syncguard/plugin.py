@@ -167,6 +167,31 @@ def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTes
     return replace(result, gap_diagnosis=diagnosis)
 
 
+def _memory_failed(result: MeasuredTest) -> bool:
+    """Whether a measured allocator number broke a budget."""
+    return any(c.held is False and c.value is not None and c.budget.signal == "memory" for c in result.checks)
+
+
+def _with_allocation_sites(
+    item: pytest.Item, guard: SyncGuard, result: MeasuredTest, artifacts: Path | None
+) -> MeasuredTest:
+    """The result with the allocation sites of a diagnostic rerun, or a note of why there are none."""
+    from dataclasses import replace
+
+    from .capture import diagnose_allocations
+
+    options = item.stash.get(_OPTIONS, GuardOptions())
+    try:
+        sites, kept, problem = diagnose_allocations(item.nodeid, guard, options, item.runtest, artifacts)
+    except Exception as exc:  # the judged result stands; the note says why there are no sites
+        note = (
+            f"syncguard: {item.nodeid}: no allocation sites: the diagnostic rerun failed: {type(exc).__name__}: {exc}"
+        )
+        return replace(result, notes=(*result.notes, note))
+    notes = (*result.notes, *([problem] if problem else []))
+    return replace(result, allocation_sites=sites, artifacts=(*result.artifacts, *kept), notes=notes)
+
+
 class SyncguardSession:
     """Per-run state: whether the summary is on, the baseline store, and the results of every test's report."""
 
@@ -260,6 +285,8 @@ class SyncguardSession:
             )
             if result is not None and raised is None and self.gap_ops and _timeline_failed(result):
                 result = _with_gap_diagnosis(item, guard, result)
+            if result is not None and raised is None and _memory_failed(result):
+                result = _with_allocation_sites(item, guard, result, self.artifacts)
             if result is not None:
                 item.stash[_RESULT] = result
 

@@ -70,6 +70,27 @@ def test_a_launch_bound_gap_without_recorded_operators_says_how_to_list_them() -
     assert bound and all(gaps.OPS_HINT in g.detail for g in bound)
 
 
+def test_kernels_launched_through_the_driver_are_counted_from_the_device_side() -> None:
+    # The capture keeps no CUDA driver calls, so a Triton kernel arrives with no launch record: the real trace with
+    # the runtime launch records of the single-kernel launches removed stands for one whose kernels all were.
+    found = events("capture_marked_steps")
+    trace = trace_file.from_events(found)
+    (window,) = gaps.regions(trace).values()
+    recorded = device_work(trace, window)
+    single = {e["args"]["correlation"] for e in found if e.get("name") in trace_file.KERNEL_LAUNCHES and "args" in e}
+    stripped = trace_file.from_events(
+        [e for e in found if not (e.get("cat") == "cuda_runtime" and e.get("args", {}).get("correlation") in single)]
+    )
+    unrecorded = device_work(stripped, window)
+    assert recorded.values["launches"] > 100
+    assert unrecorded.values == recorded.values
+    assert unrecorded.top["launches"] == recorded.top["launches"]
+    # A kernel outside the window is not the region's, launch record or not.
+    assert device_work(stripped, (window[0], window[0] + 1)).values["launches"] == 0
+    timeline = gaps.analyze(stripped, window=window)
+    assert timeline is not None and any(g.detail == gaps.NO_LAUNCH_RECORD for g in timeline.top_gaps)
+
+
 def _graph_kernels_removed(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     launches = {
         e["args"]["correlation"] for e in found if e.get("name") in trace_file.GRAPH_LAUNCHES and "args" in e

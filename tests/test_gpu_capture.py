@@ -15,6 +15,7 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement
+from pytest_syncguard.probes.timeline import TIMELINE
 
 pytestmark = pytest.mark.gpu
 BUDGETS = [Budget("max_gpu_idle_us", 1e9), Budget("max_launches_per_token", 1e9)]
@@ -122,3 +123,34 @@ def test_a_loop_that_marks_its_steps_is_judged_by_them() -> None:
     _, measurement = captured(loop)
     (timeline,) = measurement.gpu_timelines
     assert (timeline.steps, timeline.judged_steps, timeline.steps_from) == (6, 4, gaps.MARKED_STEPS)
+
+
+def test_kernels_launched_through_the_driver_are_counted_without_its_records(tmp_path: Path) -> None:
+    """The capture leaves CUDA driver calls unrecorded, so a Triton kernel (launched through the driver) has no
+    launch record: it is counted from the device side, as often as an independent profiler run that records the
+    driver calls sees them launched; and that run, started after the capture, records them again."""
+    pytest.importorskip("triton")
+    compiled = torch.compile(lambda x: torch.tanh(x) * 2 + 1)  # one Triton kernel per call, no CUDA graph
+    x = torch.randn(1 << 16, device="cuda")
+    compiled(x)  # compiles outside the measurement
+    calls = 20
+
+    def loop(guard: SyncGuard) -> None:
+        with guard.generation(tokens=calls):
+            for _ in range(calls):
+                compiled(x)
+
+    trace, measurement = captured(loop)
+    assert TIMELINE.driver_records is False
+    assert not [c for c in trace.host_calls if c.name.startswith("cu") and not c.name.startswith("cuda")]
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        loop(SyncGuard("independent", device="cuda"))
+    profile.export_chrome_trace(str(tmp_path / "independent.json"))
+    independent = trace_file.load(tmp_path / "independent.json")
+    driver = [c for c in independent.host_calls if c.name.startswith("cuLaunch")]
+    print(
+        f"launches: capture {measurement.count('launches')}, driver launch calls of the independent run {len(driver)}"
+    )
+    assert len(driver) == calls
+    assert measurement.count("launches") == calls

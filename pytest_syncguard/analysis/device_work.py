@@ -3,7 +3,10 @@ CUDA graph launches (with the kernels the graphs ran), copies each way with thei
 functions, no torch).
 
 The host side decides what belongs to a region: a launch counts when its runtime call started inside the
-region's window, and device work when the call that launched it (matched by correlation id) did.
+region's window, and device work when the call that launched it (matched by correlation id) did. A kernel with
+no launch call in the trace was launched through the CUDA driver API (Triton does), whose calls the capture
+does not record: it counts as one launch per correlation id when it started on the device inside the window (a
+region begins and ends with a device sync, so nothing it launched runs outside it).
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
     """The launches, copies and memsets of the calls the host made inside ``window`` (host time, us)."""
     start, end = window
     inside: dict[int, HostCall] = {}
+    recorded: set[int] = set()
     launches = graph_launches = 0
     for call in trace.host_calls:
+        if call.correlation is not None:
+            recorded.add(call.correlation)
         if not start <= call.start <= end:
             continue
         if call.correlation is not None:
@@ -43,8 +49,14 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
          "copy_bytes_d2d", "memsets"),
         0,
     )  # fmt: skip
+    unrecorded: set[int] = set()
     for op in trace.gpu_ops:
         launch = inside.get(op.correlation) if op.correlation is not None else None
+        if launch is None and op.correlation not in recorded and start <= op.start <= end:
+            if op.category == "kernel" and op.correlation is not None:
+                unrecorded.add(op.correlation)
+                kernels[op.name] += 1
+            continue
         if launch is None:
             continue
         if op.category == "kernel":
@@ -59,7 +71,7 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
             values[f"copy_bytes_{direction}"] += op.bytes
     if graph_launches:
         kernels[GRAPH_LAUNCH_ITEM] = graph_launches
-    values.update(launches=launches + graph_launches, graph_launches=graph_launches)
+    values.update(launches=launches + len(unrecorded) + graph_launches, graph_launches=graph_launches)
     return RegionCounts(values, {"launches": top_items(kernels)})
 
 

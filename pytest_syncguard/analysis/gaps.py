@@ -33,6 +33,10 @@ SYNC_ANNOTATION = "syncguard.sync"
 #: Host and device clocks are aligned by the profiler to about a microsecond.
 SLACK_US = 1.0
 HOST_SYNC, LAUNCH_BOUND, OTHER = "host sync", "launch-bound", "other"
+NO_LAUNCH_RECORD = (
+    "no launch record for this op (a launch through the CUDA driver API, as Triton's are: the capture does not "
+    "record driver calls; --syncguard-gap-ops does)"
+)
 #: How to see which operators kept the host from launching (see :func:`attribute`).
 OPS_HINT = "--syncguard-gap-ops reruns a failing test to list them"
 #: Where a region's decode steps came from.
@@ -275,7 +279,7 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
     op = gap.next_op
     launch = host.launched_at(op)
     if launch is None:
-        return AttributedGap(gap.duration, gap.start, gap.step, OTHER, "no launch record for this op", op.name)
+        return AttributedGap(gap.duration, gap.start, gap.step, OTHER, NO_LAUNCH_RECORD, op.name)
     sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
     if sync is not None and sync.end >= gap.start - SLACK_US:
         where = _site_of(host.enclosing(launch.tid, sync.start))

@@ -6,8 +6,10 @@ What it records is what the verdicts need and nothing the loop pays for per oper
 (kernels, copies, memsets, runtime calls, synchronizations) comes from CUPTI, and on the host only
 ``record_function`` ranges (user scope) are recorded. The dispatcher's operators are not: recording each one
 costs host time before every launch, which in a launch-bound loop lengthens the very gaps being measured
-(bench/bench_timeline_capture.py). ``host_ops=True`` records them too, for a diagnostic run whose timings are
-not judged.
+(bench/bench_timeline_capture.py). Nor are CUDA driver calls: the runtime makes several for each launch, and
+CUPTI's record of each cost an eager GPT-2 decode loop about a tenth of its speed on an H100, while the trace
+keeps none of them but Triton's launches (whose kernels :mod:`..analysis.device_work` counts from the device
+side instead). ``host_ops=True`` records both, for a diagnostic run whose timings are not judged.
 
 A sentinel kernel is launched inside an annotation just before the capture stops: a trace whose sentinel has
 no kernel lost events (the profiler's device buffers filled), and nothing in it is trusted.
@@ -15,6 +17,7 @@ no kernel lost events (the profiler's device buffers filled), and nothing in it 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,6 +34,31 @@ from ..analysis.gaps import MARKED_STEP_ANNOTATION, REGION_ANNOTATION, STEP_ANNO
 from ..analysis.reliability import SENTINEL_ANNOTATION
 
 _ACTIVITIES = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
+#: ``CUPTI_ACTIVITY_KIND_DRIVER`` (cupti_activity.h): CUPTI's records of CUDA driver calls.
+_CUPTI_DRIVER_RECORDS = 4
+
+
+def cupti_library() -> ctypes.CDLL | None:
+    """The CUPTI library the profiler loaded into this process; None where it cannot be found (no
+    ``/proc/self/maps``, or CUPTI linked into torch itself)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libcupti" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def driver_records_off() -> bool:
+    """Stop CUPTI's records of CUDA driver calls in the running capture (the profiler switches every kind off
+    when it stops and on again when it starts); False where CUPTI cannot be reached and they stay on."""
+    cupti = cupti_library()
+    return cupti is not None and cupti.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
 
 
 def _config() -> Any:
@@ -47,6 +75,8 @@ class TimelineProbe:
 
     def __init__(self) -> None:
         self.active = False
+        self.driver_records = True
+        """Whether the last capture recorded CUDA driver calls."""
 
     @contextmanager
     def capturing(self, *, host_ops: bool = False) -> Iterator[list[Path]]:
@@ -61,6 +91,7 @@ class TimelineProbe:
         exported: list[Path] = []
         self.active = True
         try:
+            self.driver_records = host_ops or not driver_records_off()
             yield exported
         finally:
             self.active = False

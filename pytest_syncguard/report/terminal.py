@@ -117,10 +117,13 @@ def memory_lines(memory: Sequence[MemoryStats]) -> list[str]:
 
 
 def allocation_site_lines(sites: Sequence[AllocationSite]) -> list[str]:
-    """The call sites that made the largest allocations, from the test's allocator history."""
+    """The call sites that made the largest allocations, from the allocator history of a diagnostic rerun."""
     if not sites:
         return []
-    lines = ["largest allocation sites (largest single allocation, allocations, total allocated):"]
+    lines = [
+        "largest allocation sites, from a diagnostic rerun with the allocator history recorded (largest single "
+        "allocation, allocations, total allocated):"
+    ]
     for s in sites:
         lines.append(
             f"  {s.largest_bytes / MIB:>9.2f} MiB  {s.allocations:>6} x  {s.total_bytes / MIB:>10.1f} MiB  at {s.site}"
