@@ -6,10 +6,10 @@ What it records is what the verdicts need and nothing the loop pays for per oper
 (kernels, copies, memsets, runtime calls, synchronizations) comes from CUPTI, and on the host only
 ``record_function`` ranges (user scope) are recorded. The dispatcher's operators are not: recording each one
 costs host time before every launch, which in a launch-bound loop lengthens the very gaps being measured
-(bench/bench_timeline_capture.py). Nor are CUDA driver calls: the runtime makes several for each launch, and
-CUPTI's record of each cost an eager GPT-2 decode loop about a tenth of its speed on an H100, while the trace
-keeps none of them but Triton's launches (whose kernels :mod:`..analysis.device_work` counts from the device
-side instead). ``host_ops=True`` records both, for a diagnostic run whose timings are not judged.
+(bench/bench_timeline_capture.py). Nor are CUDA driver calls: CUPTI records the ones it sees, while the
+profiler's trace keeps none of them but Triton's launches (whose kernels
+:mod:`..analysis.device_work` counts from the device side instead); what that saves on an H100 was within the
+spread between runs (README). ``host_ops=True`` records both, for a diagnostic run whose timings are not judged.
 
 A sentinel kernel is launched inside an annotation just before the capture stops: a trace whose sentinel has
 no kernel lost events (the profiler's device buffers filled), and nothing in it is trusted.
@@ -58,7 +58,10 @@ def driver_records_off() -> bool:
     """Stop CUPTI's records of CUDA driver calls in the running capture (the profiler switches every kind off
     when it stops and on again when it starts); False where CUPTI cannot be reached and they stay on."""
     cupti = cupti_library()
-    return cupti is not None and cupti.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
+    try:
+        return cupti is not None and cupti.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
+    except AttributeError:  # a library of that name without CUPTI's activity API
+        return False
 
 
 def _config() -> Any:
