@@ -148,9 +148,10 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     return guard
 
 
-def _timeline_failed(result: MeasuredTest) -> bool:
-    """Whether a measured GPU timeline broke a budget (not one that was missing or unreliable)."""
-    return any(c.held is False and c.value is not None and c.budget.signal == "timeline" for c in result.checks)
+def _broke(result: MeasuredTest, signal: str) -> bool:
+    """Whether a measured number of ``signal`` ("timeline", "memory") broke a budget (not one that was missing or
+    unreliable)."""
+    return any(c.held is False and c.value is not None and c.budget.signal == signal for c in result.checks)
 
 
 def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTest) -> MeasuredTest:
@@ -165,11 +166,6 @@ def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTes
         note = f"syncguard: {item.nodeid}: --syncguard-gap-ops: no diagnosis: {type(exc).__name__}: {exc}"
         return replace(result, notes=(*result.notes, note))
     return replace(result, gap_diagnosis=diagnosis)
-
-
-def _memory_failed(result: MeasuredTest) -> bool:
-    """Whether a measured allocator number broke a budget."""
-    return any(c.held is False and c.value is not None and c.budget.signal == "memory" for c in result.checks)
 
 
 def _with_allocation_sites(
@@ -283,9 +279,9 @@ class SyncguardSession:
                 artifacts=self.artifacts,
                 notes=self.notes,
             )
-            if result is not None and raised is None and self.gap_ops and _timeline_failed(result):
+            if result is not None and raised is None and self.gap_ops and _broke(result, "timeline"):
                 result = _with_gap_diagnosis(item, guard, result)
-            if result is not None and raised is None and _memory_failed(result):
+            if result is not None and raised is None and _broke(result, "memory"):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
             if result is not None:
                 item.stash[_RESULT] = result
