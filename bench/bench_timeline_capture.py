@@ -2,14 +2,18 @@
 124M, batch 32, prompt 16, 100 new tokens). Needs CUDA.
 
 Each round runs, per strategy, every variant next to a bare run of its own (which of the two goes first
-alternates), so that a ratio compares runs a second apart on a host whose speed drifts: a captured one
+alternates), so that a ratio compares runs a second apart on a host whose speed drifts: a second bare run (the
+noise floor: how far apart two identical runs are on this host), a captured one
 (syncguard's capture: CUDA activity and the plugin's annotations), with ``--host-ops`` one that also records every
 host operator (what the plugin captured before; its busy fraction and gaps from its first two timed runs, whose
 traces take seconds each to read), and the ``--parts``; the order of the variants rotates each round, all in one
 process. Per strategy it prints:
 
 - wall time of each variant (medians; a captured run is timed inside the capture, between device syncs, as a
-  test's region is) and the median over rounds of captured/bare;
+  test's region is), the median over rounds of captured/bare, and a 90% interval of captured/bare and of the
+  noise floor (Hodges-Lehmann estimate and Wilcoxon signed-rank interval of the paired log ratios, as the A/B
+  report computes them): a target such as captured/bare <= 1.05 is shown only when the interval's top is below
+  it;
 - the busy fraction of the captured region against "kernel time / bare": the union of kernel, memcpy and
   memset time of the captured traces (device timestamps, which host overhead does not change) over the bare
   runs' wall time (medians of each). A capture that slows the host makes the first lower than the second;
@@ -23,13 +27,15 @@ with other activity kinds switched off after it started (runtime records, all bu
 everything), and the allocator history (Python stacks) alone and with the capture.
 
 Run from the repository root: ``python -m bench.bench_timeline_capture [--rounds N] [--host-ops]
-[--parts all|a,b] [--strategies a,b]``; it prints the machine it ran on.
+[--parts all|a,b] [--strategies a,b] [--analysed N]``; it prints the machine it ran on.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +49,7 @@ from torch._C._profiler import ProfilerActivity, RecordScope, _ExperimentalConfi
 
 from examples import models
 from examples.strategies import STRATEGIES
-from pytest_syncguard.analysis import gaps, trace_file
+from pytest_syncguard.analysis import ab_stats, gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
 from pytest_syncguard.probes.memory import allocation_history
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_library, driver_records_off
@@ -52,6 +58,8 @@ BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
 #: Runs of the ``--host-ops`` variant whose trace is analysed (each takes seconds to read); the others are timed.
 HOST_OPS_ANALYSED = 2
+#: Confidence of the intervals printed.
+CONFIDENCE = 0.9
 _REGIONS = itertools.count(1)
 
 
@@ -79,7 +87,7 @@ class Variant:
         for values in (self.wall, self.busy, self.device_us, self.max_gap, self.p99_gap, self.ratios):
             values.clear()
 
-    def run(self, fn: Callable[[], object]) -> None:
+    def run(self, fn: Callable[[], object], analysed: int) -> None:
         if self.host_ops is None:
             with self.part() if self.part is not None else nullcontext():
                 self.wall.append(_timed(fn))
@@ -87,8 +95,8 @@ class Variant:
         number = next(_REGIONS)
         with TIMELINE.capturing(host_ops=self.host_ops) as files:
             self.wall.append(_timed(fn, TIMELINE.region(number)))
-        if self.host_ops and len(self.busy) >= HOST_OPS_ANALYSED:
-            files[0].unlink()  # reading a trace with every host operator takes seconds: its wall time suffices
+        if len(self.busy) >= (HOST_OPS_ANALYSED if self.host_ops else analysed):
+            files[0].unlink()  # reading a trace takes time a further round can use: its wall time suffices
             return
         try:
             trace = trace_file.load(files[0])
@@ -107,7 +115,9 @@ class Variant:
 
 
 def _timed(fn: Callable[[], object], around: AbstractContextManager[object] | None = None) -> float:
-    """Wall time of ``fn`` between device syncs, as a test's region is timed."""
+    """Wall time of ``fn`` between device syncs, as a test's region is timed (after a garbage collection, so that
+    no run pays for the garbage of the one before)."""
+    gc.collect()
     torch.cuda.synchronize()
     start = time.perf_counter()
     with around or nullcontext():
@@ -188,6 +198,8 @@ PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--analysed", type=int, default=5, help="captured runs per strategy whose trace is read "
+                        "(busy fraction, gaps); the others are only timed")  # fmt: skip
     parser.add_argument("--host-ops", action="store_true", help="also capture with every host operator recorded")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default: all)")
     parser.add_argument("--parts", default="", help="also time these configurations that tell the capture's costs "
@@ -206,8 +218,8 @@ def main() -> None:
         flush=True,
     )
     header = (
-        f"{'strategy':<16} {'bare ms':>8} {'capt ms':>8} {'capt/bare':>9} {'busy':>6} {'kern/bare':>9} {'busy err':>8} "
-        f"{'max gap':>8} {'p99 gap':>8}"
+        f"{'strategy':<16} {'bare ms':>8} {'capt ms':>8} {'capt/bare':>9} {'90% interval':>13} {'A/A interval':>13} "
+        f"{'busy':>6} {'kern/bare':>9} {'busy err':>8} {'max gap':>8} {'p99 gap':>8}"
     )
     if args.host_ops:
         header += f" | {'ops ms':>8} {'ops/bare':>8} {'busy':>6} {'max gap':>8} {'p99 gap':>8}"
@@ -218,42 +230,48 @@ def main() -> None:
         def generate(strategy: Callable[..., object] = strategy) -> None:
             strategy(model, prompt, NEW_TOKENS, eos)
 
-        variants = [Variant("bare", None), Variant("capture", False)]
+        variants = [Variant("bare", None), Variant("capture", False), Variant("bare again", None)]
         if args.host_ops:
             variants.append(Variant("host ops", True))
         chosen = list(PARTS) if args.parts == "all" else [p for p in args.parts.split(",") if p]
         parts = [Variant(part, None, part=PARTS[part]) for part in chosen]
         variants += parts
         for variant in variants:  # warm-up: compilation, graph capture, allocator, profiler start-up
-            variant.run(generate)
-            variant.run(generate)
+            variant.run(generate, args.analysed)
+            variant.run(generate, args.analysed)
         for variant in variants:
             variant.clear()
         bare, others = variants[0], variants[1:]
         for r in range(args.rounds):  # each variant next to a bare run of its own, which goes first every other time
             for i, variant in enumerate(others[r % len(others) :] + others[: r % len(others)]):
                 for run in (bare, variant) if (r + i) % 2 == 0 else (variant, bare):
-                    run.run(generate)
+                    run.run(generate, args.analysed)
                 variant.ratios.append(variant.wall[-1] / bare.wall[-1])
-        capture = variants[1]
+        capture, again = variants[1], variants[2]
         median = statistics.median
         busy, share = median(capture.busy), median(capture.device_us) / 1e6 / median(bare.wall)
         line = (
             f"{name:<16} {median(bare.wall) * 1e3:>8.1f} {median(capture.wall) * 1e3:>8.1f} "
-            f"{median(capture.ratios):>9.3f} "
+            f"{median(capture.ratios):>9.3f} {ratio_interval(capture.ratios):>13} {ratio_interval(again.ratios):>13} "
             f"{busy:>6.3f} {share:>9.3f} {busy / share - 1:>+8.1%} {median(capture.max_gap):>8.0f} "
             f"{median(capture.p99_gap):>8.1f}"
         )
         if args.host_ops:
-            ops = variants[2]
+            ops = variants[3]
             line += (
                 f" | {median(ops.wall) * 1e3:>8.1f} {median(ops.ratios):>8.3f} {median(ops.busy):>6.3f} "
                 f"{median(ops.max_gap):>8.0f} {median(ops.p99_gap):>8.1f}"
             )
         if parts:
-            line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f}" for v in parts)
+            line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f} ({ratio_interval(v.ratios)})" for v in parts)
         problems = sorted({p for v in variants for p in v.problems})
         print(f"{line}  {capture.steps_from}; {'unreliable: ' + problems[0] if problems else 'reliable'}", flush=True)
+
+
+def ratio_interval(ratios: list[float]) -> str:
+    """The 90% signed-rank interval of paired ratios, as ``low-high``; ``n/a`` when too few rounds give one."""
+    found = ab_stats.interval([math.log(r) for r in ratios], CONFIDENCE)
+    return f"{math.exp(found.low):.3f}-{math.exp(found.high):.3f}" if found else "n/a"
 
 
 if __name__ == "__main__":
