@@ -26,6 +26,10 @@ syncguard's capture with CUPTI's records of driver calls switched on again (what
 with other activity kinds switched off after it started (runtime records, all but kernels, copies and memsets,
 everything), and the allocator history (Python stacks) alone and with the capture.
 
+``--strategies launch_loop`` (not in the default list) times a loop of nothing but kernel launches (one in-place
+add on a one-element tensor at a time): its runs take milliseconds, so many rounds fit in a call, and it prints
+what the capture and each part add per launch, in µs (median of the paired differences, 90% interval).
+
 Run from the repository root: ``python -m bench.bench_timeline_capture [--rounds N] [--host-ops]
 [--parts all|a,b] [--strategies a,b] [--analysed N]``; it prints the machine it ran on.
 """
@@ -77,6 +81,8 @@ class Variant:
     p99_gap: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
     """Its wall time over that of the bare run next to it, each round."""
+    differences: list[float] = field(default_factory=list)
+    """Its wall time minus that of the bare run next to it, each round (seconds)."""
     steps_from: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -84,7 +90,7 @@ class Variant:
     """``--parts``: a profiler configuration timed alone (wall time only)."""
 
     def clear(self) -> None:
-        for values in (self.wall, self.busy, self.device_us, self.max_gap, self.p99_gap, self.ratios):
+        for values in (self.wall, self.busy, self.device_us, self.max_gap, self.p99_gap, self.ratios, self.differences):
             values.clear()
 
     def run(self, fn: Callable[[], object], analysed: int) -> None:
@@ -140,6 +146,18 @@ def _profiler(activities: set[Any], scopes: set[Any], **experimental: bool) -> I
     finally:
         torch.cuda.synchronize()
         _disable_profiler()
+
+
+#: Kernel launches of one run of ``launch_loop``.
+LAUNCHES = 2000
+
+
+def launch_loop(model: object, prompt: torch.Tensor, max_new_tokens: int, eos: int) -> None:
+    """Kernel launches and nothing else (the strategies' signature; only ``prompt``'s device is used): what a
+    capture adds to each launch, apart from everything else a decoding loop does."""
+    x = torch.zeros(1, device=prompt.device)
+    for _ in range(LAUNCHES):
+        x.add_(1)
 
 
 #: CUPTI activity kinds (cupti_activity.h's CUpti_ActivityKind), switched off after the profiler started them
@@ -212,6 +230,7 @@ def main() -> None:
     prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=generator).to("cuda")
     eos = model.config.vocab_size  # never emitted: every run decodes all steps
     names = args.strategies.split(",")
+    strategies: dict[str, Callable[..., object]] = {**STRATEGIES, "launch_loop": launch_loop}
     print(
         f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; GPT-2 124M, batch {BATCH}, prompt "
         f"{PROMPT}, {NEW_TOKENS} new tokens; {args.rounds} rounds, variants interleaved",
@@ -225,7 +244,7 @@ def main() -> None:
         header += f" | {'ops ms':>8} {'ops/bare':>8} {'busy':>6} {'max gap':>8} {'p99 gap':>8}"
     print(header + "  steps; trace")
     for name in names:
-        strategy = STRATEGIES[name]
+        strategy = strategies[name]
 
         def generate(strategy: Callable[..., object] = strategy) -> None:
             strategy(model, prompt, NEW_TOKENS, eos)
@@ -247,6 +266,7 @@ def main() -> None:
                 for run in (bare, variant) if (r + i) % 2 == 0 else (variant, bare):
                     run.run(generate, args.analysed)
                 variant.ratios.append(variant.wall[-1] / bare.wall[-1])
+                variant.differences.append(variant.wall[-1] - bare.wall[-1])
         capture, again = variants[1], variants[2]
         median = statistics.median
         busy, share = median(capture.busy), median(capture.device_us) / 1e6 / median(bare.wall)
@@ -264,6 +284,10 @@ def main() -> None:
             )
         if parts:
             line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f} ({ratio_interval(v.ratios)})" for v in parts)
+        if strategy is launch_loop:
+            line += " | added per launch, us: " + ", ".join(
+                f"{v.name} {_per_launch(v.differences)}" for v in [capture, again, *parts]
+            )
         problems = sorted({p for v in variants for p in v.problems})
         print(f"{line}  {capture.steps_from}; {'unreliable: ' + problems[0] if problems else 'reliable'}", flush=True)
 
@@ -272,6 +296,14 @@ def ratio_interval(ratios: list[float]) -> str:
     """The 90% signed-rank interval of paired ratios, as ``low-high``; ``n/a`` when too few rounds give one."""
     found = ab_stats.interval([math.log(r) for r in ratios], CONFIDENCE)
     return f"{math.exp(found.low):.3f}-{math.exp(found.high):.3f}" if found else "n/a"
+
+
+def _per_launch(differences: list[float]) -> str:
+    """Median paired difference per launch of ``launch_loop``, in µs, with its 90% signed-rank interval."""
+    per_launch = [d / LAUNCHES * 1e6 for d in differences]
+    found = ab_stats.interval(per_launch, CONFIDENCE)
+    interval = f" ({found.low:.2f} to {found.high:.2f})" if found else ""
+    return f"{statistics.median(per_launch):.2f}{interval}"
 
 
 if __name__ == "__main__":
