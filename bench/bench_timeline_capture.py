@@ -24,7 +24,8 @@ process. Per strategy it prints:
 (without CUDA synchronization events, CUDA activity only, without external correlation, the host side only),
 syncguard's capture with CUPTI's records of driver calls switched on again (what it saves by leaving them off),
 with other activity kinds switched off after it started (runtime records, all but kernels, copies and memsets,
-everything), and the allocator history (Python stacks) alone and with the capture.
+everything), the allocator history (Python stacks) alone and with the capture, and the plugin's other probes
+as a suite test's timed run has them (``guard``), alone and with the capture.
 
 ``--strategies launch_loop`` (not in the default list) times a loop of nothing but kernel launches (one in-place
 add on a one-element tensor at a time): its runs take milliseconds, so many rounds fit in a call, and it prints
@@ -55,6 +56,7 @@ from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import ab_stats, gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
+from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.memory import allocation_history
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_library, driver_records_off
 
@@ -191,6 +193,18 @@ def _memory_history(capture: bool) -> Iterator[None]:
         snapshot.unlink()
 
 
+@contextmanager
+def _guarded(capture: bool) -> Iterator[None]:
+    """The plugin's probes around the run, as a suite test's timed run has them (sync probe, allocator stats, race
+    check; operators not counted), with or without the capture: what a test adds to the capture's cost."""
+    guard = SyncGuard("bench", device="cuda", track_memory=True, check_races=True)
+    timed_repeat = guard._region(NEW_TOKENS, None, count_ops=False)  # as measure() runs a timed repeat
+    with TIMELINE.capturing() if capture else nullcontext() as files, timed_repeat:
+        yield
+    for file in files or []:
+        file.unlink()
+
+
 PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
     # syncguard's capture without the CUDA synchronization events
     "no sync events": lambda: _profiler({CPU, CUDA}, {RecordScope.USER_SCOPE}),
@@ -210,6 +224,9 @@ PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
     # the allocator history of a memory budget
     "memory history": lambda: _memory_history(capture=False),
     "capture + history": lambda: _memory_history(capture=True),
+    # the plugin's other probes, as a suite test has them beside the capture
+    "guard": lambda: _guarded(capture=False),
+    "capture + guard": lambda: _guarded(capture=True),
 }
 
 
