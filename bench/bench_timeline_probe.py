@@ -65,7 +65,7 @@ def main() -> None:
         profiled_times.append(p)
         ratios.append(p / b)
         first, second = bare(), bare()
-        noise.append(second / first)
+        noise.append(second / first if i % 2 else first / second)  # which one is "again" alternates, as above
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; samples {args.samples}")
     print(
         f"bare median {statistics.median(bare_times) * 1e3:.1f} ms; "
