@@ -91,3 +91,31 @@ def test_every_counter_equals_the_profilers_raw_events(name: str, tmp_path: Path
     assert launched + (counted.count("graph_kernels") or 0) == expected["kernels"]
     assert counted.count("recompiles") == 0 and counted.count("frames_compiled") == 0
     print(name, {n: counted.count(n) for n in (*expected, "graph_kernels")})
+
+
+def test_the_stop_flag_poll_runs_no_operator_whether_or_not_its_copy_has_completed() -> None:
+    """stream_pingpong runs as many operators when its device falls behind (no poll finds its flag's copy
+    complete) as when the device keeps up (polls find it complete): its operator count is the program's, not a
+    measure of how far the host runs ahead of the device."""
+    model = models.gpt2("cuda", tiny=True)
+    prompt = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(3)).cuda()
+    cycles = [1]
+
+    def slow_step(module: object, args: object) -> None:
+        torch.cuda._sleep(cycles[0])  # not an operator: the same count either way
+
+    def ops(device_behind: bool) -> int | None:
+        cycles[0] = 50_000_000 if device_behind else 1  # tens of ms of device time per step, or none
+        torch.cuda.synchronize()
+        guard = SyncGuard("poll", device="cuda")
+        with guard.generation(tokens=16) as region:
+            STRATEGIES["stream_pingpong"](model, prompt, 16, 512)
+        torch.cuda.synchronize()
+        return region.count("ops")
+
+    hook = model.register_forward_pre_hook(slow_step)
+    try:
+        ops(device_behind=False)  # warm-up
+        assert ops(device_behind=True) == ops(device_behind=False) is not None
+    finally:
+        hook.remove()
