@@ -13,6 +13,10 @@ spread between runs (README). ``host_ops=True`` records both, for a diagnostic r
 
 A sentinel kernel is launched inside an annotation just before the capture stops: a trace whose sentinel has
 no kernel lost events (the profiler's device buffers filled), and nothing in it is trusted.
+
+CUPTI is detached from the process when a capture stops (kineto's ``TEARDOWN_CUPTI``): left attached, as
+kineto leaves it by default, it slows every later kernel launch of the process, those of tests that capture
+nothing included (bench/bench_cupti_floor.py).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,11 @@ from ..analysis.reliability import SENTINEL_ANNOTATION
 _ACTIVITIES = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
 #: ``CUPTI_ACTIVITY_KIND_DRIVER`` (cupti_activity.h): CUPTI's records of CUDA driver calls.
 _CUPTI_DRIVER_RECORDS = 4
+#: kineto's switch: "1" detaches CUPTI when a capture stops, and attaches it again when the next one starts.
+TEARDOWN = "TEARDOWN_CUPTI"
+#: The CUDA calls made after a capture stops, so that kineto's detaching thread finishes there: it detaches CUPTI
+#: on the return of the first CUDA call after it is ready, which would otherwise be the caller's next.
+_DETACH_CALLS, _DETACH_PAUSE_S = 10, 0.001
 
 
 def cupti_library() -> ctypes.CDLL | None:
@@ -64,6 +74,31 @@ def driver_records_off() -> bool:
         return False
 
 
+@contextmanager
+def cupti_detached_afterwards() -> Iterator[None]:
+    """Let kineto detach CUPTI when the profiler stops inside the block, and finish detaching before the block
+    exits; where :data:`TEARDOWN` is set already (by the user, or by torch where CUDA graphs cannot attach CUPTI
+    again) it is left as it is. The variable is restored on exit, unless code inside the block set another value
+    (torch does so when it compiles CUDA graphs there): that one is kept."""
+    if TEARDOWN in os.environ:
+        yield
+        return
+    os.environ[TEARDOWN] = "1"
+    try:
+        yield
+    finally:
+        try:
+            # A failing test's call ends here too. A CUDA error would have been raised by the capture's own
+            # synchronizations before this point: none may replace the exception on its way out.
+            with suppress(RuntimeError):
+                for _ in range(_DETACH_CALLS) if torch.cuda.is_initialized() else ():  # type: ignore[no-untyped-call]
+                    torch.cuda.synchronize()
+                    time.sleep(_DETACH_PAUSE_S)
+        finally:
+            if os.environ.get(TEARDOWN) == "1":
+                del os.environ[TEARDOWN]
+
+
 def _config() -> Any:
     """A profiler configuration of this torch version: no shapes, memory, stacks, flops or modules; CUDA
     synchronization events on."""
@@ -87,28 +122,29 @@ class TimelineProbe:
         ``host_ops``: record every operator on the host as well (slows a launch-bound loop: diagnosis only)."""
         if self.active:
             raise RuntimeError("syncguard: a timeline capture is already running")
-        config = _config()
-        scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
-        _prepare_profiler(config, _ACTIVITIES)
-        _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
         exported: list[Path] = []
-        self.active = True
-        try:
-            self.driver_records = host_ops or not driver_records_off()
-            yield exported
-        finally:
-            self.active = False
+        with cupti_detached_afterwards():
+            config = _config()
+            scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
+            _prepare_profiler(config, _ACTIVITIES)
+            _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
+            self.active = True
             try:
-                torch.cuda.synchronize()  # the last kernels belong to the trace
-                with record_function(SENTINEL_ANNOTATION):
-                    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]
-                torch.cuda.synchronize()
+                self.driver_records = host_ops or not driver_records_off()
+                yield exported
             finally:
-                result = _disable_profiler()
-            handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".trace.json")
-            os.close(handle)
-            result.save(name)
-            exported.append(Path(name))
+                self.active = False
+                try:
+                    torch.cuda.synchronize()  # the last kernels belong to the trace
+                    with record_function(SENTINEL_ANNOTATION):
+                        torch.cuda._sleep(1)  # type: ignore[no-untyped-call]
+                    torch.cuda.synchronize()
+                finally:
+                    result = _disable_profiler()
+                handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".trace.json")
+                os.close(handle)
+                result.save(name)
+                exported.append(Path(name))
 
     def region(self, number: int) -> AbstractContextManager[Any]:
         return record_function(f"{REGION_ANNOTATION}#{number}") if self.active else nullcontext()
