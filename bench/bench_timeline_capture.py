@@ -28,8 +28,12 @@ everything), the allocator history (Python stacks) alone and with the capture, a
 as a suite test's timed run has them (``guard``), alone and with the capture.
 
 ``--strategies launch_loop`` (not in the default list) times a loop of nothing but kernel launches (one in-place
-add on a one-element tensor at a time): its runs take milliseconds, so many rounds fit in a call, and it prints
-what the capture and each part add per launch, in µs (median of the paired differences, 90% interval).
+add on a one-element tensor at a time), ``op_loop`` one of operators that launch nothing (a view): their runs
+take milliseconds, so many rounds fit in a call, and they print what the capture and each part add per iteration,
+in µs (median of the paired differences, 90% interval).
+
+Every capture and profiler session here detaches CUPTI when it stops, as syncguard's capture does: before it did,
+CUPTI stayed attached after the warm-up's first capture, and every bare run paid for it (bench_cupti_floor.py).
 
 Run from the repository root: ``python -m bench.bench_timeline_capture [--rounds N] [--host-ops]
 [--parts all|a,b] [--strategies a,b] [--analysed N]``; it prints the machine it ran on.
@@ -58,7 +62,7 @@ from pytest_syncguard.analysis import ab_stats, gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.memory import allocation_history
-from pytest_syncguard.probes.timeline import TIMELINE, cupti_library, driver_records_off
+from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, cupti_library, driver_records_off
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
@@ -136,30 +140,44 @@ def _timed(fn: Callable[[], object], around: AbstractContextManager[object] | No
 
 @contextmanager
 def _profiler(activities: set[Any], scopes: set[Any], **experimental: bool) -> Iterator[None]:
-    """A profiler session of one configuration (what the parts of syncguard's capture cost apart)."""
+    """A profiler session of one configuration (what the parts of syncguard's capture cost apart), which detaches
+    CUPTI when it stops, as syncguard's capture does (else the bare runs after it pay for CUPTI too)."""
     config = torch.autograd.profiler.profile(  # type: ignore[no-untyped-call]
         use_device="cuda", experimental_config=_ExperimentalConfig(**experimental)
     ).config()
-    _prepare_profiler(config, activities)
-    _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
-    driver_records_off()  # as syncguard's capture does
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize()
-        _disable_profiler()
+    with cupti_detached_afterwards():
+        _prepare_profiler(config, activities)
+        _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
+        driver_records_off()  # as syncguard's capture does
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            _disable_profiler()
 
 
-#: Kernel launches of one run of ``launch_loop``.
-LAUNCHES = 2000
+#: Iterations of one run of ``launch_loop`` and of ``op_loop``.
+ITERATIONS = 2000
 
 
 def launch_loop(model: object, prompt: torch.Tensor, max_new_tokens: int, eos: int) -> None:
     """Kernel launches and nothing else (the strategies' signature; only ``prompt``'s device is used): what a
     capture adds to each launch, apart from everything else a decoding loop does."""
     x = torch.zeros(1, device=prompt.device)
-    for _ in range(LAUNCHES):
+    for _ in range(ITERATIONS):
         x.add_(1)
+
+
+def op_loop(model: object, prompt: torch.Tensor, max_new_tokens: int, eos: int) -> None:
+    """Operators that launch nothing (a view of a CUDA tensor): what a capture adds to each operator the
+    dispatcher runs, apart from launches (a decoding step runs about four operators per launch)."""
+    x = torch.zeros(1, device=prompt.device)
+    for _ in range(ITERATIONS):
+        x.view(1)
+
+
+#: The loops whose runs take milliseconds: what a capture adds is printed per iteration.
+LOOPS = {"launch_loop": launch_loop, "op_loop": op_loop}
 
 
 #: CUPTI activity kinds (cupti_activity.h's CUpti_ActivityKind), switched off after the profiler started them
@@ -247,7 +265,7 @@ def main() -> None:
     prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=generator).to("cuda")
     eos = model.config.vocab_size  # never emitted: every run decodes all steps
     names = args.strategies.split(",")
-    strategies: dict[str, Callable[..., object]] = {**STRATEGIES, "launch_loop": launch_loop}
+    strategies: dict[str, Callable[..., object]] = {**STRATEGIES, **LOOPS}
     print(
         f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; GPT-2 124M, batch {BATCH}, prompt "
         f"{PROMPT}, {NEW_TOKENS} new tokens; {args.rounds} rounds, variants interleaved",
@@ -287,10 +305,11 @@ def main() -> None:
         capture, again = variants[1], variants[2]
         median = statistics.median
         busy, share = median(capture.busy), median(capture.device_us) / 1e6 / median(bare.wall)
+        error = busy / share - 1 if share else math.nan  # a loop without device work has none
         line = (
             f"{name:<16} {median(bare.wall) * 1e3:>8.1f} {median(capture.wall) * 1e3:>8.1f} "
             f"{median(capture.ratios):>9.3f} {ratio_interval(capture.ratios):>13} {ratio_interval(again.ratios):>13} "
-            f"{busy:>6.3f} {share:>9.3f} {busy / share - 1:>+8.1%} {median(capture.max_gap):>8.0f} "
+            f"{busy:>6.3f} {share:>9.3f} {error:>+8.1%} {median(capture.max_gap):>8.0f} "
             f"{median(capture.p99_gap):>8.1f}"
         )
         if args.host_ops:
@@ -301,9 +320,9 @@ def main() -> None:
             )
         if parts:
             line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f} ({ratio_interval(v.ratios)})" for v in parts)
-        if strategy is launch_loop:
-            line += " | added per launch, us: " + ", ".join(
-                f"{v.name} {_per_launch(v.differences)}" for v in [capture, again, *parts]
+        if name in LOOPS:
+            line += " | added per iteration, us: " + ", ".join(
+                f"{v.name} {_per_iteration(v.differences)}" for v in [capture, again, *parts]
             )
         problems = sorted({p for v in variants for p in v.problems})
         print(f"{line}  {capture.steps_from}; {'unreliable: ' + problems[0] if problems else 'reliable'}", flush=True)
@@ -315,12 +334,13 @@ def ratio_interval(ratios: list[float]) -> str:
     return f"{math.exp(found.low):.3f}-{math.exp(found.high):.3f}" if found else "n/a"
 
 
-def _per_launch(differences: list[float]) -> str:
-    """Median paired difference per launch of ``launch_loop``, in µs, with its 90% signed-rank interval."""
-    per_launch = [d / LAUNCHES * 1e6 for d in differences]
-    found = ab_stats.interval(per_launch, CONFIDENCE)
+def _per_iteration(differences: list[float]) -> str:
+    """Median paired difference per iteration of a loop of :data:`LOOPS`, in µs, with its 90% signed-rank
+    interval."""
+    per_iteration = [d / ITERATIONS * 1e6 for d in differences]
+    found = ab_stats.interval(per_iteration, CONFIDENCE)
     interval = f" ({found.low:.2f} to {found.high:.2f})" if found else ""
-    return f"{statistics.median(per_launch):.2f}{interval}"
+    return f"{statistics.median(per_iteration):.2f}{interval}"
 
 
 if __name__ == "__main__":
