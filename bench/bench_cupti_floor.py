@@ -3,11 +3,9 @@ kernel timestamps from CUPTI. Needs CUDA.
 
 A minimal tracer (:class:`CuptiTracer`, CUPTI's activity API through ctypes: buffers handed out and counted,
 records not decoded) enables only the CUPTI activity kinds it is given, from the start, and CUPTI is finalized
-(detached) after each traced run, as torch.profiler's kineto does after a capture. Two loops, each of
-``ITERATIONS`` iterations:
-
-- ``launch_loop``: one in-place add on a one-element CUDA tensor (one operator, one kernel launch);
-- ``op_loop``: one view of a CUDA tensor (one operator, no launch).
+(detached) after each traced run, as torch.profiler's kineto does after a capture. The loops are those of
+bench_timeline_capture.py: ``launch_loop`` (one in-place add on a one-element CUDA tensor per iteration: one
+operator, one kernel launch) and ``op_loop`` (one view: one operator, no launch).
 
 Variants, each timed next to a bare run of its own (which goes first alternates), the order rotating each round:
 a second bare run (the noise floor), CUPTI with concurrent-kernel records only, with kernel and runtime-call
@@ -24,21 +22,17 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import gc
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
-from pytest_syncguard.analysis import ab_stats
+from bench.bench_timeline_capture import ITERATIONS, LOOPS, per_iteration, timed
 from pytest_syncguard.probes.timeline import TEARDOWN, TIMELINE, cupti_library
 
-ITERATIONS = 2000
-CONFIDENCE = 0.9
 #: CUpti_ActivityKind values (cupti_activity.h).
 RUNTIME, CONCURRENT_KERNEL = 5, 10
 _BUFFER_BYTES = 8 << 20
@@ -99,25 +93,6 @@ class CuptiTracer:
             self._call("cuptiFinalize")
 
 
-def launch_loop(x: torch.Tensor) -> None:
-    for _ in range(ITERATIONS):
-        x.add_(1)
-
-
-def op_loop(x: torch.Tensor) -> None:
-    for _ in range(ITERATIONS):
-        x.view(1)
-
-
-def timed(fn: Callable[[], object]) -> float:
-    gc.collect()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 @contextmanager
 def syncguard_capture() -> Iterator[None]:
     with TIMELINE.capturing() as files:
@@ -149,13 +124,6 @@ def after_a_capture(*, attached: bool) -> Iterator[None]:
         _capture_one_launch()
 
 
-def per_iteration(differences: list[float]) -> str:
-    values = [d / ITERATIONS * 1e6 for d in differences]
-    found = ab_stats.interval(values, CONFIDENCE)
-    interval = f" ({found.low:.2f} to {found.high:.2f})" if found else ""
-    return f"{statistics.median(values):.2f}{interval}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=30)
@@ -181,18 +149,18 @@ def main() -> None:
     }
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; {ITERATIONS} iterations per run, "
           f"{args.rounds} rounds, variants interleaved; {TEARDOWN}={os.environ.get(TEARDOWN, '(unset)')}")  # fmt: skip
-    for name, loop in (("launch_loop", launch_loop), ("op_loop", op_loop)):
+    for name, loop in LOOPS.items():
         bare: list[float] = []
         differences: dict[str, list[float]] = {v: [] for v in variants}
         kernels: dict[str, list[int]] = {v: [] for v in variants}
         for variant in variants.values():  # warm-up
             with variant():
-                loop(x)
+                loop(None, x, 0, 0)
         tracer.records.clear()
         names = list(variants)
         for r in range(args.rounds):
             for i, variant in enumerate(names[r % len(names) :] + names[: r % len(names)]):
-                run = functools.partial(loop, x)
+                run = functools.partial(loop, None, x, 0, 0)
                 times = {}
                 for first_bare in (True, False) if (r + i) % 2 == 0 else (False, True):
                     if first_bare:

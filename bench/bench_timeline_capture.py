@@ -102,11 +102,11 @@ class Variant:
     def run(self, fn: Callable[[], object], analysed: int) -> None:
         if self.host_ops is None:
             with self.part() if self.part is not None else nullcontext():
-                self.wall.append(_timed(fn))
+                self.wall.append(timed(fn))
             return
         number = next(_REGIONS)
         with TIMELINE.capturing(host_ops=self.host_ops) as files:
-            self.wall.append(_timed(fn, TIMELINE.region(number)))
+            self.wall.append(timed(fn, TIMELINE.region(number)))
         if len(self.busy) >= (HOST_OPS_ANALYSED if self.host_ops else analysed):
             files[0].unlink()  # reading a trace takes time a further round can use: its wall time suffices
             return
@@ -126,7 +126,7 @@ class Variant:
         self.p99_gap.append(timeline.gap_stat("p99"))
 
 
-def _timed(fn: Callable[[], object], around: AbstractContextManager[object] | None = None) -> float:
+def timed(fn: Callable[[], object], around: AbstractContextManager[object] | None = None) -> float:
     """Wall time of ``fn`` between device syncs, as a test's region is timed (after a garbage collection, so that
     no run pays for the garbage of the one before)."""
     gc.collect()
@@ -322,7 +322,7 @@ def main() -> None:
             line += " | " + ", ".join(f"{v.name} {median(v.ratios):.3f} ({ratio_interval(v.ratios)})" for v in parts)
         if name in LOOPS:
             line += " | added per iteration, us: " + ", ".join(
-                f"{v.name} {_per_iteration(v.differences)}" for v in [capture, again, *parts]
+                f"{v.name} {per_iteration(v.differences)}" for v in [capture, again, *parts]
             )
         problems = sorted({p for v in variants for p in v.problems})
         print(f"{line}  {capture.steps_from}; {'unreliable: ' + problems[0] if problems else 'reliable'}", flush=True)
@@ -334,7 +334,7 @@ def ratio_interval(ratios: list[float]) -> str:
     return f"{math.exp(found.low):.3f}-{math.exp(found.high):.3f}" if found else "n/a"
 
 
-def _per_iteration(differences: list[float]) -> str:
+def per_iteration(differences: list[float]) -> str:
     """Median paired difference per iteration of a loop of :data:`LOOPS`, in µs, with its 90% signed-rank
     interval."""
     per_iteration = [d / ITERATIONS * 1e6 for d in differences]
