@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from bench.bench_timeline_capture import ITERATIONS, LOOPS, per_iteration, timed
-from pytest_syncguard.probes.timeline import TEARDOWN, TIMELINE, cupti_library
+from bench.bench_timeline_capture import ITERATIONS, LOOPS, discarded_capture, per_iteration, timed
+from pytest_syncguard.probes.timeline import TEARDOWN, cupti_library
 
 #: CUpti_ActivityKind values (cupti_activity.h).
 RUNTIME, CONCURRENT_KERNEL = 5, 10
@@ -93,16 +93,8 @@ class CuptiTracer:
             self._call("cuptiFinalize")
 
 
-@contextmanager
-def syncguard_capture() -> Iterator[None]:
-    with TIMELINE.capturing() as files:
-        yield
-    for file in files:
-        file.unlink()
-
-
 def _capture_one_launch() -> None:
-    with syncguard_capture():
+    with discarded_capture():
         torch.zeros(1, device="cuda").add_(1)
 
 
@@ -132,7 +124,7 @@ def main() -> None:
         raise SystemExit("bench_cupti_floor needs CUDA")
     x = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
-    with syncguard_capture():  # loads CUPTI into the process, as a first capture does
+    with discarded_capture():  # loads CUPTI into the process, as a first capture does
         x.add_(1)
     library = cupti_library()
     if library is None:
@@ -143,7 +135,7 @@ def main() -> None:
         "kernel records": lambda: tracer.tracing((CONCURRENT_KERNEL,)),
         "kernel + runtime records": lambda: tracer.tracing((CONCURRENT_KERNEL, RUNTIME)),
         "attached, none enabled": lambda: tracer.tracing((CONCURRENT_KERNEL,), disable_before=True),
-        "syncguard capture": syncguard_capture,
+        "syncguard capture": discarded_capture,
         "after a capture, attached": lambda: after_a_capture(attached=True),
         "after a capture, detached": lambda: after_a_capture(attached=False),
     }

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -186,10 +187,22 @@ CUPTI_KINDS = {"memcpy": 1, "memset": 2, "driver": 4, "runtime": 5, "kernel": 10
 
 
 @contextmanager
+def discarded_capture() -> Iterator[None]:
+    """syncguard's capture of a run that is only timed: its exported trace is removed afterwards."""
+    files: list[Path] = []
+    try:
+        with TIMELINE.capturing() as files:
+            yield
+    finally:
+        for file in files:
+            file.unlink(missing_ok=True)
+
+
+@contextmanager
 def _capture_without(*kinds: str, driver: bool = False) -> Iterator[None]:
     """syncguard's capture with some CUPTI activity kinds switched off once it started (``driver``: with CUPTI's
     records of driver calls switched on again, as the profiler has them)."""
-    with TIMELINE.capturing():
+    with discarded_capture():
         cupti = cupti_library()
         if cupti is None:
             raise RuntimeError("no libcupti loaded in this process")
@@ -205,7 +218,7 @@ def _capture_without(*kinds: str, driver: bool = False) -> Iterator[None]:
 def _memory_history(capture: bool) -> Iterator[None]:
     """The allocator history (Python stacks), with or without syncguard's capture: what a test with a memory
     budget recorded before it moved to the diagnostic rerun of a failing one."""
-    with allocation_history() as snapshots, TIMELINE.capturing() if capture else nullcontext():
+    with allocation_history() as snapshots, discarded_capture() if capture else nullcontext():
         yield
     for snapshot in snapshots:
         snapshot.unlink()
@@ -217,10 +230,8 @@ def _guarded(capture: bool) -> Iterator[None]:
     check; operators not counted), with or without the capture: what a test adds to the capture's cost."""
     guard = SyncGuard("bench", device="cuda", track_memory=True, check_races=True)
     timed_repeat = guard._region(NEW_TOKENS, None, count_ops=False)  # as measure() runs a timed repeat
-    with TIMELINE.capturing() if capture else nullcontext() as files, timed_repeat:
+    with discarded_capture() if capture else nullcontext(), timed_repeat:
         yield
-    for file in files or []:
-        file.unlink()
 
 
 PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
