@@ -127,6 +127,13 @@ def _compiled_step(model: Any, device: torch.device) -> Callable[..., torch.Tens
     return _COMPILED[key]
 
 
+def release_compiled() -> None:
+    """Drop the compiled steps and dynamo's caches. On CUDA a compiled step's CUDA graphs keep their memory pool
+    reserved for as long as they live: released, the pool goes back with the next ``torch.cuda.empty_cache()``."""
+    _COMPILED.clear()
+    torch._dynamo.reset()  # resets inductor's CUDA graph trees too
+
+
 @torch.inference_mode()
 def static_compiled(model: Any, prompt: torch.Tensor, max_new_tokens: int, eos: int) -> torch.Tensor:
     out, finished = _start(prompt, max_new_tokens, eos)

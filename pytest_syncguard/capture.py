@@ -250,30 +250,39 @@ class CallCapture:
         return kept, problem
 
 
+@contextmanager
+def _rerun(capture: CallCapture, rerun: Callable[[], object]) -> Iterator[CallCapture]:
+    """Run a test's call again (``rerun``) under ``capture`` and yield it. The guard's own measurements are set
+    aside for the rerun and restored, and the capture's files are removed, on every exit path."""
+    guard = capture.guard
+    saved, guard.measurements = guard.measurements, []
+    try:
+        with capture.recording():
+            rerun()
+        yield capture
+    finally:
+        guard.measurements = saved
+        capture.keep(None, failed=False)
+
+
 def diagnose_gaps(nodeid: str, guard: SyncGuard, options: GuardOptions, rerun: Callable[[], object]) -> TimelineSummary:
     """Run a test's call again (``rerun``) with every host operator recorded: its widest region's timeline, whose
     launch-bound gaps list the operators between launches. Nothing of it is judged: the recording slows the
     host. The guard's own measurements are kept; a problem raises :class:`DiagnosisError`."""
-    saved, guard.measurements = guard.measurements, []
-    capture = CallCapture(nodeid, guard, (), options, timeline=True, memory=False, host_ops=True)
-    try:
-        with capture.recording():
-            rerun()
+    diagnostic = CallCapture(nodeid, guard, (), options, timeline=True, memory=False, host_ops=True)
+    with _rerun(diagnostic, rerun) as capture:
         whole = capture.whole_call.measurement if capture.whole_call else None
         measured = guard.measurements or ([whole] if whole else [])
         if not measured:
             raise DiagnosisError("the rerun measured nothing")
         measurement = capture.with_timelines(Measurement.combine(measured))
-        if measurement.unreliable_timeline is not None:
-            raise DiagnosisError(f"its timeline is unreliable: {measurement.unreliable_timeline}")
-        timelines = measurement.gpu_timelines
-        if not timelines:
-            raise DiagnosisError("the rerun launched no GPU work")
-        widest = max(range(len(timelines)), key=lambda i: timelines[i].gap_stat("max"))
-        return timelines[widest].summary(region=widest + 1)
-    finally:
-        guard.measurements = saved
-        capture.keep(None, failed=False)
+    if measurement.unreliable_timeline is not None:
+        raise DiagnosisError(f"its timeline is unreliable: {measurement.unreliable_timeline}")
+    timelines = measurement.gpu_timelines
+    if not timelines:
+        raise DiagnosisError("the rerun launched no GPU work")
+    widest = max(range(len(timelines)), key=lambda i: timelines[i].gap_stat("max"))
+    return timelines[widest].summary(region=widest + 1)
 
 
 def diagnose_allocations(
@@ -283,15 +292,9 @@ def diagnose_allocations(
     allocations, the snapshot's path once kept in ``artifacts``, and why it could not be. The judged run records
     no history: its Python stacks cost host time at every allocation (bench/bench_timeline_capture.py). The
     guard's own measurements are kept."""
-    saved, guard.measurements = guard.measurements, []
-    capture = CallCapture(nodeid, guard, (), options, timeline=False, memory=True, history=True)
-    try:
-        with capture.recording():
-            rerun()
+    diagnostic = CallCapture(nodeid, guard, (), options, timeline=False, memory=True, history=True)
+    with _rerun(diagnostic, rerun) as capture:
         return (capture.allocation_sites(), *capture.keep(artifacts, failed=True))
-    finally:
-        guard.measurements = saved
-        capture.keep(None, failed=False)
 
 
 class DiagnosisError(Exception):
