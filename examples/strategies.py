@@ -20,6 +20,8 @@ the same tensor for the same model and prompt.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -73,16 +75,20 @@ def kv_cache(model: Any, prompt: torch.Tensor, max_new_tokens: int, eos: int) ->
     return out
 
 
-_CACHES: dict[tuple[int, tuple[int, ...], int, str], StaticCache] = {}
+#: Per model (held weakly: a cache goes with its model, and no later model reuses it), its static caches by shape.
+_CACHES: weakref.WeakKeyDictionary[Any, dict[tuple[tuple[int, ...], int, str], StaticCache]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _static_cache(model: Any, prompt: torch.Tensor, max_new_tokens: int) -> StaticCache:
     """A static cache for this model and shape, emptied: one per shape, reused by later calls (a compiled step
     keeps working on the same cache object instead of recompiling for a new one)."""
-    key = (id(model), tuple(prompt.shape), max_new_tokens, str(prompt.device))
-    cache = _CACHES.get(key)
+    caches = _CACHES.setdefault(model, {})
+    key = (tuple(prompt.shape), max_new_tokens, str(prompt.device))
+    cache = caches.get(key)
     if cache is None:
-        cache = _CACHES[key] = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + max_new_tokens)
+        cache = caches[key] = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + max_new_tokens)
     else:
         cache.reset()
     return cache
@@ -127,11 +133,14 @@ def _compiled_step(model: Any, device: torch.device) -> Callable[..., torch.Tens
     return _COMPILED[key]
 
 
-def release_compiled() -> None:
-    """Drop the compiled steps and dynamo's caches. On CUDA a compiled step's CUDA graphs keep their memory pool
-    reserved for as long as they live: released, the pool goes back with the next ``torch.cuda.empty_cache()``."""
+def release_kept_state() -> None:
+    """Drop what the strategies keep between calls: the static caches, the compiled steps and dynamo's caches.
+    On CUDA a compiled step's CUDA graphs keep their memory pool reserved for as long as they live: released,
+    it goes back with the next ``torch.cuda.empty_cache()``, with the caches' memory."""
+    _CACHES.clear()
     _COMPILED.clear()
     torch._dynamo.reset()  # resets inductor's CUDA graph trees too
+    gc.collect()  # what referred to the graphs in reference cycles
 
 
 @torch.inference_mode()

@@ -21,7 +21,7 @@ import torch
 from pytest_syncguard import SyncGuard
 
 from . import models
-from .strategies import CUDA_ONLY, STRATEGIES, release_compiled
+from .strategies import CUDA_ONLY, STRATEGIES, release_kept_state
 
 CUDA = torch.cuda.is_available()
 BATCH, PROMPT, NEW_TOKENS = (32, 16, 100) if CUDA else (4, 8, 24)
@@ -117,11 +117,11 @@ def batch_prompt(device: torch.device, model: Any) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def strategy(name: str) -> Iterator[str]:
-    """A strategy's tests run one after the other (``name`` is parametrized at module scope); after them, what it
-    compiled is released (static_compiled's CUDA graphs hold a memory pool), so that no later test's allocator
-    numbers include it and a test's numbers do not depend on which tests ran before it."""
+    """A strategy's tests run one after the other (``name`` is parametrized at module scope); after them, what the
+    strategies keep between calls is released (static caches, static_compiled's CUDA graphs and their memory
+    pool), so that a test's allocator numbers do not depend on which tests ran before it."""
     yield name
-    release_compiled()
+    release_kept_state()
 
 
 @pytest.fixture(autouse=True)

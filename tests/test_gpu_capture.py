@@ -82,6 +82,22 @@ def test_the_capture_records_no_host_operator_and_agrees_with_one_that_does() ->
     assert timeline.busy_us == pytest.approx(full_timeline.busy_us, rel=0.05)
 
 
+def test_a_capture_after_a_profiler_run_that_left_cupti_attached_loses_no_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A torch.profiler run without TEARDOWN_CUPTI leaves CUPTI attached. When a capture started with the variable
+    set, kineto detached that CUPTI in a thread that finished while the capture recorded, and the capture lost its
+    last kernels (the sentinel's): an H200 run of this file after test_gpu_timeline.py."""
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    read_each_step(SyncGuard("warm-up", device="cuda"))
+    for _ in range(3):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            torch.randn(64, 64, device="cuda").sum().item()
+        _, measurement = captured(read_each_step)
+        assert measurement.unreliable_timeline is None
+        assert measurement.count("launches") > 0
+
+
 def test_cuda_graph_replays_are_the_steps_and_the_prefill_is_not_judged() -> None:
     pytest.importorskip("transformers")
     from examples import models

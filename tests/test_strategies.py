@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from examples import models
-from examples.strategies import CUDA_ONLY, STRATEGIES, release_compiled
+from examples.strategies import CUDA_ONLY, STRATEGIES, release_kept_state
 
 
 def build(name: str, device: str) -> Any:
@@ -75,10 +75,10 @@ def test_all_strategies_agree_and_stop_at_eos_on_cuda(model_name: str) -> None:
 
 
 @pytest.mark.gpu
-def test_released_compiled_step_gives_its_graph_pool_back() -> None:
-    """static_compiled's CUDA graphs keep a memory pool reserved after the strategy returns (what made a later
-    test's reserved memory depend on whether static_compiled ran before it); release_compiled frees it. Judged by
-    the allocator's own count of reserved bytes."""
+def test_released_state_gives_the_graph_pool_and_the_caches_back() -> None:
+    """static_compiled keeps its static cache and its CUDA graphs' memory pool after it returns (what made a later
+    test's reserved memory depend on whether static_compiled ran before it); release_kept_state frees both.
+    Judged by the allocator's own count of reserved bytes."""
     model = build("gpt2", "cuda")
     prompt = torch.randint(1, 200, (4, 6), generator=torch.Generator().manual_seed(5)).cuda()
 
@@ -87,11 +87,11 @@ def test_released_compiled_step_gives_its_graph_pool_back() -> None:
         torch.cuda.empty_cache()
         return torch.cuda.memory_reserved()
 
-    STRATEGIES["static_cache"](model, prompt, 8, model.config.vocab_size)
+    release_kept_state()  # what earlier tests kept
     before = reserved_when_idle()
     STRATEGIES["static_compiled"](model, prompt, 8, model.config.vocab_size)
     held = reserved_when_idle()
-    release_compiled()
+    release_kept_state()
     after = reserved_when_idle()
-    assert held > before, f"static_compiled left nothing reserved ({held} bytes, {before} before it)"
+    assert held > before, f"static_compiled kept nothing reserved ({held} bytes, {before} before it)"
     assert after == before, f"reserved: {before} bytes before static_compiled, {held} after, {after} released"

@@ -77,9 +77,9 @@ def driver_records_off() -> bool:
 @contextmanager
 def cupti_detached_afterwards() -> Iterator[None]:
     """Let kineto detach CUPTI when the profiler stops inside the block, and finish detaching before the block
-    exits; where :data:`TEARDOWN` is set already (by the user, or by torch where CUDA graphs cannot attach CUPTI
-    again) it is left as it is. The variable is restored on exit, unless code inside the block set another value
-    (torch does so when it compiles CUDA graphs there): that one is kept."""
+    exits; where :data:`TEARDOWN` is set already (by the user, or by torch when it compiled CUDA graphs that
+    cannot attach CUPTI again, during the capture or before) it is left as it is. The variable is restored on
+    exit, unless code inside the block set another value: that one is kept."""
     if TEARDOWN in os.environ:
         yield
         return
@@ -123,28 +123,31 @@ class TimelineProbe:
         if self.active:
             raise RuntimeError("syncguard: a timeline capture is already running")
         exported: list[Path] = []
-        with cupti_detached_afterwards():
-            config = _config()
-            scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
-            _prepare_profiler(config, _ACTIVITIES)
-            _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
-            self.active = True
+        config = _config()
+        scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
+        _prepare_profiler(config, _ACTIVITIES)
+        _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
+        self.active = True
+        try:
+            self.driver_records = host_ops or not driver_records_off()
+            yield exported
+        finally:
+            self.active = False
             try:
-                self.driver_records = host_ops or not driver_records_off()
-                yield exported
+                torch.cuda.synchronize()  # the last kernels belong to the trace
+                with record_function(SENTINEL_ANNOTATION):
+                    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]
+                torch.cuda.synchronize()
             finally:
-                self.active = False
-                try:
-                    torch.cuda.synchronize()  # the last kernels belong to the trace
-                    with record_function(SENTINEL_ANNOTATION):
-                        torch.cuda._sleep(1)  # type: ignore[no-untyped-call]
-                    torch.cuda.synchronize()
-                finally:
+                # Only around the stop: kineto also detaches at the start of a session, from a CUPTI that an
+                # earlier one left attached (a torch.profiler run without TEARDOWN_CUPTI), in a thread that
+                # finishes while the new session records: its last kernels were lost (seen on an H200).
+                with cupti_detached_afterwards():
                     result = _disable_profiler()
-                handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".trace.json")
-                os.close(handle)
-                result.save(name)
-                exported.append(Path(name))
+            handle, name = tempfile.mkstemp(prefix="syncguard-", suffix=".trace.json")
+            os.close(handle)
+            result.save(name)
+            exported.append(Path(name))
 
     def region(self, number: int) -> AbstractContextManager[Any]:
         return record_function(f"{REGION_ANNOTATION}#{number}") if self.active else nullcontext()
