@@ -146,14 +146,14 @@ def _profiler(activities: set[Any], scopes: set[Any], **experimental: bool) -> I
     config = torch.autograd.profiler.profile(  # type: ignore[no-untyped-call]
         use_device="cuda", experimental_config=_ExperimentalConfig(**experimental)
     ).config()
-    with cupti_detached_afterwards():
-        _prepare_profiler(config, activities)
-        _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
-        driver_records_off()  # as syncguard's capture does
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
+    driver_records_off()  # as syncguard's capture does
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        with cupti_detached_afterwards():  # only around the stop, as in syncguard's capture (probes/timeline.py)
             _disable_profiler()
 
 
