@@ -19,16 +19,17 @@ from pathlib import Path
 
 import torch
 
-from .analysis import gaps, snapshot, trace_file
+from .analysis import gaps, sampled, snapshot, trace_file
 from .analysis.counts import RegionCounts
-from .analysis.device_work import device_work, unreliable_counts
-from .analysis.gaps import TimelineSummary
+from .analysis.device_work import NO_COUNTING_RUN, device_work, uncounted, unreliable_counts
+from .analysis.gaps import Timeline, TimelineSummary
 from .analysis.reliability import sentinel_problem
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
+from .probes.sampler import MAX_SAMPLES, METRICS, SAMPLER, SHORTEST_GAP_NS, SampledRegion
 from .probes.timeline import TIMELINE
 from .result import MeasuredTest
 
@@ -93,11 +94,16 @@ class CallCapture:
     options: GuardOptions
     timeline: bool
     memory: bool
+    sampled: bool = False
+    """Sample the timed runs' timeline with the PM sampler (``--syncguard-timeline=sampled``) instead of capturing
+    the whole call; a counting run's trace still gives the exact device-work counts."""
     host_ops: bool = False
     """Record every host operator in the timeline (a diagnostic run: slows the host)."""
     history: bool = False
     """Record the allocator history with Python stacks (a diagnostic run: slows every allocation)."""
     trace_files: list[Path] = field(default_factory=list)
+    sampled_regions: dict[int, SampledRegion] = field(default_factory=dict)
+    sampler_problem: str | None = None
     snapshots: list[Path] = field(default_factory=list)
     whole_call: GenerationRegion | None = None
     misuse: str | None = None
@@ -112,15 +118,17 @@ class CallCapture:
         options: GuardOptions,
         *,
         default_checks: bool = False,
+        sampled: bool = False,
     ) -> CallCapture:
         """The capture a test's budgets need; ``default_checks`` (--syncguard) adds the checks that are on by
-        default (:func:`.budgets.with_default_checks`)."""
+        default (:func:`.budgets.with_default_checks`); ``sampled``: the timeline is sampled."""
         device = guard.default_device()
         cuda = device != "cpu" and torch.cuda.is_available()
         if default_checks:
             budgets = with_default_checks(tuple(budgets), cuda)
         signals = {b.signal for b in budgets}
-        return cls(nodeid, guard, budgets, options, cuda and "timeline" in signals, cuda and "memory" in signals)
+        timeline, memory = cuda and "timeline" in signals, cuda and "memory" in signals
+        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=sampled)
 
     @property
     def races(self) -> bool:
@@ -134,7 +142,11 @@ class CallCapture:
         )
         try:
             with ExitStack() as stack:
-                if self.timeline:
+                if self.timeline and self.sampled:
+                    self.sampled_regions = stack.enter_context(SAMPLER.arming())
+                    stack.callback(self._note_sampler)
+                    self.trace_files = stack.enter_context(TIMELINE.per_region())
+                elif self.timeline:
                     self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
                 if self.memory and self.history:
                     self.snapshots = stack.enter_context(allocation_history())
@@ -142,6 +154,9 @@ class CallCapture:
                 yield self
         finally:
             self.misuse = close_left_open(self.guard)
+
+    def _note_sampler(self) -> None:
+        self.sampler_problem = SAMPLER.problem
 
     def result(
         self,
@@ -197,6 +212,8 @@ class CallCapture:
     def with_timelines(self, measurement: Measurement) -> Measurement:
         """The measurement with the GPU timeline of each of its regions and the device work each launched, from
         the recorded trace; or, when the trace cannot be trusted, with the reason instead of their numbers."""
+        if self.timeline and self.sampled:
+            return self._with_sampled_timelines(measurement)
         if not self.trace_files:
             return measurement
         trace = trace_file.load(self.trace_files[0])
@@ -215,6 +232,41 @@ class CallCapture:
         if problem is not None:
             return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
         return replace(measurement, timelines=timelines, region_counts=counts)
+
+    def _with_sampled_timelines(self, measurement: Measurement) -> Measurement:
+        """The timed regions' timelines from their samples; the device work of each counting run from its trace
+        (a region without one has no device-work count, and says why)."""
+        counts = dict(measurement.region_counts)
+        for path in self.trace_files:
+            trace = trace_file.load(path)
+            problem = sentinel_problem(trace)
+            for n, window in gaps.regions(trace).items():
+                work = device_work(trace, window) if problem is None else unreliable_counts(problem)
+                counts[n] = counts.get(n, RegionCounts()).merged(work)
+        if not self.trace_files:
+            for n in measurement.region_numbers:
+                counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
+        timelines: list[Timeline | None] = []
+        unreliable = self.sampler_problem
+        for n in measurement.region_numbers:
+            region = self.sampled_regions.get(n)
+            if region is None:
+                timelines.append(None)
+                continue
+            samples = region.samples
+            if samples.overflow:
+                unreliable = unreliable or (
+                    f"the PM sampler lost samples of region #{n} (its buffer filled, or the region outlasted "
+                    f"{MAX_SAMPLES} samples)"
+                )
+            fractions = sampled.active_fractions(samples.column(METRICS[0]), samples.column(METRICS[1]))
+            found = sampled.analyze(
+                samples.start_ns, samples.end_ns, fractions, region.window, shortest_gap_ns=SHORTEST_GAP_NS
+            )
+            timelines.append(found.timeline() if found.span_us > 0 else None)
+        if unreliable is not None:
+            return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=unreliable)
+        return replace(measurement, timelines=tuple(timelines), region_counts=counts)
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -19,10 +19,13 @@ from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes import compiles, ops
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
+from .probes.sampler import SAMPLER
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
 
+#: The runs of a region under a sampled timeline (:attr:`GenerationRegion.timeline_run`).
+SAMPLED_RUN, TRACED_RUN = "sampled", "traced"
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
 
@@ -196,6 +199,9 @@ class GenerationRegion:
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
     check_races: bool = False
     """Check host accesses of memory whose non_blocking copy the host has not waited for (CUDA)."""
+    timeline_run: str = ""
+    """Under a sampled timeline: :data:`SAMPLED_RUN` (a timed run, sampled) or :data:`TRACED_RUN` (a counting run,
+    whose trace gives the exact device-work counts); empty for neither."""
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
@@ -254,8 +260,22 @@ class GenerationRegion:
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.forward_calls += 1
 
+    def _timeline_run(self) -> AbstractContextManager[Any]:
+        """What records this region's timeline on its own, outside its clock (a test's call is captured whole
+        unless its timeline is sampled)."""
+        if self.timeline_run == SAMPLED_RUN:
+            return SAMPLER.region(self.number)
+        if self.timeline_run == TRACED_RUN and not SAMPLER.sampling:
+            return TIMELINE.region_capture()
+        return nullcontext()
+
     @contextmanager
     def recording(self) -> Iterator[GenerationRegion]:
+        with self._timeline_run(), self._recording() as region:
+            yield region
+
+    @contextmanager
+    def _recording(self) -> Iterator[GenerationRegion]:
         PROBE.prepare()  # the first region of a process loads the native kernel before its clock starts
         start = self._clock()
         seconds = None
@@ -381,18 +401,19 @@ class SyncGuard:
         A region inside another one is measured on its own (its object holds its numbers) and is part of the
         outer one: only outermost regions make the test's measurement, so nothing is counted twice.
         """
-        with self._region(tokens, model, count_ops=True) as region:
+        with self._region(tokens, model, count_ops=True, timeline_run=SAMPLED_RUN) as region:
             yield region
 
     @contextmanager
     def _region(
-        self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool
+        self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool, timeline_run: str
     ) -> Iterator[GenerationRegion]:
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         device = (_device_of(model) if model is not None else None) or self.default_device()
         region = GenerationRegion(
-            tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races
-        )
+            tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races,
+            timeline_run=timeline_run,
+        )  # fmt: skip
         outermost = not self._open
         self._open.append(region)
         try:
@@ -438,7 +459,9 @@ class SyncGuard:
         runs: list[Measurement] = []
         counting_run = repeat > 1
         for run in range(repeat + counting_run):
-            with self._region(tokens, model, count_ops=run == 0) as region:
+            counting = counting_run and run == 0
+            timeline_run = TRACED_RUN if counting else SAMPLED_RUN
+            with self._region(tokens, model, count_ops=run == 0, timeline_run=timeline_run) as region:
                 fn()
             assert region.measurement is not None
             runs.append(region.measurement)

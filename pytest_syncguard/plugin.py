@@ -28,6 +28,8 @@ _GUARD = pytest.StashKey["SyncGuard"]()
 _RESULT = pytest.StashKey["MeasuredTest"]()
 #: On an xdist worker's call report: the test's result as plain data (MeasuredTest.to_dict), for the controller.
 REPORT_ATTRIBUTE = "syncguard_result"
+#: The ways a GPU timeline is recorded (--syncguard-timeline).
+TIMELINE_SOURCES = ("trace", "sampled")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,7 +91,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "and its failure lists the operators between launches in that run's largest gaps (not judged: recording "
         "them slows the host)",
     )
+    group.addoption(
+        "--syncguard-timeline",
+        choices=TIMELINE_SOURCES,
+        default=None,
+        help="how a GPU timeline is recorded: 'trace' (default: the test's call captured with CUPTI's kernel "
+        "records, which slow each launch) or 'sampled' (CUPTI's PM sampler over each timed run, which adds "
+        "nothing to a launch: no steps or gap causes; device work counted from measure()'s counting run)",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
+    parser.addini("syncguard_timeline", type="string", default="trace", help="as --syncguard-timeline")
     parser.addini("syncguard_gap_ops", type="bool", default=False, help="as --syncguard-gap-ops")
     parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
     parser.addini("syncguard_judge_host_timings", type="bool", default=False, help="as --syncguard-judge-host-timings")
@@ -118,6 +129,16 @@ def _checked(value: object, option: str, problem: Callable[[Path], str | None]) 
     if found is not None:
         raise pytest.UsageError(f"{option} {value}: {found}")
     return path
+
+
+def _timeline_source(config: pytest.Config) -> str:
+    option = config.getoption("syncguard_timeline")
+    if option is not None:
+        return str(option)
+    value = str(config.getini("syncguard_timeline")).strip()
+    if value not in TIMELINE_SOURCES:
+        raise pytest.UsageError(f"ini syncguard_timeline = {value!r}: must be one of {', '.join(TIMELINE_SOURCES)}")
+    return value
 
 
 def _tolerance(config: pytest.Config) -> float | None:
@@ -207,6 +228,7 @@ class SyncguardSession:
         judge = config.getoption("syncguard_judge_host_timings")
         host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
         self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
+        self.sampled = _timeline_source(config) == "sampled"
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
         self.is_worker = hasattr(config, "workerinput")
@@ -255,7 +277,9 @@ class SyncguardSession:
         guard = _guard_of(item)
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
-        capture = CallCapture.of(item.nodeid, guard, budgets, options, default_checks=self.enabled)
+        capture = CallCapture.of(
+            item.nodeid, guard, budgets, options, default_checks=self.enabled, sampled=self.sampled
+        )
         guard.check_races = capture.races
         raised: BaseException | None = None
         try:

@@ -77,5 +77,16 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
 
 def unreliable_counts(reason: str) -> RegionCounts:
     """No device-work count, for a trace that cannot be trusted: each counter of the timeline says why."""
-    return RegionCounts(unmeasured={n: f"the GPU timeline is unreliable: {reason}" for n, spec in COUNTERS.items()
-                                    if spec.source == "timeline"})  # fmt: skip
+    return uncounted(f"the GPU timeline is unreliable: {reason}")
+
+
+def uncounted(reason: str) -> RegionCounts:
+    """No device-work count: each counter of the timeline says why."""
+    return RegionCounts(unmeasured={n: reason for n, spec in COUNTERS.items() if spec.source == "timeline"})
+
+
+#: Why a sampled region has no device-work count.
+NO_COUNTING_RUN = (
+    "device work is counted from the trace of syncguard.measure()'s counting run (repeat >= 2); a sampled "
+    "timeline (--syncguard-timeline=sampled) records no launch"
+)

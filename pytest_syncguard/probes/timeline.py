@@ -115,6 +115,33 @@ class TimelineProbe:
         self.active = False
         self.driver_records = True
         """Whether the last capture recorded CUDA driver calls."""
+        self._region_files: list[Path] | None = None
+
+    @contextmanager
+    def per_region(self) -> Iterator[list[Path]]:
+        """Capture the regions that ask for it (:meth:`region_capture`) each on its own, instead of a whole call;
+        the yielded list gets their trace files (the caller removes them)."""
+        files: list[Path] = []
+        self._region_files = files
+        try:
+            yield files
+        finally:
+            self._region_files = None
+
+    def region_capture(self) -> AbstractContextManager[Any]:
+        """A capture of one region while :meth:`per_region` is on (none inside another capture)."""
+        if self._region_files is None or self.active:
+            return nullcontext()
+        return self._captured_into(self._region_files)
+
+    @contextmanager
+    def _captured_into(self, files: list[Path]) -> Iterator[None]:
+        exported: list[Path] = []
+        try:
+            with self.capturing() as exported:
+                yield
+        finally:
+            files.extend(exported)
 
     @contextmanager
     def capturing(self, *, host_ops: bool = False) -> Iterator[list[Path]]:

@@ -1,0 +1,119 @@
+"""Busy time and idle gaps of the device from PM samples (pure functions, no torch).
+
+A sample covers ``[start, end)`` of device time and says what fraction of it the device's compute work was
+active. Busy time is the sum of the active parts. Where inside a partly active sample its idle part lies is not
+known: it is placed next to an idle neighbour (at the sample's end when the next sample is idle, at its start when
+the previous one is, split between both when both are), else in the middle as a gap of its own. Idle parts that
+touch merge into one gap, so a gap is known to within one sample interval at each end. A region's timeline runs
+from its first active sample to its last, as a trace's runs from its first device op to its last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .gaps import AttributedGap, Timeline
+
+#: A sample less active than this is idle (the counters of an idle engine read a few stray cycles).
+IDLE_BELOW = 0.02
+#: Where a sampled timeline's steps come from: it has none, and judges each region whole.
+SAMPLED_STEPS = "none: a sampled timeline judges each region whole"
+#: The cause of a sampled gap: the sampler sees when the device was idle, not why.
+IDLE = "idle"
+IDLE_DETAIL = (
+    "sampled: the sampler sees when the device was idle, not why (--syncguard-gap-ops reruns a failing test "
+    "under the trace capture to attribute its gaps)"
+)
+
+
+@dataclass(frozen=True)
+class SampledTimeline:
+    """The device over a region, from samples: busy and spanned time (µs) and each idle gap as (start, length) in
+    µs from the region's first active sample, in order."""
+
+    busy_us: float
+    span_us: float
+    gaps: tuple[tuple[float, float], ...]
+    samples: int
+
+    @property
+    def gaps_us(self) -> tuple[float, ...]:
+        return tuple(length for _, length in self.gaps)
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.span_us if self.span_us > 0 else 1.0
+
+    def timeline(self, top: int = 10, unreliable: str | None = None) -> Timeline:
+        """As the plugin's :class:`~.gaps.Timeline`: no steps, the largest gaps with no cause but idleness."""
+        largest = sorted(self.gaps, key=lambda g: -g[1])[:top]
+        return Timeline(
+            steps=0, warmup_steps=0, judged_steps=0, gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us,
+            gaps_us=self.gaps_us, top_gaps=tuple(AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
+                                                 for start, length in largest),
+            steps_from=SAMPLED_STEPS, unreliable=unreliable,
+        )  # fmt: skip
+
+
+def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[float]:
+    """Per sample, active cycles over elapsed cycles, clamped to [0, 1] (0 where none elapsed)."""
+    return [min(1.0, max(0.0, a / e)) if e > 0 else 0.0 for a, e in zip(active, elapsed, strict=True)]
+
+
+def analyze(
+    start_ns: Sequence[int],
+    end_ns: Sequence[int],
+    fractions: Sequence[float],
+    window: tuple[int, int] | None = None,
+    *,
+    shortest_gap_ns: float = 0.0,
+) -> SampledTimeline:
+    """The timeline of the samples inside ``window`` (ns, the samples' clock; None: all), each clipped to it, from
+    the first active sample to the last. Gaps shorter than ``shortest_gap_ns`` are left out of its gaps (not of
+    its busy time): below two sample intervals, the samples split and merge idle time that the kernels' own
+    timestamps place otherwise (tests/test_sampled_timeline.py)."""
+    rows = []
+    for start, end, fraction in zip(start_ns, end_ns, fractions, strict=True):
+        if window is not None:
+            start, end = max(start, window[0]), min(end, window[1])
+        if end > start:
+            rows.append((start, end, fraction))
+    active = [i for i, (_, _, fraction) in enumerate(rows) if fraction >= IDLE_BELOW]
+    if not active:
+        return SampledTimeline(0.0, 0.0, (), len(rows))
+    rows = rows[active[0] : active[-1] + 1]
+    busy = sum((end - start) * fraction for start, end, fraction in rows)
+    origin = rows[0][0]
+    gaps = tuple(((start - origin) / 1e3, length / 1e3) for start, length in _gaps(rows) if length >= shortest_gap_ns)
+    return SampledTimeline(busy / 1e3, (rows[-1][1] - origin) / 1e3, gaps, len(rows))
+
+
+def _gaps(rows: Sequence[tuple[int, int, float]]) -> list[tuple[float, float]]:
+    """The idle gaps (start, length; ns) of samples that begin and end active."""
+    idle = [fraction < IDLE_BELOW for _, _, fraction in rows]
+    blocks: list[tuple[float, float]] = []  # idle (start, end), in order
+    for i, (start, end, fraction) in enumerate(rows):
+        if idle[i]:
+            blocks.append((start, end))
+            continue
+        missing = (end - start) * (1.0 - fraction)
+        before, after = i > 0 and idle[i - 1], i + 1 < len(rows) and idle[i + 1]
+        if before and after:
+            blocks += [(start, start + missing / 2), (end - missing / 2, end)]
+        elif before:
+            blocks.append((start, start + missing))
+        elif after:
+            blocks.append((end - missing, end))
+        elif missing > 0:
+            middle = (start + end) / 2
+            blocks.append((middle - missing / 2, middle + missing / 2))
+    gaps: list[tuple[float, float]] = []
+    for begin, finish in blocks:
+        if finish <= begin:
+            continue
+        if gaps and begin <= gaps[-1][0] + gaps[-1][1]:
+            gaps[-1] = (gaps[-1][0], finish - gaps[-1][0])
+        else:
+            gaps.append((begin, finish - begin))
+    return gaps

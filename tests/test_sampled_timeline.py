@@ -1,0 +1,182 @@
+"""The sampled timeline (``--syncguard-timeline=sampled``) without a GPU: the estimator on hand-made samples, its
+agreement with CUPTI's device records of the same H100 run, the plugin's verdicts over those samples, the option,
+and the sampler's parameter structs against CUPTI's headers.
+
+tests/data/sampled/h100_*.json.gz: one run each of kv_cache and cuda_graph (GPT-2 124M, batch 32, 100 new tokens)
+on an H100 80GB HBM3, sampled every microsecond (``gr__compute_cycles_active.sum``, ``gr__cycles_elapsed.max``)
+while CUPTI recorded every kernel, memcpy and memset of the same run on the same GPU clock:
+``python -m bench.bench_pm_sampling --pairs grc --agreement-interval-ns 1000 --agreement kv_cache,cuda_graph
+--strategies "" --keep DIR``, then ``python devtools/trim_samples.py DIR/NAME.samples.json.gz OUT --ms 60`` (a 60 ms
+window around each run's widest gap).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_syncguard.analysis import gaps, sampled
+from pytest_syncguard.analysis.counts import RegionCounts
+from pytest_syncguard.analysis.device_work import NO_COUNTING_RUN
+from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
+from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.probes import pm_sampling
+from pytest_syncguard.probes.pm_sampling import Samples
+from pytest_syncguard.probes.sampler import SHORTEST_GAP_NS, SampledRegion
+
+DATA = Path(__file__).parent / "data" / "sampled"
+
+
+def test_idle_parts_of_partly_active_samples_join_their_idle_neighbours() -> None:
+    # 1 us samples: busy, half busy, idle, quarter busy, busy; then alone between busy ones, a 0.6-busy sample.
+    starts = [0, 1000, 2000, 3000, 4000, 5000, 6000]
+    ends = [s + 1000 for s in starts]
+    found = sampled.analyze(starts, ends, [1.0, 0.5, 0.0, 0.25, 1.0, 0.6, 1.0])
+    # 0.5 us at the end of sample 1, sample 2, 0.75 us at the start of sample 3: one 2.25 us gap; 0.4 us alone.
+    assert found.gaps == ((1.5, 2.25), (5.3, 0.4))
+    assert found.busy_us == pytest.approx(1 + 0.5 + 0.25 + 1 + 0.6 + 1)
+    assert found.span_us == 7.0
+    # A partly active sample between two idle ones gives half its idle time to each: a short kernel inside it.
+    both = sampled.analyze([0, 1000, 2000, 3000, 4000], [1000, 2000, 3000, 4000, 5000], [1.0, 0.0, 0.5, 0.0, 1.0])
+    assert both.gaps == ((1.0, 1.25), (2.75, 1.25))
+
+
+def test_a_region_runs_from_its_first_active_sample_to_its_last_and_short_gaps_can_be_left_out() -> None:
+    starts = list(range(0, 10_000, 1000))
+    ends = [s + 1000 for s in starts]
+    fractions = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    found = sampled.analyze(starts, ends, fractions, (500, 9500))
+    assert (found.span_us, found.busy_us, found.gaps_us) == (7.0, 3.0, (1.0, 3.0))
+    assert sampled.analyze(starts, ends, fractions, (500, 9500), shortest_gap_ns=2000).gaps_us == (3.0,)
+    assert sampled.analyze(starts, ends, [0.0] * 10).span_us == 0.0
+    timeline = found.timeline(top=1)
+    assert timeline.gap_stat("max") == 3.0 and timeline.busy_fraction == pytest.approx(3 / 7)
+    assert [(g.duration_us, g.start_us, g.cause) for g in timeline.top_gaps] == [(3.0, 3.0, sampled.IDLE)]
+    assert timeline.steps_from == sampled.SAMPLED_STEPS
+
+
+def _load(name: str) -> dict[str, Any]:
+    with gzip.open(DATA / f"h100_{name}.json.gz", "rt") as source:
+        data: dict[str, Any] = json.load(source)
+    return data
+
+
+def _device_truth(ops: list[list[int]]) -> tuple[float, list[float]]:
+    """Busy time and gaps (us) of the union of CUPTI's device records."""
+    busy, found, end = 0.0, [], ops[0][0]
+    for start, stop in sorted(ops):
+        if start > end:
+            found.append((start - end) / 1e3)
+        busy += max(0, stop - max(start, end)) / 1e3
+        end = max(end, stop)
+    return busy, found
+
+
+@pytest.mark.parametrize("name", ["kv_cache", "cuda_graph"])
+def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
+    """Busy time within 10% of the kernels' union (+2.2% and +6.9% here: the engine is active a little before and
+    after a kernel's timestamps), the widest gap within 5 us, and the gaps of two sample intervals or longer alike
+    in number and tail."""
+    data = _load(name)
+    ops = data["device_ops_ns"]
+    busy, truth = _device_truth(ops)
+    window = (min(a for a, _ in ops), max(b for _, b in ops))
+    fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
+    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions, window, shortest_gap_ns=SHORTEST_GAP_NS)
+    resolved = [g for g in truth if g * 1e3 >= SHORTEST_GAP_NS]
+    print(
+        f"{name}: busy {busy:.0f} / {found.busy_us:.0f} us; max {max(truth):.1f} / {max(found.gaps_us):.1f}; p99 "
+        f"{gaps.gap_stat(resolved, 'p99'):.1f} / {gaps.gap_stat(found.gaps_us, 'p99'):.1f}; gaps >= 2 us "
+        f"{len(resolved)} / {len(found.gaps_us)}"
+    )
+    assert 1.0 <= found.busy_us / busy <= 1.10
+    assert found.span_us == pytest.approx((window[1] - window[0]) / 1e3, abs=2 * data["interval_ns"] / 1e3)
+    assert max(found.gaps_us) == pytest.approx(max(truth), abs=5.0)
+    assert len(found.gaps_us) == pytest.approx(len(resolved), rel=0.2)
+    assert sum(g >= 50 for g in found.gaps_us) == pytest.approx(sum(g >= 50 for g in truth), rel=0.1)
+    assert gaps.gap_stat(found.gaps_us, "p99") == pytest.approx(gaps.gap_stat(resolved, "p99"), rel=0.2)
+
+
+def _capture_of(name: str, *, overflow: bool = False) -> tuple[CallCapture, Measurement]:
+    """The plugin's capture of one sampled region holding the recorded samples (as the sampler leaves them)."""
+    data = _load(name)
+    guard = SyncGuard("sampled", device="cuda")
+    budgets = [Budget("max_gpu_idle_us", 1000.0), Budget("min_gpu_busy", 0.5), Budget("max_launches_per_token", 300)]
+    capture = CallCapture("sampled", guard, budgets, GuardOptions(), timeline=True, memory=False, sampled=True)
+    samples = Samples(
+        tuple(data["metrics"]), len(data["start_ns"]), tuple(data["start_ns"]), tuple(data["end_ns"]),
+        tuple(tuple(float(x) for x in v) for v in data["values"]), overflow,
+    )  # fmt: skip
+    window = (data["start_ns"][0], data["end_ns"][-1])
+    capture.sampled_regions = {7: SampledRegion(samples, window)}
+    measurement = Measurement(
+        "cuda", 100, (), region_numbers=(7,), region_counts={7: RegionCounts()}, count_parts=((7,),)
+    )
+    return capture, measurement
+
+
+def test_the_plugin_judges_a_sampled_region_and_says_what_it_did_not_count() -> None:
+    capture, measurement = _capture_of("kv_cache")
+    judged = capture.with_timelines(measurement)
+    (timeline,) = judged.gpu_timelines
+    checks, error = check_budgets("sampled", capture.budgets, judged, require_gpu=True)
+    texts = [c.text for c in checks]
+    print("\n".join(texts))
+    assert error is None
+    idle, busy, launches = checks
+    assert idle.held is False and idle.value == timeline.gap_stat("max") > 6000
+    assert "no steps" in idle.text
+    assert busy.held is False and busy.value == pytest.approx(timeline.busy_fraction) and busy.value < 0.5
+    assert launches.held is False and launches.value is None and NO_COUNTING_RUN in launches.text
+    assert timeline.top_gaps[0].cause == sampled.IDLE and "--syncguard-gap-ops" in timeline.top_gaps[0].detail
+
+
+def test_samples_lost_in_a_region_make_its_timeline_unreliable() -> None:
+    capture, measurement = _capture_of("cuda_graph", overflow=True)
+    judged = capture.with_timelines(measurement)
+    assert judged.timelines == () and judged.unreliable_timeline is not None
+    assert "lost samples of region #7" in judged.unreliable_timeline
+    checks, _ = check_budgets("sampled", capture.budgets[:2], judged, require_gpu=False)
+    assert all(c.held is False and "unreliable: the PM sampler lost samples" in c.text for c in checks)
+    capture.sampler_problem = "the PM sampler could not run: insufficient privileges"
+    assert capture.with_timelines(measurement).unreliable_timeline == capture.sampler_problem
+
+
+PLAIN = """
+import pytest
+
+@pytest.mark.max_gpu_idle_us(100)
+def test_loop(syncguard):
+    with syncguard.generation(tokens=2):
+        pass
+"""
+
+
+def test_the_option_is_checked_and_a_cpu_run_is_not_measured(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain=PLAIN)
+    bad = pytester.runpytest("--syncguard-timeline=sampling")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--syncguard-timeline: invalid choice: 'sampling'*"])
+    pytester.makeini("[pytest]\nsyncguard_timeline = sample\n")
+    ini = pytester.runpytest()
+    assert ini.ret == pytest.ExitCode.USAGE_ERROR
+    ini.stderr.fnmatch_lines(["*ini syncguard_timeline = 'sample': must be one of trace, sampled*"])
+    ran = pytester.runpytest("--syncguard", "--syncguard-timeline=sampled", "-p", "no:cacheprovider")
+    ran.assert_outcomes(passed=1)
+    ran.stdout.fnmatch_lines(["*test_loop  cpu*max_gpu_idle_us(max)<=100*NOT MEASURED*"])
+
+
+def test_the_sampler_parameter_structs_have_the_sizes_of_cuptis_headers() -> None:
+    """structSize of each struct, as CUPTI_PROFILER_STRUCT_SIZE computes it from cupti_pmsampling.h,
+    cupti_profiler_host.h and cupti_target.h of CUPTI 13.0 (compiled and printed with g++)."""
+    sizes = {
+        "_SetConfig": 64, "_Enable": 32, "_Decode": 45, "_DataSize": 56, "_DataInit": 40, "_DataInfo": 56,
+        "_SampleInfo": 64, "_HostInit": 48, "_Evaluate": 72, "_AddMetrics": 40, "_ConfigImage": 40,
+        "_ChipName": 32, "_Plain": 16, "_Object": 24, "_ConfigSize": 32,
+    }  # fmt: skip
+    assert {name: getattr(pm_sampling, name)().structSize for name in sizes} == sizes
