@@ -237,15 +237,18 @@ class CallCapture:
         """The timed regions' timelines from their samples; the device work of each counting run from its trace
         (a region without one has no device-work count, and says why)."""
         counts = dict(measurement.region_counts)
+        traced: set[int] = set()
         for path in self.trace_files:
             trace = trace_file.load(path)
             problem = sentinel_problem(trace)
             for n, window in gaps.regions(trace).items():
                 work = device_work(trace, window) if problem is None else unreliable_counts(problem)
                 counts[n] = counts.get(n, RegionCounts()).merged(work)
-        if not self.trace_files:
-            for n in measurement.region_numbers:
-                counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
+                traced.add(n)
+        for part in measurement.count_parts:  # a measure() or a region with no traced run counts no device work
+            if traced.isdisjoint(part):
+                for n in part:
+                    counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
         timelines: list[Timeline | None] = []
         unreliable = self.sampler_problem
         for n in measurement.region_numbers:

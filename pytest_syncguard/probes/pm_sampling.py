@@ -264,20 +264,28 @@ class PmSampler:
             lib.cuptiProfilerHostDeinitialize(ctypes.byref(_HostObject(pHostObject=host)))
         lib.cuptiProfilerDeInitialize(ctypes.byref(_Plain()))
 
+    def start(self) -> None:
+        if self._object is None:
+            raise RuntimeError("PmSampler.start() before enable()")
+        self._call("cuptiPmSamplingStart", _Object(pPmSamplingObject=self._object))
+
+    def stop(self) -> None:
+        self._call("cuptiPmSamplingStop", _Object(pPmSamplingObject=self._object))
+
     @contextmanager
     def sampling(self, collected: list[Samples], *, max_samples: int, evaluate: bool = True) -> Iterator[None]:
         """Sample the block; on exit append its decoded samples (at most ``max_samples``) to ``collected``, their
         timestamps and values only if ``evaluate`` (a host call per sample)."""
-        if self._object is None:
-            raise RuntimeError("PmSampler.sampling() before enable()")
-        self._call("cuptiPmSamplingStart", _Object(pPmSamplingObject=self._object))
+        self.start()
         try:
             yield
         finally:
-            self._call("cuptiPmSamplingStop", _Object(pPmSamplingObject=self._object))
-        collected.append(self._decode(max_samples, evaluate))
+            self.stop()
+        collected.append(self.decode(max_samples, evaluate))
 
-    def _decode(self, max_samples: int, evaluate: bool) -> Samples:
+    def decode(self, max_samples: int, evaluate: bool = True) -> Samples:
+        """The samples recorded since :meth:`start` (at most ``max_samples``); timestamps and values only if
+        ``evaluate``. CUPTI answers out of memory where the device buffer overflowed."""
         names, _keep = _c_names(self.metrics)
         size = _DataSize(
             pPmSamplingObject=self._object, pMetricNames=names, numMetrics=len(self.metrics), maxSamples=max_samples

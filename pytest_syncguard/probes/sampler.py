@@ -11,7 +11,7 @@ is found by ``time.time_ns()`` stamps taken after device syncs at its ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -79,19 +79,33 @@ class SamplerProbe:
         if self._armed is None or self._sampling or self.problem is not None or not self._enabled():
             yield
             return
-        assert self._sampler is not None
-        collected: list[Samples] = []
+        sampler = self._sampler
+        assert sampler is not None
+        if not self._tried(sampler.start):
+            yield
+            return
         self._sampling = True
         try:
-            with self._sampler.sampling(collected, max_samples=MAX_SAMPLES):
-                torch.cuda.synchronize()
-                begin = time.time_ns()
-                yield
-                torch.cuda.synchronize()
-                end = time.time_ns()
+            torch.cuda.synchronize()
+            begin = time.time_ns()
+            yield
+            torch.cuda.synchronize()
+            end = time.time_ns()
         finally:
             self._sampling = False
-        self._armed[number] = SampledRegion(collected[0], (begin, end))
+            stopped = self._tried(sampler.stop)
+        decoded: list[Samples] = []
+        if stopped and self._tried(lambda: decoded.append(sampler.decode(MAX_SAMPLES))):
+            self._armed[number] = SampledRegion(decoded[0], (begin, end))
+
+    def _tried(self, call: Callable[[], object]) -> bool:
+        """Run a sampler call; a CUPTI error becomes :attr:`problem` (the test's timeline is then unreliable)."""
+        try:
+            call()
+        except PmSamplingError as exc:
+            self.problem = self.problem or f"the PM sampler failed: {exc}"
+            return False
+        return True
 
     def _enabled(self) -> bool:
         if self._sampler is not None:
