@@ -73,9 +73,9 @@ class CuptiTracer:
         self.buffers.pop(buffer, None)
 
     @contextmanager
-    def tracing(self, kinds: tuple[int, ...], *, disable_before: bool = False) -> Iterator[None]:
+    def tracing(self, kinds: tuple[int, ...], *, disable_before: bool = False, detach: bool = True) -> Iterator[None]:
         """CUPTI attached with ``kinds`` enabled over the block (``disable_before``: enabled and disabled again
-        before it: what an attached CUPTI costs with nothing enabled); detached afterwards."""
+        before it: what an attached CUPTI costs with nothing enabled); detached afterwards unless not ``detach``."""
         self.records.clear()
         self._call("cuptiActivityRegisterCallbacks", self._request, self._complete)
         for kind in kinds:
@@ -90,7 +90,8 @@ class CuptiTracer:
             for kind in kinds if not disable_before else ():
                 self._call("cuptiActivityDisable", kind)
             self._call("cuptiActivityFlushAll", 1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
-            self._call("cuptiFinalize")
+            if detach:
+                self._call("cuptiFinalize")
 
 
 def _capture_one_launch() -> None:

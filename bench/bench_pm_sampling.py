@@ -29,7 +29,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from bench.bench_timeline_capture import (
 from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, sampled
+from pytest_syncguard.analysis.trace_file import GpuOp
 from pytest_syncguard.probes.pm_sampling import PmSampler, PmSamplingError, Samples, base_metrics, load_cupti
 from pytest_syncguard.probes.timeline import cupti_library
 
@@ -177,31 +178,16 @@ class DeviceRecords(CuptiTracer):
                 self.ops.append((times[0], times[1]))
         self.buffers.pop(buffer, None)
 
-    @contextmanager
-    def recording(self) -> Iterator[None]:
+    def recording(self) -> AbstractContextManager[None]:
+        """Device ops of the block; CUPTI stays attached (finalizing it would end the sampler's profiler too)."""
         self.ops.clear()
-        self._call("cuptiActivityRegisterCallbacks", self._request, self._complete)
-        for kind in DEVICE_KINDS:
-            self._call("cuptiActivityEnable", kind)
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            for kind in DEVICE_KINDS:
-                self._call("cuptiActivityDisable", kind)
-            self._call("cuptiActivityFlushAll", 1)
+        return self.tracing(DEVICE_KINDS, detach=False)
 
 
 def truth(ops: list[tuple[int, int]]) -> tuple[float, list[float]]:
-    """Busy time and gaps (us) of the union of device ops."""
-    ops = sorted(ops)
-    busy, gaps_us, end = 0.0, [], ops[0][0]
-    for start, stop in ops:
-        if start > end:
-            gaps_us.append((start - end) / 1e3)
-        busy += max(0, stop - max(start, end)) / 1e3
-        end = max(end, stop)
-    return busy, gaps_us
+    """Busy time and gaps (us) of the union of device ops (ns)."""
+    busy, found = gaps.merge([GpuOp(a / 1e3, b / 1e3, 0, "", "kernel", None) for a, b in sorted(ops)])
+    return busy, [g.duration for g in found]
 
 
 def agreement(

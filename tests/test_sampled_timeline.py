@@ -22,6 +22,7 @@ import pytest
 from pytest_syncguard.analysis import gaps, sampled
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import NO_COUNTING_RUN
+from pytest_syncguard.analysis.trace_file import GpuOp
 from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement, SyncGuard
@@ -67,14 +68,9 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def _device_truth(ops: list[list[int]]) -> tuple[float, list[float]]:
-    """Busy time and gaps (us) of the union of CUPTI's device records."""
-    busy, found, end = 0.0, [], ops[0][0]
-    for start, stop in sorted(ops):
-        if start > end:
-            found.append((start - end) / 1e3)
-        busy += max(0, stop - max(start, end)) / 1e3
-        end = max(end, stop)
-    return busy, found
+    """Busy time and gaps (us) of the union of CUPTI's device records, by the trace analysis's own merge."""
+    busy, found = gaps.merge([GpuOp(a / 1e3, b / 1e3, 0, "", "kernel", None) for a, b in sorted(ops)])
+    return busy, [g.duration for g in found]
 
 
 @pytest.mark.parametrize("name", ["kv_cache", "cuda_graph"])
