@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 #: CUptiResult values named in errors (cupti_result.h).
-_NO_LIBRARY = -1
+_NO_LIBRARY, _NO_SAMPLER = -1, -2
 _RESULTS = {
     _NO_LIBRARY: "no libcupti in this process or beside torch (CUPTI 12.6 or newer has the PM sampler)",
+    _NO_SAMPLER: "this libcupti has no PM sampler (CUPTI 12.6 or newer has one)",
     7: "invalid operation (PM sampling already enabled on the device?)",
     8: "out of memory",
     15: "not initialized (CUPTI could not load libnvperf_host.so/libnvperf_target.so)",
@@ -204,7 +205,7 @@ class PmSampler:
         self._lib = load_cupti()
         if not hasattr(self._lib, "cuptiPmSamplingEnable"):
             self._lib = None
-            raise PmSamplingError("cuptiPmSamplingEnable", 27)
+            raise PmSamplingError("cuptiPmSamplingEnable", _NO_SAMPLER)
         try:
             self._call("cuptiProfilerInitialize", _Plain())
         except PmSamplingError:

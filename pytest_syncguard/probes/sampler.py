@@ -3,8 +3,8 @@ test's call, which adds nothing to a kernel launch (bench/bench_pm_sampling.py).
 
 The sampler reads, every :data:`INTERVAL_NS` of device time, how many cycles of the graphics engine the compute
 work kept active (``gr__compute_cycles_active``). Against the kernels, copies and memsets that CUPTI's activity
-records put on the same run's clock, this gave busy time within +3.4% and +7.1% and the largest gap within 1 µs on
-an H100 (README). Its timestamps are the GPU's timer, which the driver keeps on the host's wall clock, so a region
+records put on the same run's clock, this gave busy time 2.2-7.3% above theirs and the widest gap within 6 µs on an
+H100 (README). Its timestamps are the GPU's timer, which the driver keeps on the host's wall clock, so a region
 is found by ``time.time_ns()`` stamps taken after device syncs at its ends.
 """
 
@@ -24,7 +24,7 @@ METRICS = ("gr__compute_cycles_active.sum", "gr__cycles_elapsed.max")
 INTERVAL_NS = 1000
 #: The shortest gap a sampled timeline reports: two sample intervals (see :func:`..analysis.sampled.analyze`).
 SHORTEST_GAP_NS = 2 * INTERVAL_NS
-#: The device buffer the sampler writes into; a region of 1.1 s sampled every microsecond fitted in 512 MiB.
+#: The device buffer the sampler writes into (a 1 s region sampled every microsecond fitted in 512 MiB on an H100).
 BUFFER_BYTES = 1 << 30
 #: The most samples decoded per region: 2 s at :data:`INTERVAL_NS`. A longer region's timeline is unreliable.
 MAX_SAMPLES = 2_000_000
@@ -47,10 +47,6 @@ class SamplerProbe:
         self._sampling = False
         self.problem: str | None = None
         """Why the sampler could not run in the armed call, if it could not."""
-
-    @property
-    def armed(self) -> bool:
-        return self._armed is not None
 
     @property
     def sampling(self) -> bool:
