@@ -35,7 +35,6 @@ class SampledTimeline:
     busy_us: float
     span_us: float
     gaps: tuple[tuple[float, float], ...]
-    samples: int
 
     @property
     def gaps_us(self) -> tuple[float, ...]:
@@ -45,14 +44,14 @@ class SampledTimeline:
     def busy_fraction(self) -> float:
         return self.busy_us / self.span_us if self.span_us > 0 else 1.0
 
-    def timeline(self, top: int = 10, unreliable: str | None = None) -> Timeline:
+    def timeline(self, top: int = 10) -> Timeline:
         """As the plugin's :class:`~.gaps.Timeline`: no steps, the largest gaps with no cause but idleness."""
         largest = sorted(self.gaps, key=lambda g: -g[1])[:top]
         return Timeline(
             steps=0, warmup_steps=0, judged_steps=0, gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us,
             gaps_us=self.gaps_us, top_gaps=tuple(AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
                                                  for start, length in largest),
-            steps_from=SAMPLED_STEPS, unreliable=unreliable,
+            steps_from=SAMPLED_STEPS,
         )  # fmt: skip
 
 
@@ -81,12 +80,12 @@ def analyze(
             rows.append((start, end, fraction))
     active = [i for i, (_, _, fraction) in enumerate(rows) if fraction >= IDLE_BELOW]
     if not active:
-        return SampledTimeline(0.0, 0.0, (), len(rows))
+        return SampledTimeline(0.0, 0.0, ())
     rows = rows[active[0] : active[-1] + 1]
     busy = sum((end - start) * fraction for start, end, fraction in rows)
     origin = rows[0][0]
     gaps = tuple(((start - origin) / 1e3, length / 1e3) for start, length in _gaps(rows) if length >= shortest_gap_ns)
-    return SampledTimeline(busy / 1e3, (rows[-1][1] - origin) / 1e3, gaps, len(rows))
+    return SampledTimeline(busy / 1e3, (rows[-1][1] - origin) / 1e3, gaps)
 
 
 def _gaps(rows: Sequence[tuple[int, int, float]]) -> list[tuple[float, float]]:

@@ -141,8 +141,7 @@ def load_cupti() -> ctypes.CDLL:
         import torch
 
         site = os.path.dirname(os.path.dirname(torch.__file__))
-        found = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcupti.so*")))
-        found += sorted(glob.glob(os.path.join(site, "nvidia", "cuda_cupti", "lib", "libcupti.so*")))
+        found = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcupti.so*")))  # cu13/, cuda_cupti/
         if not found:
             raise PmSamplingError("dlopen(libcupti)", _NO_LIBRARY)
         loaded = ctypes.CDLL(found[-1])
