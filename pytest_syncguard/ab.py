@@ -17,11 +17,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +46,63 @@ DERIVED = frozenset({"tokens_per_second"})
 MEASURED_EXITS = (0, 1)
 
 
+#: The signals that stop an A/B at once: Ctrl-C in its terminal, and a CI system cancelling its job.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: How long a round's pytest gets to end after it is told to (SIGINT), before its process group is killed.
+STOP_GRACE_S = 10.0
+
+
 class ABError(Exception):
     """An A/B run that cannot go on; the message names the side, round, ref or file at fault."""
+
+
+class ABInterrupted(Exception):
+    """The A/B was told to stop (SIGINT or SIGTERM); its running pytest was ended and the base's worktree removed.
+    ``finished``: the runs (``round1-base``, ...) whose results are in ``out``; ``running``: the one it stopped."""
+
+    def __init__(self, signum: int, running: str | None = None, finished: Sequence[str] = (), out: Path | None = None):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.running, self.finished, self.out = signum, running, tuple(finished), out
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's convention for a process ended by a signal: 128 + its number (130 for SIGINT)."""
+        return 128 + self.signum
+
+    def lines(self) -> list[str]:
+        """What it had done, and where that is, in words."""
+        name = signal.Signals(self.signum).name
+        done = ", ".join(self.finished) if self.finished else "no run"
+        lines = [f"syncguard ab: interrupted by {name}" + (f" during {self.running}" if self.running else "")
+                 + "; the base's worktree is removed"]  # fmt: skip
+        lines.append(f"syncguard ab: finished before it: {done}")
+        if self.finished and self.out is not None:
+            lines.append(f"syncguard ab: partial results (JSON results, JUnit file and log of each run) in {self.out}")
+        return lines
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`ABInterrupted` in the block (once: a second signal while the A/B cleans up
+    is ignored), and the handlers before it are restored on exit. Outside the main thread, signals cannot be
+    caught: the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise ABInterrupted(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @dataclass(frozen=True)
@@ -259,6 +317,9 @@ def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
         subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(folder)],
                        capture_output=True, timeout=300, check=False)  # fmt: skip
         shutil.rmtree(parent, ignore_errors=True)
+        # A worktree whose folder is gone but which git still lists (a remove cut short) is forgotten too.
+        subprocess.run(["git", "-C", str(repository), "worktree", "prune"], capture_output=True, timeout=300,
+                       check=False)  # fmt: skip
 
 
 def describe_checkout(directory: Path) -> str:
@@ -289,33 +350,102 @@ def run_side(directory: Path, pytest_args: Sequence[str], out: Path, label: str,
         "--junitxml", str(junit),
     ]  # fmt: skip
     with log.open("w", encoding="utf-8") as sink:
+        # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this run itself
+        # (run_until_done), instead of the run ending half-way while the A/B goes on to the next one.
+        process = subprocess.Popen(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         try:
-            done = subprocess.run(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
-                                  stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
+            returncode = run_until_done(process, timeout)
         except subprocess.TimeoutExpired as exc:
             raise ABError(f"{label}: pytest ran over {timeout:.0f} s (log: {log})") from exc
-    if done.returncode not in MEASURED_EXITS:
-        raise ABError(f"{label}: pytest exited {done.returncode} in {directory} (log: {log})")
+    if returncode not in MEASURED_EXITS:
+        raise ABError(f"{label}: pytest exited {returncode} in {directory} (log: {log})")
     if not results.is_file():
         raise ABError(f"{label}: pytest wrote no results (log: {log})")
     return results
 
 
+def run_until_done(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """Wait for a round's pytest (the leader of its own process group); on a timeout or an interrupt, end its
+    whole group first (SIGINT, then SIGKILL after :data:`STOP_GRACE_S`) and re-raise."""
+    try:
+        return process.wait(timeout=timeout)
+    except BaseException:
+        end_group(process)
+        raise
+
+
+def end_group(process: subprocess.Popen[bytes]) -> None:
+    """End a process and everything it started in its group: SIGINT first (pytest finishes its teardowns), SIGKILL
+    after :data:`STOP_GRACE_S`, and SIGKILL to what is left of the group once the leader is gone."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    with suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STOP_GRACE_S)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@dataclass
+class Progress:
+    """Rounds done of planned and the time left at the current pace, as a line before each run."""
+
+    rounds: int
+    say: Callable[[str], object]
+    started: float = field(default_factory=time.monotonic)
+    finished: list[str] = field(default_factory=list)
+
+    def starting(self, index: int, side: str) -> None:
+        runs, done = 2 * self.rounds, len(self.finished)
+        elapsed = time.monotonic() - self.started
+        pace = (
+            f", about {_duration(elapsed / done * (runs - done))} left at {_duration(elapsed / done)} a run"
+            if done
+            else ""
+        )
+        self.say(
+            f"syncguard ab: round {index}/{self.rounds}, {side} ({done}/{runs} runs done, {_duration(elapsed)} "
+            f"elapsed{pace})"
+        )
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``1h02m``."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
 def run_rounds(
     base: Path, head: Path, pytest_args: Sequence[str], rounds: int, out: Path, *, timeout: float, progress: Any
 ) -> tuple[list[dict[str, Measured]], list[dict[str, Measured]]]:
-    """``rounds`` interleaved rounds (base first in odd ones); each side's results per round."""
+    """``rounds`` interleaved rounds (base first in odd ones); each side's results per round. An interrupt
+    (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
     sides: dict[str, list[dict[str, Measured]]] = {"base": [], "head": []}
     folders = {"base": base, "head": head}
-    for index in range(1, rounds + 1):
-        order = ("base", "head") if index % 2 else ("head", "base")
-        for side in order:
-            label = f"round{index}-{side}"
-            progress(f"syncguard ab: {label} ...")
-            results = read_results(run_side(folders[side], pytest_args, out, label, timeout))
-            if not results:
-                raise ABError(f"{label}: no measured test in its results (log: {out / (label + '.log')})")
-            sides[side].append(results)
+    pace = Progress(rounds, progress)
+    label = None
+    try:
+        for index in range(1, rounds + 1):
+            order = ("base", "head") if index % 2 else ("head", "base")
+            for side in order:
+                label = f"round{index}-{side}"
+                pace.starting(index, side)
+                results = read_results(run_side(folders[side], pytest_args, out, label, timeout))
+                if not results:
+                    raise ABError(f"{label}: no measured test in its results (log: {out / (label + '.log')})")
+                sides[side].append(results)
+                pace.finished.append(label)
+                label = None
+    except ABInterrupted as exc:
+        if label is not None:  # what the stopped run wrote on its way out is not a round's results; its log stays
+            for suffix in (".json", ".xml"):
+                (out / f"{label}{suffix}").unlink(missing_ok=True)
+        raise ABInterrupted(exc.signum, label, pace.finished, out) from None
     return sides["base"], sides["head"]
 
 
@@ -332,7 +462,24 @@ def run(
     timeout: float = 3600.0,
     progress: Any = print,
 ) -> ABReport:
-    """The whole A/B: the base's checkout, the rounds, the comparison."""
+    """The whole A/B: the base's checkout, the rounds, the comparison. SIGINT or SIGTERM stops it at once
+    (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    with stopping_on_signals():
+        return _run(base_ref, base_dir, head, pytest_args, rounds, min_effect, confidence, out, timeout, progress)
+
+
+def _run(
+    base_ref: str | None,
+    base_dir: Path | None,
+    head: Path,
+    pytest_args: Sequence[str],
+    rounds: int,
+    min_effect: float,
+    confidence: float,
+    out: Path,
+    timeout: float,
+    progress: Any,
+) -> ABReport:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if rounds < rounds_needed(confidence):

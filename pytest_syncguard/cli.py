@@ -89,7 +89,7 @@ def _cuda() -> bool:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABError, run, summary_lines
+    from .ab import ABError, ABInterrupted, run, summary_lines
     from .report.markdown import ab_lines
 
     if not args.pytest_args:
@@ -105,6 +105,9 @@ def _ab(args: argparse.Namespace) -> int:
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
         return 2
+    except ABInterrupted as exc:
+        print("\n".join(exc.lines()), file=sys.stderr, flush=True)
+        return exc.exit_status
     if args.json:
         write_atomically(Path(args.json), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
     if args.markdown:

@@ -8,9 +8,11 @@ import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,95 @@ def test_the_h100_gate_passes_an_unchanged_suite_from_another_host_and_names_eac
     }
     seconds = planted["test_speed[cuda_graph]"].timings["seconds"]
     assert seconds.verdict == REGRESSION and seconds.low is not None and seconds.low > 1.1
+
+
+SLOW_RUN = """
+import os
+import time
+from pathlib import Path
+
+
+def test_step(syncguard):
+    runs = Path(os.environ["AB_RUNS"])
+    with runs.open("a") as log:
+        log.write(f"{os.getpid()}\\n")
+    syncguard.measure(lambda: None, tokens=1, repeat=1)
+    if len(runs.read_text().split()) >= int(os.environ["AB_SLOW_FROM"]):
+        time.sleep(300)
+"""
+
+
+def _worktrees(repo: Path) -> list[str]:
+    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    return [line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")]
+
+
+@pytest.mark.parametrize(
+    ("signum", "slow_from", "running", "finished"),
+    [
+        # Ctrl-C in a terminal: SIGINT to the whole foreground process group, in round 2's first run.
+        (signal.SIGINT, 3, "round2-head", "round1-base, round1-head"),
+        # A CI system cancelling the job: SIGTERM to the process, in the very first run.
+        (signal.SIGTERM, 1, "round1-base", "no run"),
+    ],
+    ids=["sigint-to-group", "sigterm"],
+)
+def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
+    tmp_path: Path, signum: signal.Signals, slow_from: int, running: str, finished: str
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    (repo / "test_slow.py").write_text(SLOW_RUN)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    (repo / "test_slow.py").write_text(SLOW_RUN + "\n# head\n")
+    _git(repo, "commit", "-qam", "head")
+    runs = tmp_path / "runs"
+    runs.touch()
+    environment = {**os.environ, "SYNCGUARD_NATIVE": "0", "AB_RUNS": str(runs), "AB_SLOW_FROM": str(slow_from)}
+    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "6", "--",
+               "test_slow.py", "-q"]  # fmt: skip
+    ab = subprocess.Popen(command, cwd=repo, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(runs.read_text().split()) < slow_from:  # the run to stop is inside its test
+            assert ab.poll() is None, ab.communicate()
+            assert time.monotonic() < deadline, "the slow run never started"
+            time.sleep(0.2)
+        (base_worktree,) = (w for w in _worktrees(repo) if Path(w) != repo)
+        assert Path(base_worktree).is_dir()
+        stopped_at = time.monotonic()
+        if signum == signal.SIGINT:
+            os.killpg(ab.pid, signum)
+        else:
+            ab.send_signal(signum)
+        out, err = ab.communicate(timeout=60)
+        took = time.monotonic() - stopped_at
+    finally:
+        if ab.poll() is None:
+            os.killpg(ab.pid, signal.SIGKILL)
+            ab.wait()
+    assert ab.returncode == 128 + signum, out + err
+    assert took < 30, f"took {took:.1f} s to stop"
+    assert f"interrupted by {signum.name} during {running}; the base's worktree is removed" in err
+    assert f"finished before it: {finished}" in err
+    assert ("partial results" in err) == (finished != "no run")
+    assert "syncguard ab: round 1/6, base (0/12 runs done" in err
+    if slow_from == 3:
+        assert "round 2/6, head (2/12 runs done" in err and "left at" in err
+        assert sorted(p.name for p in (repo / "syncguard-ab").glob("round*.json")) == [
+            "round1-base.json",
+            "round1-head.json",
+        ]
+    assert "syncguard ab: " not in out  # no report of a run that did not finish
+    # The stopped run's pytest is gone, the worktree is neither listed nor on disk.
+    last_pid = int(runs.read_text().split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(last_pid, 0)
+    assert _worktrees(repo) == [str(repo)]
+    assert not Path(base_worktree).exists() and not Path(base_worktree).parent.exists()
