@@ -31,6 +31,7 @@ from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
 from .probes.sampler import MAX_SAMPLES, METRICS, SAMPLER, SHORTEST_GAP_NS, SampledRegion
 from .probes.timeline import TIMELINE
+from .report import perfetto
 from .result import MeasuredTest
 
 
@@ -104,7 +105,11 @@ class CallCapture:
     trace_files: list[Path] = field(default_factory=list)
     sampled_regions: dict[int, SampledRegion] = field(default_factory=dict)
     sampler_problem: str | None = None
+    sync_stamps: list[tuple[int, str]] = field(default_factory=list)
+    """The counted syncs of the sampled runs: (ns on the host's wall clock, the samples' clock; call site)."""
     snapshots: list[Path] = field(default_factory=list)
+    judged: Measurement | None = None
+    """The measurement the test's budgets judged, with its timelines."""
     whole_call: GenerationRegion | None = None
     misuse: str | None = None
     """Why the measurement of the call cannot be trusted (it left a region open, a marker came late), in words."""
@@ -145,6 +150,7 @@ class CallCapture:
                 if self.timeline and self.sampled:
                     self.sampled_regions = stack.enter_context(SAMPLER.arming())
                     stack.callback(self._note_sampler)
+                    self.sync_stamps = stack.enter_context(TIMELINE.stamping())
                     self.trace_files = stack.enter_context(TIMELINE.per_region())
                 elif self.timeline:
                     self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
@@ -166,10 +172,12 @@ class CallCapture:
         store: BaselineStore | None,
         artifacts: Path | None,
         notes: Sequence[str] = (),
+        timelines: perfetto.TimelineFiles | None = None,
     ) -> MeasuredTest | None:
         """The test's result after its call (None when nothing was measured): budgets checked, compared with its
         baseline (``store``) unless the call ``raised`` (its numbers are partial), allocation sites of a failure,
-        and its recordings kept in ``artifacts`` when it failed (removed otherwise)."""
+        its recordings kept in ``artifacts`` when it failed (removed otherwise), and its judged timelines written
+        as a Perfetto file where ``timelines`` says so."""
         result = None
         try:
             result = self._result(require_gpu, None if raised else store, notes)
@@ -179,7 +187,26 @@ class CallCapture:
             kept, problem = self.keep(artifacts, raised is not None or (result is not None and result.failed))
         if result is None:
             return None
+        if timelines is not None and (timelines.every or result.broke("timeline")):
+            written, trouble = self.keep_timelines(result, timelines.directory())
+            kept, problem = [*written, *kept], problem or trouble
         return replace(result, artifacts=tuple(kept), notes=(*result.notes, *([problem] if problem else [])))
+
+    def keep_timelines(self, result: MeasuredTest, directory: Path) -> tuple[list[str], str | None]:
+        """Write the judged timelines of the test as a Perfetto file in ``directory``: its path (none without a
+        timeline), and why it could not be written."""
+        judged = self.judged.timelines if self.judged is not None else ()
+        shown = result.timeline.region if result.timeline is not None else None
+        regions = [perfetto.Region(i + 1, t, i + 1 == shown) for i, t in enumerate(t for t in judged if t)]
+        if not regions:
+            return [], None
+        source = "sampled" if self.sampled else "trace"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            target = directory / f"{artifact_stem(self.nodeid)}{perfetto.SUFFIX}"
+            return [str(perfetto.write(target, self.nodeid, source, regions))], None
+        except (OSError, ValueError) as exc:
+            return [], f"syncguard: {self.nodeid}: could not write its timeline file: {exc}"
 
     def _result(self, require_gpu: bool, store: BaselineStore | None, notes: Sequence[str]) -> MeasuredTest | None:
         whole = [self.whole_call.measurement] if self.whole_call and self.whole_call.measurement else []
@@ -192,6 +219,7 @@ class CallCapture:
             measurement = self.with_timelines(measurement)
         except Exception as exc:  # a trace the analysis cannot read is reported, not swallowed
             error = f"{self.nodeid}: GPU timeline analysis failed: {exc}"
+        self.judged = measurement
         checks, usage_error = check_budgets(self.nodeid, self.budgets, measurement, require_gpu=require_gpu)
         if self.misuse is not None:
             error = error or f"{self.nodeid}: {self.misuse}"
@@ -266,7 +294,9 @@ class CallCapture:
             found = sampled.analyze(
                 samples.start_ns, samples.end_ns, fractions, region.window, shortest_gap_ns=SHORTEST_GAP_NS
             )
-            timelines.append(found.timeline() if found.span_us > 0 else None)
+            timelines.append(
+                found.timeline(syncs=self.sync_stamps, window=region.window) if found.span_us > 0 else None
+            )
         if unreliable is not None:
             return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=unreliable)
         return replace(measurement, timelines=tuple(timelines), region_counts=counts)

@@ -20,10 +20,48 @@ if TYPE_CHECKING:
     from .ab import ABReport
 
 
-def _trace(args: argparse.Namespace) -> int:
-    from .analysis import gaps, reliability, trace_file
+def _timeline_file(args: argparse.Namespace) -> int:
+    """``syncguard trace`` of a judged timeline the plugin wrote: each region's numbers, from its events."""
+    from .report.perfetto import TimelineFileError, load
     from .report.terminal import gap_lines
 
+    try:
+        meta, regions = load(Path(args.file))
+    except TimelineFileError as exc:
+        print(f"syncguard trace: {exc}", file=sys.stderr)
+        return 2
+    found = []
+    for region in regions:
+        t = region.timeline
+        statistics = {
+            "busy_fraction": t.busy_fraction,
+            "max_gap_us": t.gap_stat("max"),
+            "p99_gap_us": t.gap_stat("p99"),
+        }
+        found.append((region, statistics))
+    if args.json:
+        data = {"file": args.file, "nodeid": meta["nodeid"], "source": meta["source"], "regions": [
+            {**r.timeline.summary(r.region).to_dict(), "shown": r.shown, **{k: round(v, 5) for k, v in st.items()}}
+            for r, st in found
+        ]}  # fmt: skip
+        print(json.dumps(data, indent=2, allow_nan=False))
+        return 0
+    print(f"{args.file}: judged timeline of {meta['nodeid']} ({meta['source']} source), {len(regions)} regions")
+    for region, st in found:
+        print(f"region {region.region}{' (the one its summary shows)' if region.shown else ''}:")
+        summary = region.timeline.summary(region.region)
+        for line in gap_lines(summary, st["busy_fraction"], st["max_gap_us"], st["p99_gap_us"]):
+            print(f"  {line}")
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from .analysis import gaps, reliability, trace_file
+    from .report.perfetto import is_timeline_file
+    from .report.terminal import gap_lines
+
+    if is_timeline_file(Path(args.file)):
+        return _timeline_file(args)
     try:
         trace = trace_file.load(args.file)
     except trace_file.TraceError as exc:
@@ -327,8 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})")  # fmt: skip
     comment.set_defaults(run=_comment)
 
-    trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace")
-    trace.add_argument("file", help="a Chrome/Perfetto JSON trace from torch.profiler (.json or .json.gz)")
+    trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace, or of a "
+                                "judged timeline the plugin kept")  # fmt: skip
+    trace.add_argument("file", help="a Chrome/Perfetto JSON trace from torch.profiler, or a judged timeline "
+                       "(*.timeline.json.gz); .json or .json.gz")  # fmt: skip
     trace.add_argument("--json", action="store_true", help="print the analysis as JSON")
     trace.add_argument("--warmup-steps", type=int, default=0, help="leave out the first N steps (default 0)")
     trace.add_argument("--top", type=int, default=10, help="how many of the largest gaps to attribute")

@@ -286,7 +286,7 @@ class GenerationRegion:
                 stack.callback(self._steps.close)
                 if self.model is not None:
                     stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
-                    if TIMELINE.active:
+                    if TIMELINE.tracing:
                         for handle in TIMELINE.step_hooks(self.model):
                             stack.callback(handle.remove)
                 cuda = self.device != "cpu" and torch.cuda.is_available()

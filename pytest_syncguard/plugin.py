@@ -7,6 +7,7 @@ pytest runs that do not use it.
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from .baselines import BaselineStore
 from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
 from .comparison import DEFAULT_TOLERANCE
 from .files import file_problem, folder_problem
+from .report.perfetto import TimelineFiles
 
 if TYPE_CHECKING:
     from .guard import SyncGuard
@@ -99,11 +101,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "records, which slow each launch) or 'sampled' (CUPTI's PM sampler over each timed run, which adds "
         "nothing to a launch: no steps or gap causes; device work counted from measure()'s counting run)",
     )
+    group.addoption(
+        "--syncguard-keep-timelines",
+        action="store_true",
+        default=None,
+        help="keep the judged GPU timeline of every test as a Perfetto file (by default only a test that broke a "
+        "GPU timeline budget keeps one), in --syncguard-artifacts or else under pytest's temporary directory",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
     parser.addini("syncguard_timeline", type="string", default="trace", help="as --syncguard-timeline")
     parser.addini("syncguard_gap_ops", type="bool", default=False, help="as --syncguard-gap-ops")
     parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
     parser.addini("syncguard_judge_host_timings", type="bool", default=False, help="as --syncguard-judge-host-timings")
+    parser.addini("syncguard_keep_timelines", type="bool", default=False, help="as --syncguard-keep-timelines")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -169,12 +179,6 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     return guard
 
 
-def _broke(result: MeasuredTest, signal: str) -> bool:
-    """Whether a measured number of ``signal`` ("timeline", "memory") broke a budget (not one that was missing or
-    unreliable)."""
-    return any(c.held is False and c.value is not None and c.budget.signal == signal for c in result.checks)
-
-
 def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTest) -> MeasuredTest:
     """The result with a diagnostic rerun's gaps (``--syncguard-gap-ops``), or a note of why there are none."""
     from dataclasses import replace
@@ -231,6 +235,10 @@ class SyncguardSession:
         self.sampled = _timeline_source(config) == "sampled"
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
+        keep = config.getoption("syncguard_keep_timelines")
+        self.timeline_files = TimelineFiles(
+            self._timeline_dir, every=bool(config.getini("syncguard_keep_timelines") if keep is None else keep)
+        )
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []
@@ -238,6 +246,16 @@ class SyncguardSession:
         self.json_written = False
         if self.enabled and self.is_worker:
             self._assign_gpu()
+
+    def _timeline_dir(self) -> Path:
+        """Where judged timelines are written: --syncguard-artifacts, else pytest's temporary directory of the run
+        (kept for the last three runs, as ``tmp_path``'s)."""
+        if self.artifacts is not None:
+            return self.artifacts
+        factory = getattr(self.config, "_tmp_path_factory", None)  # what the tmp_path fixtures use
+        if factory is None:
+            return Path(tempfile.gettempdir()) / "syncguard-timelines"
+        return Path(factory.getbasetemp()) / "syncguard-timelines"
 
     def _assign_gpu(self) -> None:
         """Before any test initializes CUDA: worker gwN takes GPU N modulo the visible ones."""
@@ -302,10 +320,11 @@ class SyncguardSession:
                 store=self.store if self.enabled else None,
                 artifacts=self.artifacts,
                 notes=self.notes,
+                timelines=self.timeline_files,
             )
-            if result is not None and raised is None and self.gap_ops and _broke(result, "timeline"):
+            if result is not None and raised is None and self.gap_ops and result.broke("timeline"):
                 result = _with_gap_diagnosis(item, guard, result)
-            if result is not None and raised is None and _broke(result, "memory"):
+            if result is not None and raised is None and result.broke("memory"):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
             if result is not None:
                 item.stash[_RESULT] = result

@@ -179,6 +179,11 @@ class MeasuredTest:
     def failed(self) -> bool:
         return self.verdict in ("fail", "error", "regression", "failed")
 
+    def broke(self, signal: str) -> bool:
+        """Whether a measured number of ``signal`` ("timeline", "memory") broke a budget (not one that was missing
+        or unreliable)."""
+        return any(c.held is False and c.value is not None and c.budget.signal == signal for c in self.checks)
+
     @classmethod
     def of(
         cls, nodeid: str, measurement: Measurement, checks: Sequence[BudgetCheck], error: str | None = None

@@ -57,8 +57,30 @@ def test_a_region_runs_from_its_first_active_sample_to_its_last_and_short_gaps_c
     assert sampled.analyze(starts, ends, [0.0] * 10).span_us == 0.0
     timeline = found.timeline(top=1)
     assert timeline.gap_stat("max") == 3.0 and timeline.busy_fraction == pytest.approx(3 / 7)
+    # From the region's first active sample, which began at 2 us.
     assert [(g.duration_us, g.start_us, g.cause) for g in timeline.top_gaps] == [(3.0, 3.0, sampled.IDLE)]
+    assert timeline.origin_us == 2.0
     assert timeline.steps_from == sampled.SAMPLED_STEPS
+    # The busy stretches between the gaps: the gaps lie between them, their busy time adds up.
+    assert timeline.runs == ((0.0, 1.0, 1.0), (2.0, 3.0, 1.0), (6.0, 7.0, 1.0))
+    short_left_out = sampled.analyze(starts, ends, fractions, (500, 9500), shortest_gap_ns=2000).timeline()
+    assert short_left_out.runs == ((0.0, 3.0, 2.0), (6.0, 7.0, 1.0))  # a 1 us gap left out stays inside a run
+
+
+def test_the_busy_of_a_sampled_timeline_is_the_sum_of_its_runs_and_every_sample_counts_once() -> None:
+    starts = list(range(0, 12_000, 1000))
+    ends = [s + 1000 for s in starts]
+    fractions = [0.3, 1.0, 0.5, 0.01, 0.0, 0.25, 1.0, 0.6, 0.0, 0.015, 0.9, 1.0]
+    found = sampled.analyze(starts, ends, fractions, shortest_gap_ns=500)
+    # Samples below IDLE_BELOW (0.02) are idle: their stray cycles are no busy time.
+    assert found.busy_us == pytest.approx(sum(f for f in fractions if f >= sampled.IDLE_BELOW))
+    assert sum(run.busy for run in found.runs) == pytest.approx(found.busy_us)
+    assert len(found.runs) == len(found.gaps) + 1
+    for (gap_start, length), before, after in zip(found.gaps, found.runs, found.runs[1:], strict=False):
+        assert before.end == pytest.approx(gap_start) and after.start == pytest.approx(gap_start + length)
+        assert 0 < before.busy <= before.end - before.start + 1e-9
+    # With no gap left out, the gaps hold all the idle time: busy is the span less the gaps.
+    assert found.busy_us == pytest.approx(found.span_us - sum(found.gaps_us))
 
 
 def _load(name: str) -> dict[str, Any]:

@@ -68,6 +68,36 @@ class AttributedGap:
     next_op: str
 
 
+class BusyRun(NamedTuple):
+    """A stretch of the device timeline from the end of one gap to the start of the next (µs), and how much of it
+    the device was busy: all of it on a trace's merged ops; a sampled timeline's short idle parts stay inside."""
+
+    start: float
+    end: float
+    busy: float
+
+
+class StepSpan(NamedTuple):
+    """A decode step on the device: its number and the start of its first op to the end of its last (µs)."""
+
+    step: int
+    start: float
+    end: float
+
+
+class SyncMark(NamedTuple):
+    """A counted host-device sync: when the host asked for it (µs) and its kind and call site."""
+
+    time: float
+    label: str
+
+
+def runs_between(gaps: Sequence[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The stretches of ``[start, end]`` between ``gaps`` ((start, end) pairs in time order, inside it)."""
+    edges = [start, *(t for gap in gaps for t in gap), end]
+    return list(zip(edges[::2], edges[1::2], strict=True))
+
+
 @dataclass(frozen=True)
 class StreamView:
     """One stream of a region on its own: its ops, busy time and widest gap."""
@@ -135,6 +165,17 @@ class Timeline(JudgedSteps):
     steps_from: str = NO_STEPS
     unreliable: str | None = None
     """Why the timeline's numbers cannot be trusted (lost graph kernels, overlapping ops), if so."""
+    origin_us: float = 0.0
+    """Where time 0 of :attr:`runs`, :attr:`step_spans`, :attr:`syncs` and the gaps' starts lies on the source's
+    clock (µs): 0 for a trace, whose times are the trace's own; a sampled region's first sample on the wall clock,
+    whose times (about 1.7e15 µs) a float holds only to a quarter of a microsecond."""
+    runs: tuple[BusyRun, ...] = ()
+    """The device's busy stretches between the gaps, in time order (µs from :attr:`origin_us`): the gaps are what
+    lies between consecutive runs, and the runs' busy time adds up to :attr:`busy_us`."""
+    step_spans: tuple[StepSpan, ...] = ()
+    """Each judged step on the device: from its first op's start to its last op's end."""
+    syncs: tuple[SyncMark, ...] = ()
+    """The counted syncs the host made in the judged part, with their call sites (µs from :attr:`origin_us`)."""
 
     @property
     def busy_fraction(self) -> float:
@@ -382,6 +423,21 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
     unreliable = graph_problem(launches, trace.gpu_ops)
     busy, gaps = merge(judged)
     gaps = [g._replace(step=step_of[id(g.next_op)]) for g in gaps]
+    last_end = max(o.end for o in judged)
+    runs = tuple(BusyRun(a, b, b - a) for a, b in runs_between([(g.start, g.end) for g in gaps], judged[0].start,
+                                                               last_end))  # fmt: skip
+    spans: dict[int, list[float]] = {}
+    for op in judged:
+        step = step_of[id(op)]
+        if step is not None:
+            extent = spans.setdefault(step, [op.start, op.end])
+            extent[0], extent[1] = min(extent[0], op.start), max(extent[1], op.end)
+    end = window[1] if window is not None else float("inf")
+    syncs = tuple(
+        SyncMark(r.start, r.name[len(SYNC_ANNOTATION) :].strip())
+        for r in trace.ranges
+        if r.name.startswith(SYNC_ANNOTATION) and first <= r.start <= end
+    )
     largest = sorted(gaps, key=lambda g: -g.duration)[:top]
     by_stream: dict[int, list[GpuOp]] = {}
     for op in judged:
@@ -398,11 +454,14 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
         warmup_steps=min(warmup_steps, len(starts)) if starts else 0,
         judged_steps=max(len(starts) - warmup_steps, 0) if starts else 0,
         gpu_ops=len(judged),
-        span_us=max(o.end for o in judged) - judged[0].start,
+        span_us=last_end - judged[0].start,
         busy_us=busy,
         gaps_us=tuple(g.duration for g in gaps),
         top_gaps=tuple(attribute(g, host) for g in largest),
         streams=tuple(streams),
         steps_from=steps_from,
         unreliable=unreliable,
+        runs=runs,
+        step_spans=tuple(StepSpan(step, a, b) for step, (a, b) in sorted(spans.items())),
+        syncs=syncs,
     )

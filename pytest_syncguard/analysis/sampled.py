@@ -10,10 +10,11 @@ from its first active sample to its last, as a trace's runs from its first devic
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .gaps import AttributedGap, Timeline
+from .gaps import AttributedGap, BusyRun, SyncMark, Timeline, runs_between
 
 #: A sample less active than this is idle (the counters of an idle engine read a few stray cycles).
 IDLE_BELOW = 0.02
@@ -35,6 +36,10 @@ class SampledTimeline:
     busy_us: float
     span_us: float
     gaps: tuple[tuple[float, float], ...]
+    origin_ns: int = 0
+    """When the first active sample began (ns on the samples' clock, which is the host's wall clock)."""
+    runs: tuple[BusyRun, ...] = ()
+    """The stretches between the gaps (µs from :attr:`origin_us`), each with the busy time of its samples."""
 
     @property
     def gaps_us(self) -> tuple[float, ...]:
@@ -44,14 +49,22 @@ class SampledTimeline:
     def busy_fraction(self) -> float:
         return self.busy_us / self.span_us if self.span_us > 0 else 1.0
 
-    def timeline(self, top: int = 10) -> Timeline:
-        """As the plugin's :class:`~.gaps.Timeline`: no steps, the largest gaps with no cause but idleness."""
+    def timeline(
+        self, top: int = 10, syncs: Sequence[tuple[int, str]] = (), window: tuple[int, int] | None = None
+    ) -> Timeline:
+        """As the plugin's :class:`~.gaps.Timeline`: no steps, the largest gaps with no cause but idleness. ``syncs``
+        are the counted syncs of the test as (ns on the samples' clock, call site); those the host made inside the
+        region's ``window`` (ns, the same clock; else its span) are kept. The host's stamps and the samples agree
+        to tens of microseconds (README), so a sync at a region's edge may lie just outside its span."""
         largest = sorted(self.gaps, key=lambda g: -g[1])[:top]
+        begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
+        inside = (SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
         return Timeline(
             steps=0, warmup_steps=0, judged_steps=0, gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us,
             gaps_us=self.gaps_us, top_gaps=tuple(AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
                                                  for start, length in largest),
-            steps_from=SAMPLED_STEPS,
+            steps_from=SAMPLED_STEPS, origin_us=self.origin_ns / 1e3, runs=self.runs,
+            syncs=tuple(inside),
         )  # fmt: skip
 
 
@@ -76,16 +89,45 @@ def analyze(
     for start, end, fraction in zip(start_ns, end_ns, fractions, strict=True):
         if window is not None:
             start, end = max(start, window[0]), min(end, window[1])
-        if end > start:
-            rows.append((start, end, fraction))
+        if end > start:  # an idle sample's stray cycles are not busy time: the gap it lies in is idle
+            rows.append((start, end, fraction if fraction >= IDLE_BELOW else 0.0))
     active = [i for i, (_, _, fraction) in enumerate(rows) if fraction >= IDLE_BELOW]
     if not active:
         return SampledTimeline(0.0, 0.0, ())
     rows = rows[active[0] : active[-1] + 1]
-    busy = sum((end - start) * fraction for start, end, fraction in rows)
     origin = rows[0][0]
-    gaps = tuple(((start - origin) / 1e3, length / 1e3) for start, length in _gaps(rows) if length >= shortest_gap_ns)
-    return SampledTimeline(busy / 1e3, (rows[-1][1] - origin) / 1e3, gaps)
+    found = [(start, start + length) for start, length in _gaps(rows) if length >= shortest_gap_ns]
+    stretches = runs_between(found, origin, rows[-1][1])
+    busy = _busy_per_run(rows, stretches)
+    gaps = tuple(((start - origin) / 1e3, (end - start) / 1e3) for start, end in found)
+    runs = tuple(
+        BusyRun((a - origin) / 1e3, (b - origin) / 1e3, part / 1e3)
+        for (a, b), part in zip(stretches, busy, strict=True)
+    )
+    return SampledTimeline(sum(busy) / 1e3, (rows[-1][1] - origin) / 1e3, gaps, origin, runs)
+
+
+def _busy_per_run(rows: Sequence[tuple[int, int, float]], runs: Sequence[tuple[float, float]]) -> list[float]:
+    """Each sample's busy time (ns) shared among the runs it overlaps, in proportion to the overlap (its idle part
+    lies in the gaps between them). Every sample counts once."""
+    busy = [0.0] * len(runs)
+    ends = [end for _, end in runs]
+    for start, end, fraction in rows:
+        first = min(bisect.bisect_right(ends, start), len(runs) - 1)
+        overlaps = []
+        index = first
+        while index < len(runs) and runs[index][0] < end:
+            overlap = min(end, runs[index][1]) - max(start, runs[index][0])
+            if overlap > 0:
+                overlaps.append((index, overlap))
+            index += 1
+        part = (end - start) * fraction
+        if not overlaps or part == 0:  # an idle sample, inside a gap
+            continue
+        total = sum(overlap for _, overlap in overlaps)
+        for index, overlap in overlaps:
+            busy[index] += part * overlap / total
+    return busy
 
 
 def _gaps(rows: Sequence[tuple[int, int, float]]) -> list[tuple[float, float]]:

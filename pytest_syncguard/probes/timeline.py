@@ -113,9 +113,26 @@ class TimelineProbe:
 
     def __init__(self) -> None:
         self.active = False
+        """Counted syncs are annotated (:meth:`sync`): a capture runs, or sync stamps are taken."""
+        self.tracing = False
+        """A profiler capture runs: regions, steps and syncs are annotated in its trace."""
         self.driver_records = True
         """Whether the last capture recorded CUDA driver calls."""
         self._region_files: list[Path] | None = None
+        self._stamps: list[tuple[int, str]] | None = None
+
+    @contextmanager
+    def stamping(self) -> Iterator[list[tuple[int, str]]]:
+        """Stamp each counted sync outside a capture: (the host's wall clock in ns, its kind and call site), on a
+        sampled timeline's clock. One ``time.time_ns()`` and the call site per sync, no profiler."""
+        stamps: list[tuple[int, str]] = []
+        self._stamps = stamps
+        self.active = True
+        try:
+            yield stamps
+        finally:
+            self._stamps = None
+            self.active = self.tracing
 
     @contextmanager
     def per_region(self) -> Iterator[list[Path]]:
@@ -130,7 +147,7 @@ class TimelineProbe:
 
     def region_capture(self) -> AbstractContextManager[Any]:
         """A capture of one region while :meth:`per_region` is on (none inside another capture)."""
-        if self._region_files is None or self.active:
+        if self._region_files is None or self.tracing:
             return nullcontext()
         return self._captured_into(self._region_files)
 
@@ -147,19 +164,20 @@ class TimelineProbe:
     def capturing(self, *, host_ops: bool = False) -> Iterator[list[Path]]:
         """Capture the block; on exit the yielded list holds the exported trace file (the caller removes it).
         ``host_ops``: record every operator on the host as well (slows a launch-bound loop: diagnosis only)."""
-        if self.active:
+        if self.tracing:
             raise RuntimeError("syncguard: a timeline capture is already running")
         exported: list[Path] = []
         config = _config()
         scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
         _prepare_profiler(config, _ACTIVITIES)
         _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
-        self.active = True
+        self.active = self.tracing = True
         try:
             self.driver_records = host_ops or not driver_records_off()
             yield exported
         finally:
-            self.active = False
+            self.tracing = False
+            self.active = self._stamps is not None
             try:
                 torch.cuda.synchronize()  # the last kernels belong to the trace
                 with record_function(SENTINEL_ANNOTATION):
@@ -177,11 +195,16 @@ class TimelineProbe:
             exported.append(Path(name))
 
     def region(self, number: int) -> AbstractContextManager[Any]:
-        return record_function(f"{REGION_ANNOTATION}#{number}") if self.active else nullcontext()
+        return record_function(f"{REGION_ANNOTATION}#{number}") if self.tracing else nullcontext()
 
     def sync(self, label: Callable[[], str]) -> AbstractContextManager[Any]:
-        """Annotate a counted sync; ``label`` (its kind and call site) is only computed while capturing."""
-        return record_function(f"{SYNC_ANNOTATION} {label()}") if self.active else nullcontext()
+        """Annotate a counted sync in the capture's trace, or stamp it (:meth:`stamping`); ``label`` (its kind and
+        call site) is only computed then."""
+        if self.tracing:
+            return record_function(f"{SYNC_ANNOTATION} {label()}")
+        if self._stamps is not None:
+            self._stamps.append((time.time_ns(), label()))
+        return nullcontext()
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
         """Annotate each forward call of ``model`` as a decode step; returns the hook handles to remove."""
@@ -210,7 +233,7 @@ class MarkedSteps:
     def mark(self) -> None:
         self.marks += 1
         self.close()
-        if TIMELINE.active:
+        if TIMELINE.tracing:
             step = record_function(MARKED_STEP_ANNOTATION)
             step.__enter__()  # type: ignore[no-untyped-call]
             self._open = step

@@ -11,6 +11,7 @@ from ..analysis.races import race_lines
 from ..analysis.snapshot import AllocationSite
 from ..metrics import MIB
 from ..result import MeasuredTest, SiteRecord
+from .perfetto import SUFFIX
 
 STACK_LINES = 4
 
@@ -44,7 +45,11 @@ def failure_text(result: MeasuredTest) -> str:
     if result.memory and "memory" in signals:
         lines.extend(memory_lines(result.memory))
         lines.extend(allocation_site_lines(result.allocation_sites))
-    lines.extend(f"syncguard: kept {path}" for path in result.artifacts)
+    for path in result.artifacts:
+        if path.endswith(SUFFIX):
+            lines.append(f"syncguard: judged timeline {path} (open in ui.perfetto.dev; `syncguard trace` reads it)")
+        else:
+            lines.append(f"syncguard: kept {path}")
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ struct Read {
 struct ProbeObjects {
   py::object local;      // this thread's .inside (the probe's own code is running) and .allowed (allow() depth)
   py::object recorders;  // the attached recorders (a list): recorders[-1].on_device
-  py::object timeline;   // .active: a profiler trace is being captured
+  py::object timeline;   // .active: counted syncs are annotated (a profiler capture runs, or syncs are stamped)
   py::object annotate;   // annotate(frame, wait) -> the trace annotation's context manager
   py::object classify;   // classify(code) -> 0 internal, 1 user code (a call site), 2 torch.compile's compiler
   int depth = 5;         // frames in a short stack
