@@ -308,7 +308,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``syncguard`` command's parser: every subcommand and option (docs/reference/cli.md is made from it)."""
     parser = argparse.ArgumentParser(prog="syncguard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -381,6 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = commands.add_parser("device", help="this machine's baseline slug and environment fingerprint")
     device.add_argument("--json", action="store_true", help="print as JSON")
     device.set_defaults(run=_device)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "warmup_steps", 0) < 0 or getattr(args, "top", 1) < 0:
         parser.error("--warmup-steps and --top must be >= 0")

@@ -48,7 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--syncguard-artifacts",
         metavar="DIR",
         default=None,
-        help="keep the GPU trace (Chrome/Perfetto JSON, gzipped) and allocator snapshot of each failing test in DIR",
+        help="keep the GPU trace (Chrome/Perfetto JSON, gzipped), judged timelines and allocator snapshot of each "
+        "failing test in DIR",
     )
     group.addoption(
         "--syncguard-require-gpu",

@@ -1,0 +1,114 @@
+"""Write the reference pages of the manual (docs/reference/*.md) from the code: every marker with its signature,
+every pytest option and ini key, every ``syncguard`` subcommand with its options, every metric with its unit and
+comparison rule. ``python devtools/reference_docs.py`` rewrites them; tests/test_docs.py fails when a page
+differs from what this makes, so the reference cannot drift from the code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from _pytest.config.argparsing import Parser
+
+from pytest_syncguard import plugin
+from pytest_syncguard.budgets import marker_lines
+from pytest_syncguard.cli import build_parser
+from pytest_syncguard.metrics import METRICS
+
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
+GENERATED = "<!-- Made by devtools/reference_docs.py from the code: edit the code (or that script), not this page. -->"
+
+
+def _rst(text: str) -> str:
+    """Docstring text as Markdown: ``literal`` becomes `literal`."""
+    return text.replace("``", "`")
+
+
+def markers() -> str:
+    lines = ["# Markers", "", GENERATED, "",
+             "Budget markers are assertions: they are enforced with or without `--syncguard`. A bad argument is a "
+             "usage error that names the test and the marker.", ""]  # fmt: skip
+    for line in marker_lines():
+        signature, _, description = line.partition(": ")
+        name = signature.partition("(")[0]
+        lines += [f"## `{name}`", "", "```text", f"@pytest.mark.{signature}", "```", "", _rst(description), ""]
+    return "\n".join(lines)
+
+
+def options() -> str:
+    parser = Parser(_ispytest=True)
+    plugin.pytest_addoption(parser)
+    group = parser.getgroup("syncguard")
+    lines = ["# Options and ini keys", "", GENERATED, "", "## Command-line options", ""]
+    for option in group.options:
+        attrs = option.attrs()
+        metavar = f" {attrs['metavar']}" if attrs.get("metavar") else ""
+        choices = f" {{{','.join(attrs['choices'])}}}" if attrs.get("choices") else ""
+        lines += [f"### `{option.names()[0]}{metavar}{choices}`", "", str(attrs.get("help", "")), ""]
+    lines += ["## Ini keys", "", "In `pytest.ini`, `pyproject.toml` (`[tool.pytest.ini_options]`), `tox.ini` or "
+              "`setup.cfg`; a command-line option wins over its key.", ""]  # fmt: skip
+    for name, (help_text, kind, default) in sorted(parser._inidict.items()):
+        lines += [f"### `{name}`", "", f"{help_text} ({kind}, default `{default}`).", ""]
+    return "\n".join(lines)
+
+
+def cli() -> str:
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal's width: the page must not depend on it
+    parser = build_parser()
+    lines = ["# The `syncguard` command", "", GENERATED, "",
+             "The commands other than running tests never import torch, except `device`.", ""]  # fmt: skip
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.prog = f"syncguard {name}"
+        usage = command.format_usage().removeprefix("usage: ").strip()
+        lines += [f"## `syncguard {name}`", "", str(helps.get(name, "")), "", "```text", usage, "```", ""]
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flags = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
+            text = (action.help or "").replace("%%", "%")
+            lines.append(f"- {flags}: {text}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def metrics() -> str:
+    lines = ["# Metrics", "", GENERATED, "",
+             "The numbers a test's results, its summary row, the JSON results, the baselines and JUnit properties "
+             "carry, by name. Counts are compared exactly against the baseline (any increase is a regression); "
+             "device-side metrics within a tolerance; host timings are shown and judged A/B on one runner "
+             "(`syncguard ab`).", "",
+             "| metric | unit | better | compared against the baseline |", "|---|---|---|---|"]  # fmt: skip
+    for spec in METRICS.values():
+        if spec.counted:
+            rule = "exactly (a count)"
+        elif spec.host:
+            rule = "not by default: a host timing, judged A/B (`--syncguard-judge-host-timings` to judge it)"
+        else:
+            rule = f"within {spec.tolerance:.0%} (device side)" if spec.tolerance else "within the run's tolerance"
+        better = "higher" if spec.higher_is_better else "lower"
+        lines.append(f"| `{spec.name}` | {spec.unit or '-'} | {better} | {rule} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+PAGES = {"markers.md": markers, "options.md": options, "cli.md": cli, "metrics.md": metrics}
+
+
+def render() -> dict[Path, str]:
+    return {REFERENCE / name: make() for name, make in PAGES.items()}
+
+
+def main() -> int:
+    for path, text in render().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
