@@ -97,9 +97,11 @@ def _device_truth(ops: list[list[int]]) -> tuple[float, list[float]]:
 
 @pytest.mark.parametrize("name", ["kv_cache", "cuda_graph"])
 def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
-    """Busy time within 10% of the kernels' union (+2.2% and +6.9% here: the engine is active a little before and
+    """Busy time within 10% of the kernels' union (+2.1% and +6.9% here: the engine is active a little before and
     after a kernel's timestamps), the widest gap within 5 us, and the gaps of two sample intervals or longer alike
-    in number and tail."""
+    in number and tail: within 20% (here 1374 / 1575 and 858 / 887 gaps of 2 us or more, 194 / 166 and 12 / 10 of
+    50 us or more, p99 +12% and +7%). A sampled gap is known to a sample interval at each end, so it can reach 50 us
+    where the kernels' own gap is 46 to 50 us (212 and 11 of those)."""
     data = _load(name)
     ops = data["device_ops_ns"]
     busy, truth = _device_truth(ops)
@@ -116,7 +118,7 @@ def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
     assert found.span_us == pytest.approx((window[1] - window[0]) / 1e3, abs=2 * data["interval_ns"] / 1e3)
     assert max(found.gaps_us) == pytest.approx(max(truth), abs=5.0)
     assert len(found.gaps_us) == pytest.approx(len(resolved), rel=0.2)
-    assert sum(g >= 50 for g in found.gaps_us) == pytest.approx(sum(g >= 50 for g in truth), rel=0.1)
+    assert sum(g >= 50 for g in found.gaps_us) == pytest.approx(sum(g >= 50 for g in truth), rel=0.2)
     assert gaps.gap_stat(found.gaps_us, "p99") == pytest.approx(gaps.gap_stat(resolved, "p99"), rel=0.2)
 
 
@@ -198,3 +200,20 @@ def test_the_sampler_parameter_structs_have_the_sizes_of_cuptis_headers() -> Non
         "_ChipName": 32, "_Plain": 16, "_Object": 24, "_ConfigSize": 32,
     }  # fmt: skip
     assert {name: getattr(pm_sampling, name)().structSize for name in sizes} == sizes
+
+
+@pytest.mark.parametrize("name", ["kv_cache", "cuda_graph"])
+def test_a_sampled_timeline_does_not_depend_on_where_its_clock_stands(name: str) -> None:
+    """The samples' clock is the wall clock in ns (about 1.8e18, past a float's 2**53): the timeline of the recorded
+    samples is the one of the same samples moved to 0, to the bit, so no boundary is rounded to 256 ns."""
+    data = _load(name)
+    fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
+    base = data["start_ns"][0]
+    assert base > 2**60
+    wall = sampled.analyze(data["start_ns"], data["end_ns"], fractions, shortest_gap_ns=SHORTEST_GAP_NS)
+    moved = sampled.analyze([s - base for s in data["start_ns"]], [e - base for e in data["end_ns"]], fractions,
+                            shortest_gap_ns=SHORTEST_GAP_NS)  # fmt: skip
+    assert (wall.busy_us, wall.span_us, wall.gaps, wall.runs) == (moved.busy_us, moved.span_us, moved.gaps, moved.runs)
+    assert wall.origin_ns == base and moved.origin_ns == 0
+    # Every stretch between two gaps has a length, and they follow each other in time.
+    assert all(a.start < a.end <= b.start for a, b in zip(wall.runs, wall.runs[1:], strict=False))

@@ -4,8 +4,9 @@ A sample covers ``[start, end)`` of device time and says what fraction of it the
 active. Busy time is the sum of the active parts. Where inside a partly active sample its idle part lies is not
 known: it is placed next to an idle neighbour (at the sample's end when the next sample is idle, at its start when
 the previous one is, split between both when both are), else in the middle as a gap of its own. Idle parts that
-touch merge into one gap, so a gap is known to within one sample interval at each end. A region's timeline runs
-from its first active sample to its last, as a trace's runs from its first device op to its last.
+touch merge into one gap, so a gap is known to within one sample interval at each end. A sample below
+:data:`IDLE_BELOW` is idle: its stray cycles are no busy time, so busy time is the span less the gaps. A region's
+timeline runs from its first active sample to its last, as a trace's runs from its first device op to its last.
 """
 
 from __future__ import annotations
@@ -94,17 +95,16 @@ def analyze(
     active = [i for i, (_, _, fraction) in enumerate(rows) if fraction >= IDLE_BELOW]
     if not active:
         return SampledTimeline(0.0, 0.0, ())
-    rows = rows[active[0] : active[-1] + 1]
-    origin = rows[0][0]
+    # From the first active sample on, as integers: the clock's ns since 1970 (about 1.8e18) are past what a float
+    # holds exactly (2**53), where the placing of idle parts below would round every boundary to 256 ns.
+    origin = rows[active[0]][0]
+    rows = [(start - origin, end - origin, fraction) for start, end, fraction in rows[active[0] : active[-1] + 1]]
     found = [(start, start + length) for start, length in _gaps(rows) if length >= shortest_gap_ns]
-    stretches = runs_between(found, origin, rows[-1][1])
+    stretches = runs_between(found, 0.0, rows[-1][1])
     busy = _busy_per_run(rows, stretches)
-    gaps = tuple(((start - origin) / 1e3, (end - start) / 1e3) for start, end in found)
-    runs = tuple(
-        BusyRun((a - origin) / 1e3, (b - origin) / 1e3, part / 1e3)
-        for (a, b), part in zip(stretches, busy, strict=True)
-    )
-    return SampledTimeline(sum(busy) / 1e3, (rows[-1][1] - origin) / 1e3, gaps, origin, runs)
+    gaps = tuple((start / 1e3, (end - start) / 1e3) for start, end in found)
+    runs = tuple(BusyRun(a / 1e3, b / 1e3, part / 1e3) for (a, b), part in zip(stretches, busy, strict=True))
+    return SampledTimeline(sum(busy) / 1e3, rows[-1][1] / 1e3, gaps, origin, runs)
 
 
 def _busy_per_run(rows: Sequence[tuple[int, int, float]], runs: Sequence[tuple[float, float]]) -> list[float]:
