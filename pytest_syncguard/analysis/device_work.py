@@ -3,7 +3,9 @@ CUDA graph launches (with the kernels the graphs ran), copies each way with thei
 functions, no torch).
 
 The host side decides what belongs to a region: a launch counts when its runtime call started inside the
-region's window, and device work when the call that launched it (matched by correlation id) did. A kernel with
+region's window, and device work when the call that launched it (matched by correlation id) did. Everything a
+CUDA graph launch ran (kernels, and the copy and memset nodes of the graph) counts as the graph's work, whatever
+kind of record CUPTI gives it; copies and memsets count those the host launched itself. A kernel with
 no launch call in the trace was launched through the CUDA driver API (Triton does), whose calls the capture
 does not record: it counts as one launch per correlation id when it started on the device inside the window (a
 region begins and ends with a device sync, so nothing it launched runs outside it).
@@ -59,11 +61,12 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
             continue
         if launch is None:
             continue
-        if op.category == "kernel":
-            if launch.name in GRAPH_LAUNCHES:
-                values["graph_kernels"] += 1
-            else:
-                kernels[op.name] += 1
+        if launch.name in GRAPH_LAUNCHES:
+            # A graph's copy and memset nodes are its work too: CUPTI reports a device-to-device copy node as a
+            # kernel (memcpy32_post) in one capture and as a copy in another of the same loop (H100, issue 33).
+            values["graph_kernels"] += 1
+        elif op.category == "kernel":
+            kernels[op.name] += 1
         elif op.category == "gpu_memset":
             values["memsets"] += 1
         elif (direction := _direction(op.name)) is not None:
