@@ -45,9 +45,7 @@ COUNTERS: dict[str, CounterSpec] = {
         CounterSpec("ops", "operators dispatched (aten and other dispatcher ops, nested calls included)", "ops"),
         CounterSpec("launches", "kernel launches, a CUDA graph launch counted as one", "timeline"),
         CounterSpec("graph_launches", "CUDA graph launches", "timeline"),
-        CounterSpec(
-            "graph_kernels", "device ops run by CUDA graph launches (kernels, copy and memset nodes)", "timeline"
-        ),
+        CounterSpec("graph_kernels", "kernels and copy nodes run by CUDA graph launches", "timeline"),
         CounterSpec("copies_h2d", "host-to-device copies", "timeline"),
         CounterSpec("copy_bytes_h2d", "bytes copied host to device", "timeline"),
         CounterSpec("copies_d2h", "device-to-host copies", "timeline"),

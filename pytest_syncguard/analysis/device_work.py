@@ -3,9 +3,9 @@ CUDA graph launches (with the kernels the graphs ran), copies each way with thei
 functions, no torch).
 
 The host side decides what belongs to a region: a launch counts when its runtime call started inside the
-region's window, and device work when the call that launched it (matched by correlation id) did. Everything a
-CUDA graph launch ran (kernels, and the copy and memset nodes of the graph) counts as the graph's work, whatever
-kind of record CUPTI gives it; copies and memsets count those the host launched itself. A kernel with
+region's window, and device work when the call that launched it (matched by correlation id) did. The copy nodes
+of a CUDA graph count with its kernels (``graph_kernels``), whatever kind of record CUPTI gives them; copies
+count those the host launched itself. A kernel with
 no launch call in the trace was launched through the CUDA driver API (Triton does), whose calls the capture
 does not record: it counts as one launch per correlation id when it started on the device inside the window (a
 region begins and ends with a device sync, so nothing it launched runs outside it).
@@ -61,9 +61,10 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
             continue
         if launch is None:
             continue
-        if launch.name in GRAPH_LAUNCHES:
-            # A graph's copy and memset nodes are its work too: CUPTI reports a device-to-device copy node as a
-            # kernel (memcpy32_post) in one capture and as a copy in another of the same loop (H100, issue 33).
+        if launch.name in GRAPH_LAUNCHES and op.category != "gpu_memset":
+            # A graph's copy nodes count with its kernels: CUPTI reports a device-to-device copy node as a kernel
+            # (memcpy32_post) in one capture and as a copy in another of the same loop (H100, issue 33). Its memset
+            # nodes, which it reports as memsets in both, count as memsets.
             values["graph_kernels"] += 1
         elif op.category == "kernel":
             kernels[op.name] += 1
