@@ -123,6 +123,16 @@ def test_movers_say_when_an_item_was_beyond_a_cut_list() -> None:
     assert {m.item: (m.old, m.new) for m in cut.movers} == {"aten::item": (None, 250)}
 
 
+def test_a_copy_regression_names_its_copies_even_against_a_baseline_that_kept_none() -> None:
+    # A baseline recorded before copies were itemized has no list of them: what the head ran is named in full.
+    old = Details(top={"launches": (("gemm", 100),)}, top_limit=2)
+    copy = "Memcpy DtoD (Device -> Device), 256 B"
+    new = Details(top={"launches": (("gemm", 100),), "copies_d2d": ((copy, 99),)}, top_limit=2)
+    (mover,) = explain(old, new, ["copy_bytes_d2d_per_token"]).movers
+    assert (mover.counter, mover.item, mover.old, mover.new) == ("copies_d2d", copy, None, 99)
+    assert explain(old, new, ["launches_per_token"]).movers == ()
+
+
 def test_baselines_keep_the_details_that_explain_a_count_regression(tmp_path: Path) -> None:
     details = Details((_site(10, "if bool(done.all()):", 4),), {"ops": (("aten::add", 8),)}, 64)
     update(tmp_path / "cpu.json", "cpu", {"t::a": {"syncs": 4, "ops": 8}}, {"torch": "2.13"}, {"t::a": details})

@@ -70,9 +70,16 @@ COUNTERS: dict[str, CounterSpec] = {
 ITEMIZED = {
     "ops": "operators",
     "launches": "kernels",
+    "graph_kernels": "kernels and copy nodes in CUDA graphs",
+    "copies_h2d": "copies (kind and size)",
+    "copies_d2h": "copies (kind and size)",
+    "copies_d2d": "copies (kind and size)",
+    "memsets": "memsets (size)",
     "recompiles": "recompile reasons",
     "graph_breaks": "graph breaks",
 }
+#: Counters explained by another's contributors: the bytes copied by the copies.
+EXPLAINED_BY = {f"copy_bytes_{way}": f"copies_{way}" for way in ("h2d", "d2h", "d2d")}
 
 Items = tuple[tuple[str, int], ...]
 

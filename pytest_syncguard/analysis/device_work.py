@@ -23,6 +23,15 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d"}
 GRAPH_LAUNCH_ITEM = "(CUDA graph launch)"
 
 
+#: The counters here whose contributors a region keeps (besides launches, by kernel).
+ITEMIZED_HERE = ("graph_kernels", "copies_h2d", "copies_d2h", "copies_d2d", "memsets")
+
+
+def _sized(name: str, size: int) -> str:
+    """A copy or memset as a contributor: ``Memcpy DtoD (Device -> Device), 256 B``."""
+    return f"{name}, {size} B"
+
+
 def _direction(name: str) -> str | None:
     parts = name.split()
     return _DIRECTIONS.get(parts[1]) if len(parts) > 1 and parts[0] == "Memcpy" else None
@@ -52,6 +61,7 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
         0,
     )  # fmt: skip
     unrecorded: set[int] = set()
+    items: dict[str, Counter[str]] = {name: Counter() for name in ITEMIZED_HERE}
     for op in trace.gpu_ops:
         launch = inside.get(op.correlation) if op.correlation is not None else None
         if launch is None and op.correlation not in recorded and start <= op.start <= end:
@@ -66,17 +76,20 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
             # (memcpy32_post) in one capture and as a copy in another of the same loop (H100, issue 33). Its memset
             # nodes, which it reports as memsets in both, count as memsets.
             values["graph_kernels"] += 1
+            items["graph_kernels"][op.name if op.category == "kernel" else _sized(op.name, op.bytes)] += 1
         elif op.category == "kernel":
             kernels[op.name] += 1
         elif op.category == "gpu_memset":
             values["memsets"] += 1
+            items["memsets"][_sized(op.name, op.bytes)] += 1
         elif (direction := _direction(op.name)) is not None:
             values[f"copies_{direction}"] += 1
             values[f"copy_bytes_{direction}"] += op.bytes
+            items[f"copies_{direction}"][_sized(op.name, op.bytes)] += 1
     if graph_launches:
         kernels[GRAPH_LAUNCH_ITEM] = graph_launches
     values.update(launches=launches + len(unrecorded) + graph_launches, graph_launches=graph_launches)
-    return RegionCounts(values, {"launches": top_items(kernels)})
+    return RegionCounts(values, {"launches": top_items(kernels), **{k: top_items(v) for k, v in items.items()}})
 
 
 def unreliable_counts(reason: str) -> RegionCounts:

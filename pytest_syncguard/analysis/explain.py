@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .counts import ITEMIZED, Items
+from .counts import EXPLAINED_BY, ITEMIZED, Items
 
 #: How many site changes and movers per counter an explanation lists.
 LISTED = 5
@@ -208,10 +208,14 @@ def explain(old: Details | None, new: Details | None, counters: Iterable[str]) -
     if old is None or new is None:
         return Explanation()
     names = {c.removesuffix("_per_token") for c in counters}
+    names |= {EXPLAINED_BY[n] for n in names if n in EXPLAINED_BY}
     sites = site_changes(old.sites, new.sites)[:LISTED] if "syncs" in names else []
     moved: list[Mover] = []
     for name in ITEMIZED:
-        if name in names:
-            found = movers(name, old.top.get(name, ()), new.top.get(name, ()), old.top_limit, new.top_limit)
-            moved += found[:LISTED]
+        if name not in names:
+            continue
+        if name not in old.top and name in new.top:  # the baseline kept none of them (none, or not itemized then)
+            moved += [Mover(name, item, None, n) for item, n in new.top[name][:LISTED]]
+            continue
+        moved += movers(name, old.top.get(name, ()), new.top.get(name, ()), old.top_limit, new.top_limit)[:LISTED]
     return Explanation(tuple(sites), tuple(moved))
