@@ -303,7 +303,7 @@ class CallCapture:
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""
-        from .probes.syncs import is_internal_file
+        from .probes.call_sites import is_internal_file
 
         return tuple(
             site for path in self.snapshots for site in snapshot.allocation_sites(snapshot.load(path), is_internal_file)

@@ -29,6 +29,7 @@ import torch
 from ..analysis.counts import RegionCounts
 from ..analysis.races import RaceEvent, StreamClocks, StreamKey
 from ..analysis.sites import Frame
+from .call_sites import user_stack
 from .native import NATIVE
 from .patches import Patches
 
@@ -64,8 +65,6 @@ def _current() -> StreamKey:
 
 
 def _user_site(frame: FrameType | None) -> Frame | None:
-    from .syncs import user_stack  # syncs imports this module
-
     stack = user_stack(frame, 1)
     return stack[0] if stack else None
 

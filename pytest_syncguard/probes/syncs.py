@@ -21,139 +21,27 @@ exit path, so nothing outlives a measured region; :meth:`SyncProbe.reset` remove
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
-import _pytest
-import pluggy
-import pytest
 import torch
 from torch._C import DispatchKey
 
 from ..analysis.sites import Frame, SyncEvent, budgeted_syncs
+from .call_sites import STACK_DEPTH, code_class, first_user_frame, site_of, user_stack
 from .native import NATIVE
 from .patches import Patches
 from .races import RACES
 from .sync_ops import ASSIGNED_VALUE, CATALOGUE, SyncKind, SyncOp, as_tensor
 from .timeline import TIMELINE
 
-STACK_DEPTH = 5
 _new_event = tuple.__new__
 _DISPATCH_KEY = "BackendSelect"
 _SCALAR_READ = "_local_scalar_dense"
-
-
-def _package_dir(module_file: str | None) -> str:
-    return os.path.realpath(os.path.dirname(module_file or "")) + os.sep
-
-
-#: Internal code whose presence on the way from a sync to its call site means torch.compile is compiling
-#: (dynamo converts a frame there; at run time compiled code never passes through it).
-_COMPILER_FILES = (os.path.join("_dynamo", "convert_frame.py"),)
-
-INTERNAL, USER, COMPILER = 0, 1, 2
-
-
-class _InternalFiles:
-    """Decides whether a source file belongs to torch, this plugin or the test runner, by the packages' real
-    locations (never by a substring of the path: a project under a folder named ``torch`` is user code), and
-    which of torch's files are its compiler's."""
-
-    def __init__(self) -> None:
-        self._roots = tuple(
-            _package_dir(module.__file__)
-            for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
-        )
-        self._compiler = tuple(self._roots[0] + name for name in _COMPILER_FILES)
-        self._classes: dict[str, int] = {}
-
-    def classify(self, filename: str) -> int:
-        """``INTERNAL``, ``USER`` (a call site) or ``COMPILER`` (internal, and torch.compile's compiler)."""
-        found = self._classes.get(filename)
-        if found is None:
-            path = os.path.realpath(filename)
-            if filename.startswith("<frozen ") or path.startswith(self._roots):
-                found = COMPILER if path in self._compiler else INTERNAL
-            else:
-                found = USER
-            self._classes[filename] = found
-        return found
-
-    def __contains__(self, filename: str) -> bool:
-        return self.classify(filename) != USER
-
-
-_INTERNAL = _InternalFiles()
-
-
-def is_internal_file(filename: str) -> bool:
-    """Whether a source file belongs to torch, this plugin or the test runner (not a call site)."""
-    return filename in _INTERNAL
-
-
-#: (id(code), instruction offset) -> (code, its Frame, or None in internal code, whether it is the compiler's):
-#: each frame of a loop's stack is classified and resolved once, not once per token. Keyed by id: hashing a code
-#: object hashes its bytecode and constants, microseconds per frame; the code is kept, so that its id is not
-#: reused.
-_FRAMES: dict[tuple[int, int], tuple[CodeType, Frame | None, bool]] = {}
-
-
-def _resolve(frame: FrameType) -> tuple[CodeType, Frame | None, bool]:
-    code = frame.f_code
-    verdict = _INTERNAL.classify(code.co_filename)
-    if verdict != USER:
-        return code, None, verdict == COMPILER
-    return code, Frame(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)), False
-
-
-def _code_class(code: CodeType) -> int:
-    return _INTERNAL.classify(code.co_filename)
-
-
-def _site(code: CodeType, lasti: int) -> Frame:
-    """The Frame of user ``code`` paused at instruction offset ``lasti`` (a frame's ``f_lasti``), cached."""
-    key = (id(code), lasti)
-    cached = _FRAMES.get(key)
-    if cached is None or cached[1] is None:
-        line = next((line for start, end, line in code.co_lines() if start <= lasti < end and line), None)
-        site = Frame(code.co_filename, line or code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
-        cached = _FRAMES[key] = (code, site, False)
-    return cached[1]  # type: ignore[return-value]
-
-
-def _first_user_frame(frame: FrameType | None) -> tuple[FrameType | None, Frame | None, bool]:
-    """The innermost frame from ``frame`` outwards that lies outside torch and this plugin (None: there is
-    none), its Frame, and whether a frame of torch.compile's compiler lay on the way."""
-    cache = _FRAMES
-    compiling = False
-    while frame is not None:
-        # f_lineno decodes the line table (microseconds in a large function); f_lasti is a plain int.
-        key = (id(frame.f_code), frame.f_lasti)
-        cached = cache.get(key)
-        if cached is None:
-            cached = cache[key] = _resolve(frame)
-        if cached[1] is not None:
-            return frame, cached[1], compiling
-        compiling = compiling or cached[2]
-        frame = frame.f_back
-    return None, None, compiling
-
-
-def user_stack(frame: FrameType | None, depth: int = STACK_DEPTH) -> tuple[Frame, ...]:
-    """The innermost ``depth`` frames from ``frame`` outwards that lie outside torch and this plugin."""
-    frames: list[Frame] = []
-    while len(frames) < depth:
-        found, site, _ = _first_user_frame(frame)
-        if found is None or site is None:
-            break
-        frame = found.f_back
-        frames.append(site)
-    return tuple(frames)
 
 
 def _label(kind: SyncKind, frame: FrameType | None) -> str:
@@ -302,7 +190,7 @@ class SyncProbe:
         # SyncEvent's fields, and the kind's string read from the member (``kind.value`` is a Python property).
         if self._native is not None:
             self._drain()
-        caller, site, compiling = _first_user_frame(frame)
+        caller, site, compiling = first_user_frame(frame)
         allowed = self._local.allowed > 0
         stack: tuple[Frame, ...] = ()
         if caller is not None and site is not None:
@@ -324,11 +212,11 @@ class SyncProbe:
             op, kind = _WAITS[wait]
             stack: tuple[Frame, ...] = ()
             if code is not None:
-                site = _site(code, lasti)
+                site = site_of(code, lasti)
                 stack = (site,)
                 if above is not None and (op, site, allowed) not in stacked:
                     stacked.add((op, site, allowed))
-                    stack += tuple(_site(c, offset) for c, offset in above)
+                    stack += tuple(site_of(c, offset) for c, offset in above)
             event = _new_event(SyncEvent, (kind._value_, op, 1, stack, allowed, compiling))
             for recorder in self._recorders:
                 recorder.events.append(event)
@@ -452,7 +340,7 @@ class SyncProbe:
             kind = _WAITS[wait][1]
             return TIMELINE.sync(lambda: _label(kind, frame))
 
-        native.install(self._local, self._recorders, TIMELINE, annotate, _code_class, STACK_DEPTH, copies, RACES)
+        native.install(self._local, self._recorders, TIMELINE, annotate, code_class, STACK_DEPTH, copies, RACES)
         self._native = native
 
     def _uninstall_native(self) -> None:
