@@ -203,3 +203,28 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
     assert speed.case.metrics["syncs"] == 1 and speed.comparison.status == "unchanged"
     assert "0 regressed" in render(run_)[0].splitlines()[0]  # the run's own failures stay listed as such
     assert "| seconds | 0\\.664 s → 0\\.9515 s | \\+0\\.2875 \\(\\+43\\.3\\%\\) |" in text
+
+
+def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_not_filed_as_cuda(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    from pytest_syncguard.report.junit import read_cases
+
+    # A test kept out of baselines has no comparison: its case still names the baseline file of its device.
+    pytester.makepyfile(
+        test_off="import pytest\n\n@pytest.mark.syncguard(baseline=False)\n@pytest.mark.max_syncs(5)\n"
+        "def test_off(syncguard):\n    with syncguard.generation(tokens=1):\n        pass\n"
+    )
+    pytester.runpytest("--syncguard", "--junitxml=off.xml", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (case,) = read_cases(pytester.path / "off.xml")
+    assert case.baseline_status is None and case.device_slug == "cpu"
+    assert '<property name="syncguard.device_slug" value="cpu"' in (pytester.path / "off.xml").read_text()
+    # Files written before every case carried a slug: a CUDA case's GPU model is unknown, not "cuda".
+    older = (
+        '<testsuite name="s" tests="2"><testcase classname="t" name="{name}"><properties>'
+        '<property name="syncguard.verdict" value="pass"/><property name="syncguard.device" value="{device}"/>'
+        "</properties></testcase></testsuite>"
+    )
+    for device, slug in (("cuda", "unknown"), ("cpu", "cpu")):
+        (tmp_path / f"{device}.xml").write_text(older.format(name=f"test_{device}", device=device))
+        assert [c.device_slug for c in read_cases(tmp_path / f"{device}.xml")] == [slug]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.explain import Details
 from ..comparison import Drift, Fingerprint
-from ..environment import is_slug
+from ..environment import CPU_SLUG, is_slug, slug_for
 from ..metrics import Metrics, metric
 
 if TYPE_CHECKING:
@@ -134,7 +134,9 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
         nodeid=nodeid,
         outcome=outcome,
         verdict=found[Prop.VERDICT],
-        device_slug=found.get(Prop.DEVICE_SLUG) or found.get(Prop.DEVICE, "unknown"),
+        # Files written before every case carried its slug: a CPU case is "cpu"; a CUDA case's GPU model is not
+        # known ("cuda" is no baseline file).
+        device_slug=found.get(Prop.DEVICE_SLUG) or (CPU_SLUG if found.get(Prop.DEVICE) == "cpu" else "unknown"),
         budgets=found.get(Prop.BUDGETS),
         metrics=Metrics(metrics, runs),
         baseline_status=found.get(Prop.BASELINE),
@@ -195,10 +197,14 @@ def read_cases(path: Path) -> list[JUnitCase]:
 
 def properties(result: MeasuredTest) -> list[tuple[str, object]]:
     """Verdict, device, every measured metric, the budgets and the baseline comparison of one test."""
+    comparison = result.comparison
+    # Every case names the baseline file of its device, compared with one or not (a report groups cases by it).
+    slug = comparison.device if comparison is not None else slug_for(result.device)
     props: list[tuple[str, object]] = [
         (Prop.NODEID, result.nodeid),
         (Prop.VERDICT, result.verdict),
         (Prop.DEVICE, result.device),
+        (Prop.DEVICE_SLUG, slug),
     ]
     if result.tokens is not None:
         props.append((Prop.TOKENS, result.tokens))
@@ -207,10 +213,8 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
     props.extend((f"{Prop.RUNS}{name}", n) for name, n in sorted(metrics.runs.items()) if n > 1)
     if result.checks:
         props.append((Prop.BUDGETS, "; ".join(c.budget.describe() for c in result.checks)))
-    comparison = result.comparison
     if comparison is not None:
         props.append((Prop.BASELINE, comparison.status))
-        props.append((Prop.DEVICE_SLUG, comparison.device))
         if comparison.tolerance is not None:
             props.append((Prop.TOLERANCE, comparison.tolerance))
         if comparison.host_timings:
