@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from pathlib import Path
 
 from _pytest.config.argparsing import Parser
 
 from pytest_syncguard import plugin
-from pytest_syncguard.budgets import marker_lines
+from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
 from pytest_syncguard.metrics import METRICS
 
@@ -30,10 +31,8 @@ def markers() -> str:
     lines = ["# Markers", "", GENERATED, "",
              "Budget markers are assertions: they are enforced with or without `--syncguard`. A bad argument is a "
              "usage error that names the test and the marker.", ""]  # fmt: skip
-    for line in marker_lines():
-        signature, _, description = line.partition(": ")
-        name = signature.partition("(")[0]
-        lines += [f"## `{name}`", "", "```text", f"@pytest.mark.{signature}", "```", "", _rst(description), ""]
+    for name, signature, description in marker_docs():
+        lines += [f"## `{name}`", "", "```text", f"@pytest.mark.{name}{signature}", "```", "", _rst(description), ""]
     return "\n".join(lines)
 
 
@@ -81,7 +80,11 @@ def metrics() -> str:
              "carry, by name. Counts are compared exactly against the baseline (any increase is a regression); "
              "device-side metrics within a tolerance; host timings are shown and judged A/B on one runner "
              "(`syncguard ab`).", "",
-             "| metric | unit | better | compared against the baseline |", "|---|---|---|---|"]  # fmt: skip
+             "A test's value of a metric aggregates its measured runs by one rule, the same for its budget, the "
+             "summary, the JSON results and the baseline: the median of a noisy metric, the worst run of memory, the "
+             "largest count.", "",
+             "| metric | what | unit | better | runs | compared against the baseline |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for spec in METRICS.values():
         if spec.counted:
             rule = "exactly (a count)"
@@ -90,7 +93,8 @@ def metrics() -> str:
         else:
             rule = f"within {spec.tolerance:.0%} (device side)" if spec.tolerance else "within the run's tolerance"
         better = "higher" if spec.higher_is_better else "lower"
-        lines.append(f"| `{spec.name}` | {spec.unit or '-'} | {better} | {rule} |")
+        runs = "median" if spec.aggregate is statistics.median else ("largest" if spec.counted else "worst")
+        lines.append(f"| `{spec.name}` | {spec.description} | {spec.unit or '-'} | {better} | {runs} | {rule} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .analysis.counts import COUNTERS, CounterSpec
 from .analysis.gaps import parse_stat, steps_note
 from .metrics import MIB, Metric, gap_metric_name, metric
 
@@ -51,24 +51,6 @@ def max_reserved_mb(limit: float) -> None:
     """Fail when the CUDA caching allocator's reserved peak in the region exceeds ``limit`` MiB. Needs CUDA."""
 
 
-def max_ops_per_token(limit: float) -> None:
-    """Fail when operators dispatched (aten and other dispatcher ops, nested calls included, as torch.profiler's
-    cpu_op events count them) divided by tokens exceed ``limit``. Needs the native extension."""
-
-
-def max_launches_per_token(limit: float) -> None:
-    """Fail when kernel launches (a CUDA graph launch counts one) divided by tokens exceed ``limit``. Needs CUDA;
-    counted from the timeline capture."""
-
-
-def max_recompiles(limit: float) -> None:
-    """Fail when torch.compile recompiles an already compiled frame more than ``limit`` times in the region."""
-
-
-def max_graph_breaks(limit: float) -> None:
-    """Fail when torch.compile takes more than ``limit`` graph breaks while compiling in the region."""
-
-
 def no_async_races() -> None:
     """Fail when the host reads or writes memory whose non_blocking copy it has not waited for (a race: the
     value read may be stale). Checked by default in measured regions on CUDA under --syncguard; the marker
@@ -100,15 +82,14 @@ def closest_run(values: Sequence[float], value: float) -> int:
 @dataclass(frozen=True)
 class BudgetKind:
     """One budget marker, described once: its signature (the marker function), the signal it needs, the metric
-    it reads and how it aggregates that metric's runs, its bounds and direction, and its sentence."""
+    it reads (whose rule aggregates its runs, as for the summary and the baseline), its bounds and direction, and
+    its sentence."""
 
     marker: str
     signature: Callable[..., None]
     signal: Signal
     metric: Callable[[str], str]
     """The name of the metric it reads, given the budget's ``stat``."""
-    aggregate: Callable[[list[float]], float]
-    """Over the metric's runs: the median (noisy metrics), or the worst run (memory)."""
     sentence: Callable[[Budget, float, Measurement, int], str]
     """The arithmetic of a check in words, from the value it read, the measurement and the index of the run
     nearest that value (the example the sentence quotes)."""
@@ -193,8 +174,15 @@ def _recompiles(budget: Budget, value: float, m: Measurement, example: int) -> s
     )
 
 
-def _graph_breaks(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return f"{budget.marker}: limit {budget.limit:g}, measured {value:g} graph breaks taken while compiling"
+def _counted(budget: Budget, value: float, m: Measurement, example: int) -> str:
+    """The sentence of a counter's budget that has no sentence of its own (:data:`_COUNTER_SENTENCES`)."""
+    spec = COUNTERS[budget.kind.counter or ""]
+    if spec.per_token:
+        return (
+            f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {m.count(spec.name)} "
+            f"{spec.description} over {m.tokens} tokens"
+        )
+    return f"{budget.marker}: limit {budget.limit:g}, measured {value:g} {spec.description}"
 
 
 def _reserved(budget: Budget, value: float, m: Measurement, example: int) -> str:
@@ -212,47 +200,64 @@ def _named(name: str) -> Callable[[str], str]:
     return lambda stat: name
 
 
+#: Counters' budgets that say more than :func:`_counted` does.
+_COUNTER_SENTENCES = {"max_ops_per_token": _ops, "max_launches_per_token": _launches, "max_recompiles": _recompiles}
+#: What a counter's budget needs, by the probe that counts it (:attr:`.analysis.counts.CounterSpec.source`).
+_COUNTER_SIGNALS: dict[str, tuple[Signal, str]] = {
+    "ops": ("ops", " Needs the native extension."),
+    "compiles": ("compiles", ""),
+    "timeline": ("timeline", " Needs CUDA; counted from the timeline capture."),
+    "allocator": ("memory", " Needs CUDA."),
+    "races": ("races", " Needs CUDA and the native extension."),
+}
+
+
+def _counter_kind(spec: CounterSpec) -> BudgetKind:
+    """The budget of a counter with a marker (:attr:`.analysis.counts.CounterSpec.budget`): ``marker(limit)`` on
+    the count, or on the count per token where the counter is given so."""
+    assert spec.budget is not None, spec
+    signal, needs = _COUNTER_SIGNALS[spec.source]
+    over = " divided by tokens" if spec.per_token else " in the region"
+
+    def marker(limit: float) -> None:
+        pass
+
+    marker.__name__ = marker.__qualname__ = spec.budget
+    marker.__doc__ = f"Fail when {spec.description}{over} exceed ``limit``.{needs}"
+    metric = f"{spec.name}_per_token" if spec.per_token else spec.name
+    sentence = _COUNTER_SENTENCES.get(spec.budget, _counted)
+    return BudgetKind(
+        spec.budget, marker, signal, _named(metric), sentence, needs_tokens=spec.per_token, counter=spec.name
+    )
+
+
 KINDS: dict[str, BudgetKind] = {
     kind.marker: kind
     for kind in (
         BudgetKind(
-            "max_syncs_per_token", max_syncs_per_token, "syncs", _named("syncs_per_token"), max, _per_token,
+            "max_syncs_per_token", max_syncs_per_token, "syncs", _named("syncs_per_token"), _per_token,
             needs_tokens=True,
         ),
-        BudgetKind("max_syncs", max_syncs, "syncs", _named("syncs"), max, _total),
+        BudgetKind("max_syncs", max_syncs, "syncs", _named("syncs"), _total),
+        *(_counter_kind(spec) for spec in COUNTERS.values() if spec.budget is not None),
         BudgetKind(
-            "max_ops_per_token", max_ops_per_token, "ops", _named("ops_per_token"), max, _ops, needs_tokens=True,
-            counter="ops",
-        ),
-        BudgetKind(
-            "max_launches_per_token", max_launches_per_token, "timeline", _named("launches_per_token"), max,
-            _launches, needs_tokens=True, counter="launches",
-        ),
-        BudgetKind(
-            "max_recompiles", max_recompiles, "compiles", _named("recompiles"), max, _recompiles, counter="recompiles",
-        ),
-        BudgetKind(
-            "max_graph_breaks", max_graph_breaks, "compiles", _named("graph_breaks"), max, _graph_breaks,
-            counter="graph_breaks",
-        ),
-        BudgetKind(
-            "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, statistics.median, _idle,
+            "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, _idle,
             unmeasured="the region launched no GPU work",
         ),
         BudgetKind(
-            "min_gpu_busy", min_gpu_busy, "timeline", _named("busy_fraction"), statistics.median, _busy,
+            "min_gpu_busy", min_gpu_busy, "timeline", _named("busy_fraction"), _busy,
             limit_argument="fraction", upper=False, fraction=True, unmeasured="the region launched no GPU work",
         ),
         BudgetKind(
-            "max_fragmentation", max_fragmentation, "memory", _named("fragmentation"), max, _fragmentation,
+            "max_fragmentation", max_fragmentation, "memory", _named("fragmentation"), _fragmentation,
             fraction=True, unmeasured="no CUDA memory stats for the region",
         ),
         BudgetKind(
-            "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), max, _reserved,
+            "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), _reserved,
             unmeasured="no CUDA memory stats for the region",
         ),
         BudgetKind(
-            "no_async_races", no_async_races, "races", _named("async_races"), max, _races, limit_argument=None,
+            "no_async_races", no_async_races, "races", _named("async_races"), _races, limit_argument=None,
             counter="async_races",
         ),
     )
@@ -263,15 +268,18 @@ def _signature(function: Callable[..., None]) -> inspect.Signature:
     return inspect.signature(function, eval_str=True).replace(return_annotation=inspect.Signature.empty)
 
 
-def marker_help(name: str, function: Callable[..., None]) -> str:
-    """The ``markers`` ini line of a marker: its signature and its docstring."""
-    return f"{name}{_signature(function)}: {' '.join((inspect.getdoc(function) or '').split())}"
+def marker_docs() -> list[tuple[str, str, str]]:
+    """Every marker of the plugin as (name, signature, description): the reference and ``pytest --markers``."""
+    functions = {**{name: kind.signature for name, kind in KINDS.items()}, "syncguard": syncguard}
+    return [
+        (name, str(_signature(function)), " ".join((inspect.getdoc(function) or "").split()))
+        for name, function in functions.items()
+    ]
 
 
 def marker_lines() -> list[str]:
-    """The ``markers`` ini lines of every marker of the plugin."""
-    functions = {name: kind.signature for name, kind in KINDS.items()}
-    return [marker_help(name, function) for name, function in {**functions, "syncguard": syncguard}.items()]
+    """The ``markers`` ini lines of every marker of the plugin: its signature and its docstring."""
+    return [f"{name}{signature}: {description}" for name, signature, description in marker_docs()]
 
 
 def _bind(
@@ -344,7 +352,7 @@ class Budget:
         runs = self.metric.runs(measurement)
         if not runs:
             return self.not_measured(self.kind.unmeasured or "nothing was measured")
-        value = self.kind.aggregate(runs)
+        value = self.metric.aggregate(runs)
         held = value <= self.limit if self.kind.upper else value >= self.limit
         text = self.kind.sentence(self, value, measurement, closest_run(runs, value))
         return BudgetCheck(self, value, held, text)

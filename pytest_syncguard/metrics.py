@@ -2,18 +2,20 @@
 with a baseline and how it is shown. The one table of them is :data:`METRICS`.
 
 Counts (syncs and the counters of :mod:`.analysis.counts`) are deterministic and compared exactly; the rest are
-noisy: each measured run (region) gives one value, and a test's metric is their median, with the number of runs
-beside it. Of the noisy ones, device-side metrics (device time per token, allocator memory) are set by the GPU and
-the software and compared with a baseline within a tolerance; host-dependent ones (wall time, tokens/s, idle gaps,
-busy fraction) are set by the runner's CPU as much as by the GPU: they are judged A/B on one runner
-(:mod:`.ab`), and against a baseline only where the user says the runner is the baseline's host.
+noisy: each measured run (region) gives one value, and a test's metric aggregates them by the metric's one rule
+(:attr:`Metric.aggregate`: the median, or for memory the worst run), the same for its budget, the summary, the
+JSON results and the baseline, with the number of runs beside it. Of the noisy ones, device-side metrics (device
+time per token, allocator memory) are set by the GPU and the software and compared with a baseline within a
+tolerance; host-dependent ones (wall time, tokens/s, idle gaps, busy fraction) are set by the runner's CPU as
+much as by the GPU: they are judged A/B on one runner (:mod:`.ab`), and against a baseline only where the user
+says the runner is the baseline's host.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -44,6 +46,13 @@ class Metric:
     tolerance: float | None = None
     """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
     one (from their spread between runners of one GPU model: README, "What the gate judges")."""
+    aggregate: Callable[[Sequence[float]], float] = statistics.median
+    """How a test's runs make its value, for its budget, the summary, the JSON results and the baseline alike: the
+    median of a noisy metric, the worst run of memory (a budget must hold in every run), the largest count."""
+    description: str = ""
+    """What it is, in a few words (the reference's metric table)."""
+    column: str | None = None
+    """Of the exact counters: the summary's column for it; None: in the JSON results only."""
 
     def format(self, value: float) -> str:
         if self.counted and float(value).is_integer():
@@ -91,57 +100,89 @@ def _counted_per_token(name: str) -> Callable[[Measurement], list[float]]:
     return lambda m: [] if (value := m.per_token(name)) is None else [value]
 
 
-#: Counters also given per token (decode step), the unit their budgets use.
-PER_TOKEN_COUNTERS = ("ops", "launches")
+def _worst(runs: Sequence[float]) -> float:
+    """Of a lower-is-better metric, the worst run; of a count, the largest (a count that varies fails on its
+    worst run rather than passing on its best)."""
+    return max(runs)
 
 
 def _counter_metrics() -> list[Metric]:
+    """Each counter of :data:`.analysis.counts.COUNTERS` as a metric, and per token where it is given so."""
     metrics = []
     for spec in COUNTERS.values():
-        unit = "B" if spec.name.startswith("copy_bytes") else ""
-        metrics.append(Metric(spec.name, unit, counted=True, higher_is_better=False, floor=0.0,
-                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero))  # fmt: skip
-        if spec.name in PER_TOKEN_COUNTERS:
-            metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
-                                  runs=_counted_per_token(spec.name)))  # fmt: skip
+        metrics.append(
+            Metric(
+                spec.name,
+                spec.unit,
+                counted=True,
+                higher_is_better=False,
+                floor=0.0,
+                runs=_counted(spec.name),
+                quiet_when_zero=spec.quiet_when_zero,
+                aggregate=_worst,
+                description=spec.description,
+                column=None if spec.per_token else spec.column,
+            )
+        )
+        if spec.per_token:
+            metrics.append(
+                Metric(
+                    f"{spec.name}_per_token",
+                    "",
+                    counted=True,
+                    higher_is_better=False,
+                    floor=0.0,
+                    runs=_counted_per_token(spec.name),
+                    aggregate=_worst,
+                    description=f"{spec.description}, per token",
+                    column=spec.column,
+                )
+            )
     return metrics
 
 
 @cache
 def _gap(stat: str) -> Metric:
     return Metric(
-        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat), host=True
-    )
+        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat), host=True,
+        description=f"the {stat} idle gap of the device over the region's judged steps, all streams merged",
+    )  # fmt: skip
 
 
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)]),
-        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token),
+        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)],
+               aggregate=_worst, description="host-device syncs in the measured regions"),
+        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token,
+               aggregate=_worst, description="host-device syncs per token (decode step)"),
         _gap("max"),
         _gap("p99"),
         Metric(
             "busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
             runs=lambda m: [t.busy_fraction for t in m.gpu_timelines], host=True,
+            description="the device's busy time over the span of the region's judged steps",
         ),
         Metric(
             "gpu_us_per_token", "us", counted=False, higher_is_better=False, floor=1.0, runs=_device_us_per_token,
-            tolerance=0.05,
+            tolerance=0.05, description="the device's busy time per judged decode step",
         ),
         Metric(
             "fragmentation", "", counted=False, higher_is_better=False, floor=0.01,
-            runs=lambda m: [s.fragmentation for s in m.memory], tolerance=0.02,
+            runs=lambda m: [s.fragmentation for s in m.memory], tolerance=0.02, aggregate=_worst,
+            description="1 - allocated peak / reserved peak of the caching allocator in a region",
         ),
         Metric(
             "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=2.0,
-            runs=lambda m: [s.reserved_peak / MIB for s in m.memory], tolerance=0.02,
+            runs=lambda m: [s.reserved_peak / MIB for s in m.memory], tolerance=0.02, aggregate=_worst,
+            description="the caching allocator's reserved peak in a region",
         ),
         Metric(
             "seconds", "s", counted=False, higher_is_better=False, floor=0.0,
-            runs=lambda m: [t.seconds for t in m.timings], host=True,
+            runs=lambda m: [t.seconds for t in m.timings], host=True, description="wall time of a measured run",
         ),
-        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates, host=True),
+        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates, host=True,
+               description="tokens over the wall time of a measured run"),
         *_counter_metrics(),
     )
 }  # fmt: skip
@@ -164,8 +205,8 @@ def rounded(value: float) -> float:
 
 @dataclass(frozen=True)
 class Metrics:
-    """A test's metrics: each value (a count, or the median over runs of a noisy metric) and how many runs it
-    is the median of. The one place a test's numbers are stored."""
+    """A test's metrics: each value (its runs aggregated by the metric's rule) and how many runs it aggregates.
+    The one place a test's numbers are stored."""
 
     values: Mapping[str, float]
     runs: Mapping[str, int]
@@ -182,7 +223,7 @@ class Metrics:
     @classmethod
     def of(cls, measurement: Measurement, extra: Iterable[str] = ()) -> Metrics:
         """Every metric of :data:`METRICS` that ``measurement`` has, plus the ``extra`` ones (gap statistics
-        a budget judges), as medians over its runs."""
+        a budget judges), each its runs aggregated by its rule."""
         values: dict[str, float] = {}
         runs: dict[str, int] = {}
         for name in [*METRICS, *(n for n in extra if n not in METRICS)]:
@@ -193,6 +234,6 @@ class Metrics:
             if spec.quiet_when_zero and not any(per_run) and name not in extra:
                 continue
             if per_run:
-                values[name] = rounded(statistics.median(per_run))
+                values[name] = rounded(spec.aggregate(per_run))
                 runs[name] = len(per_run)
         return cls(values, runs)

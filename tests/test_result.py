@@ -18,6 +18,7 @@ import torch
 import pytest_syncguard
 from pytest_syncguard import SyncGuard, SyncguardUsageError
 from pytest_syncguard.analysis import gaps, trace_file
+from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.budgets import KINDS, Budget, check_budgets
 from pytest_syncguard.comparison import compare
 from pytest_syncguard.guard import Measurement
@@ -202,6 +203,51 @@ def test_every_budget_kind_reads_a_known_metric() -> None:
         assert spec is not None and spec.runs is not None, name
         assert Budget(name, 0.5, stat).metric == spec
     assert Metrics.of(Measurement("cpu", None, ())).values == {"syncs": 0.0}
+
+
+def test_a_budget_judges_the_value_the_summary_json_and_baseline_show() -> None:
+    """One aggregation rule per metric: three regions whose allocator numbers differ give memory budgets, the
+    metrics (summary, JSON results, baselines) and the summary row the same value, the worst region's."""
+    from pytest_syncguard.analysis.memory import MemoryStats
+
+    def stats(allocated_mib: int, reserved_mib: int) -> MemoryStats:
+        return MemoryStats(0, allocated_mib << 20, reserved_mib << 20, 0, 0, 0, 0, 0, False)
+
+    memory = (stats(60, 100), stats(50, 100), stats(90, 120))  # fragmentation 0.4, 0.5, 0.25; reserved 100-120
+    measurement = Measurement("cuda", 4, (), region_numbers=(1, 2, 3), memory=memory)
+    metrics = Metrics.of(measurement)
+    budgets = [Budget("max_fragmentation", 0.45), Budget("max_reserved_mb", 110.0)]
+    fragmentation, reserved = (b.check(measurement) for b in budgets)
+    assert fragmentation.value == metrics["fragmentation"] == pytest.approx(0.5)
+    assert reserved.value == metrics["reserved_mb"] == 120.0
+    assert (fragmentation.held, reserved.held) == (False, False)
+    assert metrics.runs["fragmentation"] == 3
+    assert "measured 0.500: 1 - allocated peak 50.0 MiB / reserved peak 100.0 MiB" in fragmentation.text
+
+
+def test_a_counters_metrics_budget_and_column_are_views_of_its_one_registry_entry() -> None:
+    from pytest_syncguard.analysis.counts import COUNTERS
+    from pytest_syncguard.metrics import METRICS
+    from pytest_syncguard.report.terminal import _COUNTER_COLUMNS
+
+    for spec in COUNTERS.values():
+        judged = f"{spec.name}_per_token" if spec.per_token else spec.name
+        assert METRICS[spec.name].description == spec.description and METRICS[judged].counted
+        assert (judged in METRICS) and (f"{spec.name}_per_token" in METRICS) == spec.per_token
+        if spec.budget is not None:
+            kind = KINDS[spec.budget]
+            assert (kind.metric("max"), kind.counter, kind.needs_tokens) == (judged, spec.name, spec.per_token)
+            assert spec.description in (kind.signature.__doc__ or "")
+        assert ((judged, spec.column) in _COUNTER_COLUMNS) == (spec.column is not None)
+    assert len(_COUNTER_COLUMNS) == sum(spec.column is not None for spec in COUNTERS.values())
+    # A counter's budget without a sentence of its own says what it counted, from its entry.
+    breaks = Measurement("cpu", 2, (), region_numbers=(1,), region_counts={1: RegionCounts({"graph_breaks": 3})},
+                         count_parts=((1,),))  # fmt: skip
+    (check,), _ = check_budgets("t", [Budget("max_graph_breaks", 1.0)], breaks, require_gpu=False)
+    assert (check.held, check.text) == (
+        False,
+        "max_graph_breaks: limit 1, measured 3 graph breaks taken while compiling",
+    )
 
 
 @pytest.fixture

@@ -30,6 +30,9 @@ SHOWN = 8
 
 @dataclass(frozen=True)
 class CounterSpec:
+    """One exact counter, described once: what it counts, the probe that counts it, and how the plugin shows and
+    explains it (the metrics, the summary column, the explanation of a regression are made from this)."""
+
     name: str
     description: str
     source: str
@@ -37,49 +40,59 @@ class CounterSpec:
     quiet_when_zero: bool = False
     """Left out of a test's metrics when 0 and no budget reads it (torch.compile's counters: a loop that does
     not compile has none); an absent value compares as 0 against a baseline."""
+    per_token: bool = False
+    """Also given per token (decode step), as ``<name>_per_token``: the unit its budget uses."""
+    column: str | None = None
+    """The summary's column for it (its per-token value where it has one); None: in the JSON results only."""
+    items: str | None = None
+    """What its largest contributors are, where a region keeps them (operators, kernels, reasons)."""
+    explained_by: str | None = None
+    """The counter whose contributors explain a change of this one (the copies behind the bytes copied)."""
+    unit: str = ""
+    budget: str | None = None
+    """The marker that limits it (``@pytest.mark.<budget>(limit)``; per token where it is given so): the budget,
+    its documentation and its failure sentence are made from this entry."""
+
+
+def _copies(way: str, words: str) -> tuple[CounterSpec, CounterSpec]:
+    copies = f"copies_{way}"
+    return (
+        CounterSpec(copies, f"{words} copies", "timeline", items="copies (kind and size)"),
+        CounterSpec(f"copy_bytes_{way}", f"bytes copied {words.replace('-to-', ' to ')}", "timeline",
+                    explained_by=copies, unit="B"),
+    )  # fmt: skip
 
 
 COUNTERS: dict[str, CounterSpec] = {
     spec.name: spec
     for spec in (
-        CounterSpec("ops", "operators dispatched (aten and other dispatcher ops, nested calls included)", "ops"),
-        CounterSpec("launches", "kernel launches, a CUDA graph launch counted as one", "timeline"),
-        CounterSpec("graph_launches", "CUDA graph launches", "timeline"),
-        CounterSpec("graph_kernels", "kernels and copy nodes run by CUDA graph launches", "timeline"),
-        CounterSpec("copies_h2d", "host-to-device copies", "timeline"),
-        CounterSpec("copy_bytes_h2d", "bytes copied host to device", "timeline"),
-        CounterSpec("copies_d2h", "device-to-host copies", "timeline"),
-        CounterSpec("copy_bytes_d2h", "bytes copied device to host", "timeline"),
-        CounterSpec("copies_d2d", "device-to-device copies", "timeline"),
-        CounterSpec("copy_bytes_d2d", "bytes copied device to device", "timeline"),
-        CounterSpec("memsets", "memsets", "timeline"),
+        CounterSpec("ops", "operators dispatched (aten and other dispatcher ops, nested calls included, as "
+                    "torch.profiler's cpu_op events count them)", "ops", per_token=True, column="ops/token",
+                    items="operators", budget="max_ops_per_token"),
+        CounterSpec("launches", "kernel launches (a CUDA graph launch counts one)", "timeline", per_token=True,
+                    column="launches/token", items="kernels", budget="max_launches_per_token"),
+        CounterSpec("graph_launches", "CUDA graph launches", "timeline", column="graph launches"),
+        CounterSpec("graph_kernels", "kernels and copy nodes run by CUDA graph launches", "timeline",
+                    items="kernels and copy nodes in CUDA graphs"),
+        *_copies("h2d", "host-to-device"),
+        *_copies("d2h", "device-to-host"),
+        *_copies("d2d", "device-to-device"),
+        CounterSpec("memsets", "memsets", "timeline", items="memsets (size)"),
         CounterSpec("device_mallocs", "cudaMalloc calls of the caching allocator", "allocator"),
         CounterSpec("device_frees", "cudaFree calls of the caching allocator", "allocator"),
         CounterSpec("frames_compiled", "frames torch.compile compiled", "compiles", quiet_when_zero=True),
-        CounterSpec("recompiles", "recompilations of an already compiled frame", "compiles", quiet_when_zero=True),
-        CounterSpec("graph_breaks", "graph breaks taken while compiling", "compiles", quiet_when_zero=True),
-        CounterSpec(
-            "async_races",
-            "host accesses of memory whose non_blocking copy the host had not waited for",
-            "races",
-            quiet_when_zero=True,
-        ),
+        CounterSpec("recompiles", "recompilations of an already compiled frame", "compiles", quiet_when_zero=True,
+                    column="recompiles", items="recompile reasons", budget="max_recompiles"),
+        CounterSpec("graph_breaks", "graph breaks taken while compiling", "compiles", quiet_when_zero=True,
+                    column="graph breaks", items="graph breaks", budget="max_graph_breaks"),
+        CounterSpec("async_races", "host accesses of memory whose non_blocking copy the host had not waited for",
+                    "races", quiet_when_zero=True, column="races"),
     )
-}
-#: The counters whose largest contributors a region keeps, and what those are.
-ITEMIZED = {
-    "ops": "operators",
-    "launches": "kernels",
-    "graph_kernels": "kernels and copy nodes in CUDA graphs",
-    "copies_h2d": "copies (kind and size)",
-    "copies_d2h": "copies (kind and size)",
-    "copies_d2d": "copies (kind and size)",
-    "memsets": "memsets (size)",
-    "recompiles": "recompile reasons",
-    "graph_breaks": "graph breaks",
-}
-#: Counters explained by another's contributors: the bytes copied by the copies.
-EXPLAINED_BY = {f"copy_bytes_{way}": f"copies_{way}" for way in ("h2d", "d2h", "d2d")}
+}  # fmt: skip
+#: The counters whose largest contributors a region keeps, and what those are (a view of :data:`COUNTERS`).
+ITEMIZED = {name: spec.items for name, spec in COUNTERS.items() if spec.items is not None}
+#: Counters explained by another's contributors (a view of :data:`COUNTERS`): the bytes copied by the copies.
+EXPLAINED_BY = {name: spec.explained_by for name, spec in COUNTERS.items() if spec.explained_by is not None}
 
 Items = tuple[tuple[str, int], ...]
 

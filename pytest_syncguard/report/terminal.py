@@ -9,7 +9,7 @@ from ..analysis.gaps import AttributedGap, TimelineSummary, steps_note
 from ..analysis.memory import MemoryStats
 from ..analysis.races import race_lines
 from ..analysis.snapshot import AllocationSite
-from ..metrics import MIB
+from ..metrics import METRICS, MIB
 from ..result import MeasuredTest, SiteRecord
 from .perfetto import SUFFIX
 
@@ -171,15 +171,9 @@ def _metric(result: MeasuredTest, name: str, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-#: The exact counters the summary shows, where any test measured them (every counter is in the JSON results).
-_COUNTER_COLUMNS = (
-    ("ops_per_token", "ops/token"),
-    ("launches_per_token", "launches/token"),
-    ("graph_launches", "graph launches"),
-    ("recompiles", "recompiles"),
-    ("graph_breaks", "graph breaks"),
-    ("async_races", "races"),
-)
+#: The exact counters the summary shows, where any test measured them (every counter is in the JSON results): a
+#: view of the registry (:attr:`.metrics.Metric.column`).
+_COUNTER_COLUMNS = tuple((m.name, m.column) for m in METRICS.values() if m.column is not None)
 
 
 def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
@@ -210,7 +204,7 @@ def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
         if timed:
             seconds, rate = r.metrics.get("seconds"), r.metrics.get("tokens_per_second")
             row += ("-" if seconds is None else f"{seconds * 1e3:.1f}", "-" if rate is None else f"{rate:.0f}")
-        # Medians over the test's runs, as baselines store them.
+        # Each metric's runs aggregated by its rule, as budgets judge and baselines store them.
         if timeline:
             row += tuple(
                 _metric(r, name, digits)
