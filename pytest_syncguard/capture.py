@@ -29,7 +29,7 @@ from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
-from .probes.sampler import MAX_SAMPLES, METRICS, SAMPLER, SHORTEST_GAP_NS, SampledRegion
+from .probes.sampler import MAX_SAMPLES, METRICS, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .report import perfetto
 from .result import MeasuredTest
@@ -291,9 +291,7 @@ class CallCapture:
                     f"{MAX_SAMPLES} samples)"
                 )
             fractions = sampled.active_fractions(samples.column(METRICS[0]), samples.column(METRICS[1]))
-            found = sampled.analyze(
-                samples.start_ns, samples.end_ns, fractions, region.window, shortest_gap_ns=SHORTEST_GAP_NS
-            )
+            found = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window)
             timelines.append(
                 found.timeline(syncs=self.sync_stamps, window=region.window) if found.span_us > 0 else None
             )

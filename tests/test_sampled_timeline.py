@@ -28,7 +28,7 @@ from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement, SyncGuard
 from pytest_syncguard.probes import pm_sampling
 from pytest_syncguard.probes.pm_sampling import Samples
-from pytest_syncguard.probes.sampler import SHORTEST_GAP_NS, SampledRegion
+from pytest_syncguard.probes.sampler import SampledRegion
 
 DATA = Path(__file__).parent / "data" / "sampled"
 
@@ -47,13 +47,12 @@ def test_idle_parts_of_partly_active_samples_join_their_idle_neighbours() -> Non
     assert both.gaps == ((1.0, 1.25), (2.75, 1.25))
 
 
-def test_a_region_runs_from_its_first_active_sample_to_its_last_and_short_gaps_can_be_left_out() -> None:
+def test_a_region_runs_from_its_first_active_sample_to_its_last_and_every_gap_counts() -> None:
     starts = list(range(0, 10_000, 1000))
     ends = [s + 1000 for s in starts]
     fractions = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     found = sampled.analyze(starts, ends, fractions, (500, 9500))
     assert (found.span_us, found.busy_us, found.gaps_us) == (7.0, 3.0, (1.0, 3.0))
-    assert sampled.analyze(starts, ends, fractions, (500, 9500), shortest_gap_ns=2000).gaps_us == (3.0,)
     assert sampled.analyze(starts, ends, [0.0] * 10).span_us == 0.0
     timeline = found.timeline(top=1)
     assert timeline.gap_stat("max") == 3.0 and timeline.busy_fraction == pytest.approx(3 / 7)
@@ -63,15 +62,18 @@ def test_a_region_runs_from_its_first_active_sample_to_its_last_and_short_gaps_c
     assert timeline.steps_from == sampled.SAMPLED_STEPS
     # The busy stretches between the gaps: the gaps lie between them, their busy time adds up.
     assert timeline.runs == ((0.0, 1.0, 1.0), (2.0, 3.0, 1.0), (6.0, 7.0, 1.0))
-    short_left_out = sampled.analyze(starts, ends, fractions, (500, 9500), shortest_gap_ns=2000).timeline()
-    assert short_left_out.runs == ((0.0, 3.0, 2.0), (6.0, 7.0, 1.0))  # a 1 us gap left out stays inside a run
+    # A gap shorter than a sample is counted as one, never left out before a percentile is taken: three 0.5 us
+    # idle parts of partly active samples between busy ones, and the 3 us gap, are four gaps.
+    short = sampled.analyze(list(range(0, 9000, 1000)), list(range(1000, 10_000, 1000)),
+                            [1.0, 0.5, 1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0])  # fmt: skip
+    assert short.gaps_us == (0.5, 0.5, 3.0) and short.timeline().gap_stat("p50") == 0.5
 
 
 def test_the_busy_of_a_sampled_timeline_is_the_sum_of_its_runs_and_every_sample_counts_once() -> None:
     starts = list(range(0, 12_000, 1000))
     ends = [s + 1000 for s in starts]
     fractions = [0.3, 1.0, 0.5, 0.01, 0.0, 0.25, 1.0, 0.6, 0.0, 0.015, 0.9, 1.0]
-    found = sampled.analyze(starts, ends, fractions, shortest_gap_ns=500)
+    found = sampled.analyze(starts, ends, fractions)
     # Samples below IDLE_BELOW (0.02) are idle: their stray cycles are no busy time.
     assert found.busy_us == pytest.approx(sum(f for f in fractions if f >= sampled.IDLE_BELOW))
     assert sum(run.busy for run in found.runs) == pytest.approx(found.busy_us)
@@ -97,29 +99,39 @@ def _device_truth(ops: list[list[int]]) -> tuple[float, list[float]]:
 
 @pytest.mark.parametrize("name", ["kv_cache", "cuda_graph"])
 def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
-    """Busy time within 10% of the kernels' union (+2.1% and +6.9% here: the engine is active a little before and
-    after a kernel's timestamps), the widest gap within 5 us, and the gaps of two sample intervals or longer alike
-    in number and tail: within 20% (here 1374 / 1575 and 858 / 887 gaps of 2 us or more, 194 / 166 and 12 / 10 of
-    50 us or more, p99 +12% and +7%). A sampled gap is known to a sample interval at each end, so it can reach 50 us
-    where the kernels' own gap is 46 to 50 us (212 and 11 of those)."""
+    """Gaps and busy time under one definition for both: every idle stretch is a gap, none left out before a
+    percentile. Busy time within 10% of the kernels' union (+2.1% and +6.9% here: the engine is active a little
+    before and after a kernel's timestamps), the widest gap within 5 us, the gaps of 50 us or more alike in number
+    (within 20%: 194 / 166 and 12 / 10; a sampled gap is known to a sample at each end, so it can reach 50 us where
+    the kernels' own gap is 46 to 50 us).
+
+    An eager loop (kv_cache, kernels of 8 us on average): the number of gaps and every percentile agree within 10%
+    (1646 / 1717 gaps, p99 143.4 / 134.0 us, p50 13.9 / 14.0). A graph loop (cuda_graph) replays kernels whose gaps are mostly
+    under a microsecond (6281 of its 8133 gaps): the engine stays active across them, the samples cannot show
+    them, and the sampled percentiles stand over the gaps of a microsecond or more (p99 33.3 us against 6.7 over
+    all the records' gaps): that limit is held here, so that a change to it is seen."""
     data = _load(name)
     ops = data["device_ops_ns"]
     busy, truth = _device_truth(ops)
     window = (min(a for a, _ in ops), max(b for _, b in ops))
     fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
-    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions, window, shortest_gap_ns=SHORTEST_GAP_NS)
-    resolved = [g for g in truth if g * 1e3 >= SHORTEST_GAP_NS]
+    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions, window)
     print(
         f"{name}: busy {busy:.0f} / {found.busy_us:.0f} us; max {max(truth):.1f} / {max(found.gaps_us):.1f}; p99 "
-        f"{gaps.gap_stat(resolved, 'p99'):.1f} / {gaps.gap_stat(found.gaps_us, 'p99'):.1f}; gaps >= 2 us "
-        f"{len(resolved)} / {len(found.gaps_us)}"
+        f"{gaps.gap_stat(truth, 'p99'):.1f} / {gaps.gap_stat(found.gaps_us, 'p99'):.1f}; gaps {len(truth)} / "
+        f"{len(found.gaps_us)}, under 1 us {sum(g < 1 for g in truth)} / {sum(g < 1 for g in found.gaps_us)}"
     )
     assert 1.0 <= found.busy_us / busy <= 1.10
     assert found.span_us == pytest.approx((window[1] - window[0]) / 1e3, abs=2 * data["interval_ns"] / 1e3)
     assert max(found.gaps_us) == pytest.approx(max(truth), abs=5.0)
-    assert len(found.gaps_us) == pytest.approx(len(resolved), rel=0.2)
     assert sum(g >= 50 for g in found.gaps_us) == pytest.approx(sum(g >= 50 for g in truth), rel=0.2)
-    assert gaps.gap_stat(found.gaps_us, "p99") == pytest.approx(gaps.gap_stat(resolved, "p99"), rel=0.2)
+    if name == "kv_cache":
+        assert len(found.gaps_us) == pytest.approx(len(truth), rel=0.1)
+        for stat in ("p50", "p90", "p99"):
+            assert gaps.gap_stat(found.gaps_us, stat) == pytest.approx(gaps.gap_stat(truth, stat), rel=0.1), stat
+    else:
+        assert sum(g < 1 for g in truth) > 0.7 * len(truth) and len(found.gaps_us) < 0.25 * len(truth)
+        assert gaps.gap_stat(found.gaps_us, "p99") > 3 * gaps.gap_stat(truth, "p99")
 
 
 def _capture_of(name: str, *, overflow: bool = False) -> tuple[CallCapture, Measurement]:
@@ -210,9 +222,8 @@ def test_a_sampled_timeline_does_not_depend_on_where_its_clock_stands(name: str)
     fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
     base = data["start_ns"][0]
     assert base > 2**60
-    wall = sampled.analyze(data["start_ns"], data["end_ns"], fractions, shortest_gap_ns=SHORTEST_GAP_NS)
-    moved = sampled.analyze([s - base for s in data["start_ns"]], [e - base for e in data["end_ns"]], fractions,
-                            shortest_gap_ns=SHORTEST_GAP_NS)  # fmt: skip
+    wall = sampled.analyze(data["start_ns"], data["end_ns"], fractions)
+    moved = sampled.analyze([s - base for s in data["start_ns"]], [e - base for e in data["end_ns"]], fractions)
     assert (wall.busy_us, wall.span_us, wall.gaps, wall.runs) == (moved.busy_us, moved.span_us, moved.gaps, moved.runs)
     assert wall.origin_ns == base and moved.origin_ns == 0
     # Every stretch between two gaps has a length, and they follow each other in time.

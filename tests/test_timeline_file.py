@@ -18,7 +18,6 @@ from pytest_syncguard.analysis.gaps import Timeline
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement, SyncGuard
-from pytest_syncguard.probes.sampler import SHORTEST_GAP_NS
 from pytest_syncguard.report import perfetto
 from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest
@@ -69,7 +68,7 @@ def _sampled_timeline() -> Timeline:
     with gzip.open(DATA / "sampled" / "h100_kv_cache.json.gz", "rt") as source:
         data = json.load(source)
     fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
-    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions, shortest_gap_ns=SHORTEST_GAP_NS)
+    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions)
     origin = found.origin_ns
     return found.timeline(syncs=[(origin + 10_000, "scalar read at loop.py:3 in step"), (origin - 5_000, "before it")])
 

@@ -79,13 +79,12 @@ def analyze(
     end_ns: Sequence[int],
     fractions: Sequence[float],
     window: tuple[int, int] | None = None,
-    *,
-    shortest_gap_ns: float = 0.0,
 ) -> SampledTimeline:
     """The timeline of the samples inside ``window`` (ns, the samples' clock; None: all), each clipped to it, from
-    the first active sample to the last. Gaps shorter than ``shortest_gap_ns`` are left out of its gaps (not of
-    its busy time): below two sample intervals, the samples split and merge idle time that the kernels' own
-    timestamps place otherwise (tests/test_sampled_timeline.py)."""
+    the first active sample to the last. Every idle stretch the samples show is a gap, however short: a gap shorter
+    than a sample is counted as one (its length known to a sample), never left out before a percentile is taken,
+    as a trace counts every gap between its ops. Idle time the samples cannot show at all (the engine stays active
+    across sub-microsecond gaps between a graph's kernels) is no gap (tests/test_sampled_timeline.py)."""
     rows = []
     for start, end, fraction in zip(start_ns, end_ns, fractions, strict=True):
         if window is not None:
@@ -99,7 +98,7 @@ def analyze(
     # holds exactly (2**53), where the placing of idle parts below would round every boundary to 256 ns.
     origin = rows[active[0]][0]
     rows = [(start - origin, end - origin, fraction) for start, end, fraction in rows[active[0] : active[-1] + 1]]
-    found = [(start, start + length) for start, length in _gaps(rows) if length >= shortest_gap_ns]
+    found = [(start, start + length) for start, length in _gaps(rows)]
     stretches = runs_between(found, 0.0, rows[-1][1])
     busy = _busy_per_run(rows, stretches)
     gaps = tuple((start / 1e3, (end - start) / 1e3) for start, end in found)

@@ -23,8 +23,6 @@ from .syncs import PROBE
 #: What the sampler reads: (active cycles, elapsed cycles) of the engine that runs kernels.
 METRICS = ("gr__compute_cycles_active.sum", "gr__cycles_elapsed.max")
 INTERVAL_NS = 1000
-#: The shortest gap a sampled timeline reports: two sample intervals (see :func:`..analysis.sampled.analyze`).
-SHORTEST_GAP_NS = 2 * INTERVAL_NS
 #: The device buffer the sampler writes into (a 1 s region sampled every microsecond fitted in 512 MiB on an H100).
 BUFFER_BYTES = 1 << 30
 #: The most samples decoded per region: 2 s at :data:`INTERVAL_NS`. A longer region's timeline is unreliable.
