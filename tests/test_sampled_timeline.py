@@ -134,6 +134,37 @@ def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
         assert gaps.gap_stat(found.gaps_us, "p99") > 3 * gaps.gap_stat(truth, "p99")
 
 
+def test_a_sampled_gap_in_which_a_counted_sync_returned_is_a_host_sync_with_its_call_site() -> None:
+    """The trace's rule on the host's stamps: a sync that returned after the device went idle and before it
+    resumed made the gap (the last such one is named); a gap with none is idle, and says what it cannot tell."""
+    data = _load("kv_cache")
+    fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
+    found = sampled.analyze(data["start_ns"], data["end_ns"], fractions)
+    top = sorted(found.gaps, key=lambda g: -g[1])[:10]
+    (widest_start, widest) = top[0]
+    origin = found.origin_ns
+    at = round((widest_start + 20) * 1e3) + origin  # returned 20 us into the widest gap
+
+    def in_a_top_gap(time: float) -> bool:
+        return any(start - sampled.CLOCK_SLACK_US <= time <= start + length for start, length in top)
+
+    # Another of the largest gaps, and a sync that returned long before it began, in none of them.
+    other, early = next((g, g[0] - 1.5 * sampled.CLOCK_SLACK_US) for g in top[1:]
+                        if not in_a_top_gap(g[0] - 1.5 * sampled.CLOCK_SLACK_US))  # fmt: skip
+    syncs = [
+        (at - 1000, "scalar read at loop.py:3 in step"),
+        (at, "scalar read at loop.py:9 in step"),
+        (round(early * 1e3) + origin, "scalar read at loop.py:12 in step"),
+    ]
+    attributed = {g.start_us: g for g in found.timeline(syncs=syncs).top_gaps}
+    first, second = attributed[widest_start], attributed[other[0]]
+    assert (first.cause, first.duration_us) == (gaps.HOST_SYNC, widest)
+    assert first.detail.startswith(f"scalar read at loop.py:9 in step; the device resumed {widest - 20:.0f} us after")
+    # The third sync returned long before the second gap began: it did not make it.
+    assert (second.cause, second.detail) == (sampled.IDLE, sampled.IDLE_DETAIL)
+    assert "launch-bound or other" in second.detail and "--syncguard-gap-ops" in second.detail
+
+
 def _capture_of(name: str, *, overflow: bool = False) -> tuple[CallCapture, Measurement]:
     """The plugin's capture of one sampled region holding the recorded samples (as the sampler leaves them)."""
     data = _load(name)

@@ -86,7 +86,8 @@ class StepSpan(NamedTuple):
 
 
 class SyncMark(NamedTuple):
-    """A counted host-device sync: when the host asked for it (µs) and its kind and call site."""
+    """A counted host-device sync: when it returned, the host resuming (µs; the same for every timeline source),
+    and its kind and call site."""
 
     time: float
     label: str
@@ -434,7 +435,7 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
             extent[0], extent[1] = min(extent[0], op.start), max(extent[1], op.end)
     end = window[1] if window is not None else float("inf")
     syncs = tuple(
-        SyncMark(r.start, r.name[len(SYNC_ANNOTATION) :].strip())
+        SyncMark(r.end, r.name[len(SYNC_ANNOTATION) :].strip())  # when it returned; it counts where it was asked
         for r in trace.ranges
         if r.name.startswith(SYNC_ANNOTATION) and first <= r.start <= end
     )

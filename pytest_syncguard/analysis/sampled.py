@@ -15,18 +15,22 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .gaps import AttributedGap, BusyRun, SyncMark, Timeline, runs_between
+from .gaps import HOST_SYNC, AttributedGap, BusyRun, SyncMark, Timeline, runs_between
 
 #: A sample less active than this is idle (the counters of an idle engine read a few stray cycles).
 IDLE_BELOW = 0.02
 #: Where a sampled timeline's steps come from: it has none, and judges each region whole.
 SAMPLED_STEPS = "none: a sampled timeline judges each region whole"
-#: The cause of a sampled gap: the sampler sees when the device was idle, not why.
+#: The cause of a sampled gap in which no counted sync returned: the sampler sees when the device was idle, not
+#: why, and without launch records a launch-bound gap and another look alike.
 IDLE = "idle"
 IDLE_DETAIL = (
-    "sampled: the sampler sees when the device was idle, not why (--syncguard-gap-ops reruns a failing test "
-    "under the trace capture to attribute its gaps)"
+    "sampled: the sampler sees when the device was idle, not why (no counted sync returned in it: launch-bound or "
+    "other; --syncguard-gap-ops reruns a failing test under the trace capture to attribute its gaps)"
 )
+#: How far the host's wall clock and the samples' may stand apart (µs): tens of µs on the lent H100s (a 1 ms sleep
+#: kernel began 46-73 µs after the host's stamp before its launch and ended 5-35 µs before the stamp after its sync).
+CLOCK_SLACK_US = 100.0
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,29 @@ class SampledTimeline:
         to tens of microseconds (README), so a sync at a region's edge may lie just outside its span."""
         largest = sorted(self.gaps, key=lambda g: -g[1])[:top]
         begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
-        inside = (SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
+        inside = tuple(SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
         return Timeline(
             steps=0, warmup_steps=0, judged_steps=0, gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us,
-            gaps_us=self.gaps_us, top_gaps=tuple(AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
-                                                 for start, length in largest),
-            steps_from=SAMPLED_STEPS, origin_us=self.origin_ns / 1e3, runs=self.runs,
-            syncs=tuple(inside),
+            gaps_us=self.gaps_us, top_gaps=tuple(attribute(start, length, inside) for start, length in largest),
+            steps_from=SAMPLED_STEPS, origin_us=self.origin_ns / 1e3, runs=self.runs, syncs=inside,
         )  # fmt: skip
+
+
+def attribute(start: float, length: float, syncs: Sequence[SyncMark]) -> AttributedGap:
+    """The cause of a sampled gap (µs from the region's first active sample), as a trace gives it where it can: a
+    ``host sync`` when a counted sync returned after the device went idle and before it resumed (the host waited,
+    then had to refill the queue; the last such sync is named, with its call site); else ``idle``: the samples
+    cannot tell a launch-bound gap from another. ``syncs`` are stamped when they returned, on the host's clock."""
+    end = start + length
+    returned = [mark for mark in syncs if start - CLOCK_SLACK_US <= mark.time <= end]
+    if not returned:
+        return AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
+    last = max(returned, key=lambda mark: mark.time)
+    detail = (
+        f"{last.label}; the device resumed {end - last.time:.0f} us after it returned (sampled: host and device "
+        f"clocks agree to about {CLOCK_SLACK_US:.0f} us)"
+    )
+    return AttributedGap(length, start, None, HOST_SYNC, detail, "")
 
 
 def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[float]:

@@ -108,6 +108,21 @@ def _config() -> Any:
     return holder.config()  # type: ignore[no-untyped-call]
 
 
+class _StampOnReturn:
+    """Around a counted sync: when it returns (the host resumes), its stamp (wall clock ns, label) is added."""
+
+    __slots__ = ("_label", "_stamps")
+
+    def __init__(self, stamps: list[tuple[int, str]], label: Callable[[], str]) -> None:
+        self._stamps, self._label = stamps, label
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stamps.append((time.time_ns(), self._label()))
+
+
 class TimelineProbe:
     """Process-wide: at most one captured test call at a time (the profiler does not nest)."""
 
@@ -123,8 +138,9 @@ class TimelineProbe:
 
     @contextmanager
     def stamping(self) -> Iterator[list[tuple[int, str]]]:
-        """Stamp each counted sync outside a capture: (the host's wall clock in ns, its kind and call site), on a
-        sampled timeline's clock. One ``time.time_ns()`` and the call site per sync, no profiler."""
+        """Stamp each counted sync outside a capture: (the host's wall clock in ns when it returned, its kind and
+        call site), on a sampled timeline's clock. One ``time.time_ns()`` and the call site per sync, no
+        profiler."""
         stamps: list[tuple[int, str]] = []
         self._stamps = stamps
         self.active = True
@@ -203,7 +219,7 @@ class TimelineProbe:
         if self.tracing:
             return record_function(f"{SYNC_ANNOTATION} {label()}")
         if self._stamps is not None:
-            self._stamps.append((time.time_ns(), label()))
+            return _StampOnReturn(self._stamps, label)
         return nullcontext()
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
