@@ -32,6 +32,7 @@ from typing import Any
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
 from .analysis.counts import TOP
 from .analysis.explain import Details, Explanation, explain
+from .environment import unnamed_slug
 from .metrics import metric
 from .result import SiteRecord
 
@@ -230,7 +231,7 @@ def read_results(path: Path) -> dict[str, Measured]:
             sites = tuple(site for record in records if (site := record.counted()) is not None)
             top = {name: tuple((str(label), int(n)) for label, n in items)
                    for name, items in test.get("counted_top", {}).items()}  # fmt: skip
-            slug = (test.get("baseline") or {}).get("device") or test["device"]
+            slug = (test.get("baseline") or {}).get("device") or unnamed_slug(test["device"])
             found[str(test["nodeid"])] = Measured(dict(test["metrics"]), Details(sites, top, TOP), str(slug))
         return found
     except (OSError, ValueError, KeyError, TypeError) as exc:

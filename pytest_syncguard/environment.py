@@ -41,6 +41,12 @@ def slug_for(device: str) -> str:
     return device_slug(name) if name else CPU_SLUG
 
 
+def unnamed_slug(device: str) -> str:
+    """The slug of a result read from a file that names none (written before every result carried one): "cpu"
+    on the CPU; on CUDA the GPU model is not known ("cuda" names no baseline file)."""
+    return CPU_SLUG if device == "cpu" else "unknown"
+
+
 @cache
 def _driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")

@@ -205,8 +205,7 @@ def rounded(value: float) -> float:
 
 @dataclass(frozen=True)
 class Metrics:
-    """A test's metrics: each value (its runs aggregated by the metric's rule) and how many runs it aggregates.
-    The one place a test's numbers are stored."""
+    """A test's metrics: each value (its runs aggregated by the metric's rule) and how many runs it aggregates."""
 
     values: Mapping[str, float]
     runs: Mapping[str, int]

@@ -1,4 +1,6 @@
-"""pytest hooks only: options, markers, the fixture, and attaching verdicts to the test's own report.
+"""The pytest hooks: options, markers, the fixture, a test's measurement wired around its call (the diagnostic
+reruns of a failing test, one GPU per xdist worker, where kept timelines go), and its verdicts attached to the
+test's own report.
 
 torch is imported lazily, when a test is measured, so that having the plugin installed costs nothing to
 pytest runs that do not use it.

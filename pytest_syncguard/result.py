@@ -1,6 +1,7 @@
 """One test's measured result, typed, from the measurement to every report (failure text, summary, JSON,
-JUnit, baselines). Each number is stored once; :meth:`MeasuredTest.to_dict` and :meth:`MeasuredTest.from_dict`
-are its one writer and one reader at the pytest-xdist and JSON boundary. No torch here."""
+JUnit, baselines). :meth:`MeasuredTest.to_dict` and :meth:`MeasuredTest.from_dict` are its one writer and one
+reader at the pytest-xdist and JSON boundary (the baselines, JUnit properties and A/B files have codecs of their
+own). No torch here."""
 
 from __future__ import annotations
 

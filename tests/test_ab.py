@@ -373,3 +373,16 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
         os.kill(last_pid, 0)
     assert _worktrees(repo) == [str(repo)]
     assert not Path(base_worktree).exists() and not Path(base_worktree).parent.exists()
+
+
+def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tmp_path: Path) -> None:
+    from pytest_syncguard.ab import read_results
+
+    tests = [{"nodeid": f"t::{device}", "device": device, "metrics": {"syncs": 1}} for device in ("cpu", "cuda")]
+    tests.append({"nodeid": "t::compared", "device": "cuda", "metrics": {"syncs": 1},
+                  "baseline": {"device": "nvidia-h100-80gb-hbm3"}})  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"tests": tests}))
+    found = read_results(tmp_path / "r.json")
+    assert {name: m.device for name, m in found.items()} == {
+        "t::cpu": "cpu", "t::cuda": "unknown", "t::compared": "nvidia-h100-80gb-hbm3",
+    }  # fmt: skip

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.explain import Details
 from ..comparison import Drift, Fingerprint
-from ..environment import CPU_SLUG, is_slug, slug_for
+from ..environment import is_slug, slug_for, unnamed_slug
 from ..metrics import Metrics, metric
 
 if TYPE_CHECKING:
@@ -134,9 +134,7 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
         nodeid=nodeid,
         outcome=outcome,
         verdict=found[Prop.VERDICT],
-        # Files written before every case carried its slug: a CPU case is "cpu"; a CUDA case's GPU model is not
-        # known ("cuda" is no baseline file).
-        device_slug=found.get(Prop.DEVICE_SLUG) or (CPU_SLUG if found.get(Prop.DEVICE) == "cpu" else "unknown"),
+        device_slug=found.get(Prop.DEVICE_SLUG) or unnamed_slug(found.get(Prop.DEVICE, "")),
         budgets=found.get(Prop.BUDGETS),
         metrics=Metrics(metrics, runs),
         baseline_status=found.get(Prop.BASELINE),
