@@ -1,6 +1,7 @@
 """On CUDA, ``--syncguard-timeline=sampled``: a known host pause between device work is measured as the gap it is,
 a graph loop's busy fraction against the kernel time a trace gives for the same loop, launches counted exactly
-from measure()'s counting run, and the sampler usable after a capture that detached CUPTI."""
+from measure()'s counting run, the gap after a counted sync attributed to it, and the sampler usable after a
+capture that detached CUPTI."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_host_pause(syncguard):
         for _ in range(10):
             torch.cuda._sleep(200_000)
             x.add_(1)
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # SYNC: returns as the device goes idle, before each pause
             start = time.perf_counter()
             time.sleep(PAUSE_S)  # PAUSE: the device idles while the host sleeps, as long as the host's clock says
             pauses.append(time.perf_counter() - start)
@@ -73,7 +74,8 @@ def test_no_counting_run(syncguard):
 def test_sampled_timeline_measures_a_pause_and_counts_launches_from_the_counting_run(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(test_loops=LOOPS)
+    written = pytester.makepyfile(test_loops=LOOPS)
+    line = next(i for i, text in enumerate(written.read_text().splitlines(), 1) if "# SYNC" in text)
     result = pytester.runpytest_subprocess(
         "--syncguard", "--syncguard-timeline=sampled", "--syncguard-require-gpu", "-v"
     )
@@ -92,7 +94,8 @@ def test_sampled_timeline_measures_a_pause_and_counts_launches_from_the_counting
     print(f"widest gap {measured.group(1)} us, longest host pauses (median of the timed runs) {expected:.1f} us")
     assert expected - 2 <= float(measured.group(1)) <= expected + 400
     assert "steps: none: a sampled timeline judges each region whole" in out
-    assert "sampled: the sampler sees when the device was idle, not why" in out
+    # Each pause began as the counted synchronize returned: the gap is a host sync, named with its call site.
+    assert re.search(rf"host sync .*\n\s+explicit synchronize at \S*test_loops.py:{line} in ", out), out
     assert "max_launches_per_token: limit 49 per token, measured 50.0: 500 kernel launches and 0 CUDA graph" in out
     assert re.search(r"test_counted_launches .*PASS", out)
     assert "device work is counted from the trace of syncguard.measure()'s counting run" in out
