@@ -110,34 +110,14 @@ def _counter_metrics() -> list[Metric]:
     """Each counter of :data:`.analysis.counts.COUNTERS` as a metric, and per token where it is given so."""
     metrics = []
     for spec in COUNTERS.values():
-        metrics.append(
-            Metric(
-                spec.name,
-                spec.unit,
-                counted=True,
-                higher_is_better=False,
-                floor=0.0,
-                runs=_counted(spec.name),
-                quiet_when_zero=spec.quiet_when_zero,
-                aggregate=_worst,
-                description=spec.description,
-                column=None if spec.per_token else spec.column,
-            )
-        )
+        column = None if spec.per_token else spec.column
+        metrics.append(Metric(spec.name, spec.unit, counted=True, higher_is_better=False, floor=0.0,
+                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero, aggregate=_worst,
+                              description=spec.description, column=column))  # fmt: skip
         if spec.per_token:
-            metrics.append(
-                Metric(
-                    f"{spec.name}_per_token",
-                    "",
-                    counted=True,
-                    higher_is_better=False,
-                    floor=0.0,
-                    runs=_counted_per_token(spec.name),
-                    aggregate=_worst,
-                    description=f"{spec.description}, per token",
-                    column=spec.column,
-                )
-            )
+            metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
+                                  runs=_counted_per_token(spec.name), aggregate=_worst,
+                                  description=f"{spec.description}, per token", column=spec.column))  # fmt: skip
     return metrics
 
 
