@@ -18,6 +18,7 @@ from .files import write_atomically
 
 if TYPE_CHECKING:
     from .ab import ABReport
+    from .baselines import Baseline
 
 
 def _timeline_file(args: argparse.Namespace) -> int:
@@ -252,18 +253,43 @@ def _baselines(args: argparse.Namespace) -> int:
         return 0
     old, new = files
     assert old is not None and new is not None
+    return _judge_baselines(old, new)
+
+
+def _judge_baselines(old: Baseline, new: Baseline) -> int:
+    """Each test of NEW against its entry in OLD by the one comparison the gate uses (counts exactly, device-side
+    metrics within their tolerance, host timings shown but not judged), with what explains a count's change.
+    A baseline value is a recorded median, compared as one."""
+    from .comparison import MIN_RUNS, compare
+    from .environment import fingerprint_changes
+    from .metrics import Metrics
+
     changed = 0
+    for key, (was, now) in fingerprint_changes(old.fingerprint, new.fingerprint).items():
+        print(f"environment: {key} {was} -> {now}")
+    statuses: dict[str, int] = {}
     for nodeid in sorted(set(old.tests) | set(new.tests)):
         a, b = old.tests.get(nodeid), new.tests.get(nodeid)
         if a is None or b is None:
             print(f"{'+' if a is None else '-'} {nodeid}")
             changed += 1
             continue
-        for metric in sorted(set(a) | set(b)):
-            if a.get(metric) != b.get(metric):
-                print(f"~ {nodeid}: {metric} {a.get(metric)} -> {b.get(metric)}")
-                changed += 1
-    print(f"{changed} differences")
+        comparison = compare(
+            a, Metrics(b, dict.fromkeys(b, MIN_RUNS)), device=new.device, file=str(new.path), tolerance=None,
+            details=(old.details.get(nodeid), new.details.get(nodeid)),
+        )  # fmt: skip
+        moved = [c for c in comparison.changes if c.old != c.new]
+        if not moved:
+            continue
+        changed += len(moved)
+        statuses[comparison.status] = statuses.get(comparison.status, 0) + 1
+        print(f"~ {nodeid}: {comparison.status}")
+        for change in moved:
+            print(f"    {change.status}: {change.describe()}")
+        for line in comparison.explanation.lines():
+            print(f"    {line}")
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    print(f"{changed} differences" + (f" (tests: {tally})" if tally else ""))
     return 0
 
 
@@ -375,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--top", type=int, default=10, help="how many of the largest gaps to attribute")
     trace.set_defaults(run=_trace)
 
-    baselines = commands.add_parser("baselines", help="show a baseline file, or the differences of two")
+    baselines = commands.add_parser(
+        "baselines", help="show a baseline file, or judge NEW against OLD as the gate would"
+    )
     baselines.add_argument("files", nargs="+", metavar="FILE", help="one file to show, or OLD NEW to compare")
     baselines.set_defaults(run=_baselines)
 

@@ -386,3 +386,33 @@ def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tm
     assert {name: m.device for name, m in found.items()} == {
         "t::cpu": "cpu", "t::cuda": "unknown", "t::compared": "nvidia-h100-80gb-hbm3",
     }  # fmt: skip
+
+
+def test_syncguard_baselines_old_new_judges_each_change_by_the_gates_one_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_syncguard.cli import main
+
+    fingerprint = {"torch": "2.11", "device_name": "NVIDIA H100 80GB HBM3"}
+    base = {"syncs": 4, "ops": 8, "gpu_us_per_token": 2000.0, "seconds": 0.5, "fragmentation": 0.1}
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    details = Details((_site(10, "if bool(done.all()):", 4),), {"ops": (("aten::add", 8),)}, 64)
+    update(old, "nvidia-h100-80gb-hbm3", {"t::a": base, "t::gone": {"syncs": 1}, "t::same": {"syncs": 1}},
+           fingerprint, {"t::a": details})  # fmt: skip
+    head = {**base, "ops": 12, "gpu_us_per_token": 2060.0, "seconds": 0.8, "fragmentation": 0.1001}
+    now = Details((_site(10, "if bool(done.all()):", 4),), {"ops": (("aten::add", 12),)}, 64)
+    update(new, "nvidia-h100-80gb-hbm3", {"t::a": head, "t::new": {"syncs": 2}, "t::same": {"syncs": 1}},
+           {**fingerprint, "torch": "2.12"}, {"t::a": now})  # fmt: skip
+    assert main(["baselines", str(old), str(new)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "environment: torch 2.11 -> 2.12",
+        "~ t::a: regression",
+        "    unchanged: fragmentation 0.1 -> 0.1001 (+0.0001, +0.1%)",
+        "    unchanged: gpu_us_per_token 2000 us -> 2060 us (+60 us, +3.0%)",
+        "    regression: ops 8 -> 12 (+4, +50.0%)",
+        "    not judged: seconds 0.5 s -> 0.8 s (+0.3 s, +60.0%)",
+        "    moved: operators of ops: aten::add 8 -> 12 (+4)",
+        "- t::gone",
+        "+ t::new",
+        "6 differences (tests: 1 regression)",
+    ]
