@@ -32,6 +32,7 @@ from typing import Any
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
 from .analysis.counts import TOP
 from .analysis.explain import Details, Explanation, explain
+from .comparison import count_status
 from .environment import unnamed_slug
 from .metrics import metric
 from .result import SiteRecord
@@ -278,7 +279,7 @@ def compare_sides(
                     counts.append(CountChange(name, max(old), max(new), "varies"))
                 elif new != old:
                     (was,), (now,) = old, new
-                    counts.append(CountChange(name, was, now, "regression" if now > was else "improvement"))
+                    counts.append(CountChange(name, was, now, count_status(name, was, now)))
             else:
                 pairs = [(x.metrics[name], y.metrics[name]) for x, y in zip(b, h, strict=True)]
                 timings[name] = judge(

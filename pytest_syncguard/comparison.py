@@ -111,14 +111,22 @@ def tolerance_of(name: str, tolerance: float | None) -> float:
     return spec.tolerance if spec is not None and spec.tolerance is not None else DEFAULT_TOLERANCE
 
 
+def count_status(name: str, old: float, new: float) -> str:
+    """A count against its baseline (or base) value, exactly: any increase is a regression. The one judgement of
+    a count, at test time, in ``syncguard report``, ``syncguard baselines OLD NEW`` and ``syncguard ab``."""
+    if new == old:
+        return "unchanged"
+    spec = metric(name)
+    worse = new < old if spec is not None and spec.higher_is_better else new > old
+    return "regression" if worse else "improvement"
+
+
 def _status(name: str, old: float, new: float, runs: int, tolerance: float | None, host_timings: bool) -> str:
     spec = metric(name)
     assert spec is not None
-    worse = new < old if spec.higher_is_better else new > old
     if spec.counted:
-        if new == old:
-            return "unchanged"
-        return "regression" if worse else "improvement"
+        return count_status(name, old, new)
+    worse = new < old if spec.higher_is_better else new > old
     if spec.host and not host_timings:
         return "not judged"
     if runs < MIN_RUNS:
