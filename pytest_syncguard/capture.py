@@ -29,7 +29,7 @@ from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
-from .probes.sampler import MAX_SAMPLES, METRICS, SAMPLER, SampledRegion
+from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .report import perfetto
 from .result import MeasuredTest
@@ -290,7 +290,7 @@ class CallCapture:
                     f"the PM sampler lost samples of region #{n} (its buffer filled, or the region outlasted "
                     f"{MAX_SAMPLES} samples)"
                 )
-            fractions = sampled.active_fractions(samples.column(METRICS[0]), samples.column(METRICS[1]))
+            fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
             found = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window)
             timelines.append(
                 found.timeline(syncs=self.sync_stamps, window=region.window) if found.span_us > 0 else None

@@ -20,8 +20,8 @@ import torch
 from .pm_sampling import NOT_INITIALIZED, PmSampler, PmSamplingError, Samples, load_cupti
 from .syncs import PROBE
 
-#: What the sampler reads: (active cycles, elapsed cycles) of the engine that runs kernels.
-METRICS = ("gr__compute_cycles_active.sum", "gr__cycles_elapsed.max")
+#: What the sampler reads: the active and the elapsed cycles of the engine that runs kernels (its PM counters).
+ACTIVE_CYCLES, ELAPSED_CYCLES = "gr__compute_cycles_active.sum", "gr__cycles_elapsed.max"
 INTERVAL_NS = 1000
 #: The device buffer the sampler writes into (a 1 s region sampled every microsecond fitted in 512 MiB on an H100).
 BUFFER_BYTES = 1 << 30
@@ -107,8 +107,8 @@ class SamplerProbe:
     def _enabled(self) -> bool:
         if self._sampler is not None:
             return True
-        sampler = PmSampler(METRICS, interval_ns=INTERVAL_NS, device=torch.cuda.current_device(),
-                            buffer_bytes=BUFFER_BYTES)  # fmt: skip
+        sampler = PmSampler((ACTIVE_CYCLES, ELAPSED_CYCLES), interval_ns=INTERVAL_NS,
+                            device=torch.cuda.current_device(), buffer_bytes=BUFFER_BYTES)  # fmt: skip
         try:
             try:
                 sampler.enable()
