@@ -23,8 +23,11 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d"}
 GRAPH_LAUNCH_ITEM = "(CUDA graph launch)"
 
 
-#: The counters here whose contributors a region keeps (besides launches, by kernel).
-ITEMIZED_HERE = ("graph_kernels", "copies_h2d", "copies_d2h", "copies_d2d", "memsets")
+#: The counters here whose contributors a region keeps (besides launches, by kernel): those of the timeline
+#: capture that :data:`.counts.COUNTERS` itemizes.
+ITEMIZED_HERE = tuple(
+    name for name, spec in COUNTERS.items() if spec.source == "timeline" and spec.items and name != "launches"
+)
 
 
 def _sized(name: str, size: int) -> str:
