@@ -2,8 +2,9 @@
 branch, on the artifact of a GPU run, which is untrusted data (a fork's code produced it).
 
 The artifact is never executed and none of it reaches a shell: the PR number and device slug must match
-strict patterns, the PR's current head must be the commit the GPU run tested, only ``junit-*.xml`` files of
-bounded size are read (by junitparser, inside ``syncguard report``, which escapes everything it renders), as is
+strict patterns, the PR's current head must be the commit the GPU run tested, only the ``results-*.json`` files
+of bounded size are read (``junit-*.xml`` of runs that wrote none), inside ``syncguard report``, which checks
+every value against the results document's types and escapes everything it renders, as is
 the A/B report ``ab-<slug>.json`` where there is one (validated by ``syncguard report --ab``), and
 the Markdown is rendered here, against the baselines of the default branch. After posting, the
 ``gpu-approved`` label is removed from a fork's PR, so that its next push needs a maintainer again.
@@ -20,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MAX_JUNIT_BYTES = 50 * 2**20
+MAX_FILE_BYTES = 50 * 2**20
 LABEL = "gpu-approved"
 
 
@@ -37,6 +38,14 @@ def read_field(folder: Path, name: str, pattern: str) -> str:
     if not re.fullmatch(pattern, value):
         fail(f"artifact {name} does not match {pattern}")
     return value
+
+
+def usable_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_FILE_BYTES
+
+
+def usable(folder: Path, pattern: str) -> list[Path]:
+    return [p for p in sorted(folder.glob(pattern)) if usable_file(p)]
 
 
 def gh(*args: str) -> str:
@@ -56,18 +65,14 @@ def main() -> None:
     pull = json.loads(gh("api", f"repos/{repo}/pulls/{pr}"))
     if pull["head"]["sha"] != head_sha:
         fail(f"PR {pr} is at {pull['head']['sha']}, the GPU run tested {head_sha}: not posting")
-    junit = [
-        p
-        for p in sorted(folder.glob("junit-*.xml"))
-        if p.is_file() and not p.is_symlink() and p.stat().st_size <= MAX_JUNIT_BYTES
-    ]
-    if not junit:
-        fail("artifact has no junit-*.xml file")
+    results = usable(folder, "results-*.json") or usable(folder, "junit-*.xml")
+    if not results:
+        fail("artifact has no results-*.json or junit-*.xml file")
     ab = folder / f"ab-{slug}.json"
-    with_ab = ["--ab", str(ab)] if ab.is_file() and not ab.is_symlink() and ab.stat().st_size <= MAX_JUNIT_BYTES else []
+    with_ab = ["--ab", str(ab)] if usable_file(ab) else []
     body = Path(os.environ.get("RUNNER_TEMP", "/tmp")) / "syncguard-comment.md"
     report = subprocess.run(
-        ["syncguard", "report", *map(str, junit), "--baselines", "baselines", *with_ab, "--markdown", str(body)],
+        ["syncguard", "report", *map(str, results), "--baselines", "baselines", *with_ab, "--markdown", str(body)],
         check=False,
     )
     if report.returncode != 0:

@@ -49,6 +49,6 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     ab=(--ab "$out/ab-$slug.json")
 fi
 
-syncguard report "$out/junit-$slug.xml" --baselines baselines "${ab[@]}" \
+syncguard report "$out/results-$slug.json" --baselines baselines "${ab[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 exit "$status"

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from _pytest.config.argparsing import Parser
 
-from pytest_syncguard import plugin
+from pytest_syncguard import plugin, results_file
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
+from pytest_syncguard.codec import layout
 from pytest_syncguard.metrics import METRICS
+from pytest_syncguard.result import MeasuredTest
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
 GENERATED = "<!-- Made by devtools/reference_docs.py from the code: edit the code (or that script), not this page. -->"
@@ -99,7 +101,23 @@ def metrics() -> str:
     return "\n".join(lines)
 
 
-PAGES = {"markers.md": markers, "options.md": options, "cli.md": cli, "metrics.md": metrics}
+def results() -> str:
+    lines = ["# The results document", "", GENERATED, "",
+             f"What `--syncguard-json` writes, `syncguard report` and `syncguard ab` read, and an xdist worker sends "
+             f"its controller: an object with `schema` (`{results_file.SCHEMA}`), `schema_version` "
+             f"({results_file.SCHEMA_VERSION}), the versions it was measured with (`syncguard`, `torch`, `python`) "
+             "and `tests`, one `MeasuredTest` record per test in node id order. Every record is written by one "
+             "codec (`pytest_syncguard/codec.py`): each field under its own name, tuples as lists. Files of an older "
+             "schema version still read; a newer one is an error that says to upgrade. Fields marked \"written "
+             "only\" are there for the file's readers and ignored when read.", ""]  # fmt: skip
+    for name, rows in layout(MeasuredTest).items():
+        lines += [f"## `{name}`", "", "| field | type |", "|---|---|"]
+        lines += [f"| `{field}` | {kind} |" for field, kind in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+PAGES = {"markers.md": markers, "options.md": options, "cli.md": cli, "metrics.md": metrics, "results.md": results}
 
 
 def render() -> dict[Path, str]:

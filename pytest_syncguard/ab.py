@@ -27,18 +27,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from . import results_file, upgrades
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
-from .analysis.counts import TOP
-from .analysis.explain import Details, Explanation, explain
+from .analysis.explain import Explanation, explain
+from .codec import CodecError, decode, encode
 from .comparison import count_status
-from .environment import unnamed_slug
 from .metrics import metric
-from .result import SiteRecord
+from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/ab"
-SCHEMA_VERSION = 1
+#: Version 2: records by :mod:`.codec` (a changed site's fields under ``site``); version 1 still reads.
+SCHEMA_VERSION = 2
 DEFAULT_ROUNDS = 6
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
@@ -125,6 +126,8 @@ class HeadAgainstBase:
     timings: Mapping[str, RatioVerdict]
     explanation: Explanation = field(default_factory=Explanation)
 
+    DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
+
     @property
     def verdict(self) -> str:
         statuses = {c.status for c in self.counts} | {v.verdict for v in self.timings.values()}
@@ -154,97 +157,48 @@ class ABReport:
     def regressions(self) -> int:
         return len(self.with_verdict("regression"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "base": self.base, "head": self.head,
-            "rounds": self.rounds, "min_effect": self.min_effect, "confidence": self.confidence,
-            "device": self.device, "command": list(self.command),
-            "tests": [
-                {"nodeid": t.nodeid, "verdict": t.verdict, "counts": [vars(c) for c in t.counts],
-                 "timings": {name: vars(v) for name, v in sorted(t.timings.items())},
-                 "explanation": t.explanation.to_dict()}
-                for t in self.tests
-            ],
-            "only_in": {side: list(ids) for side, ids in self.only_in.items()},
-        }  # fmt: skip
 
-    @classmethod
-    def from_dict(cls, data: object) -> ABReport:
-        """The report of an A/B JSON file; ValueError on anything else (the file may be untrusted)."""
-        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
-            raise ValueError(f"not a syncguard A/B report (schema {SCHEMA!r} expected)")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"A/B report schema version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
-        try:
-            tests = tuple(
-                HeadAgainstBase(
-                    str(t["nodeid"]),
-                    tuple(
-                        CountChange(str(c["metric"]), float(c["base"]), float(c["head"]), str(c["status"]))
-                        for c in t["counts"]
-                    ),
-                    {str(name): _verdict(v) for name, v in t["timings"].items()},
-                    Explanation.from_dict(t["explanation"]),
-                )
-                for t in data["tests"]
-            )
-            return cls(
-                str(data["base"]), str(data["head"]), int(data["rounds"]), float(data["min_effect"]),
-                float(data["confidence"]), str(data["device"]), tuple(map(str, data["command"])), tests,
-                {str(side): tuple(map(str, ids)) for side, ids in data["only_in"].items()},
-            )  # fmt: skip
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"A/B report is malformed ({exc!r})") from exc
+def document(report: ABReport) -> dict[str, Any]:
+    """The A/B file's content: the report's record, schema-versioned."""
+    data: dict[str, Any] = encode(report)
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **data}
 
 
-def _verdict(raw: Mapping[str, Any]) -> RatioVerdict:
-    def number(key: str) -> float | None:
-        value = raw[key]
-        return None if value is None else float(value)
-
-    return RatioVerdict(
-        int(raw["rounds"]), number("ratio"), number("low"), number("high"), number("confidence"), str(raw["verdict"]),
-        str(raw["reason"]),
-    )  # fmt: skip
+def read_report(path: Path) -> ABReport:
+    """The report of an A/B JSON file; ValueError naming what is wrong on anything else (it may be untrusted)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a readable A/B report ({exc})") from exc
+    if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+        raise ValueError(f"not a syncguard A/B report (schema {SCHEMA!r} expected)")
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version not in (1, SCHEMA_VERSION):
+        raise ValueError(f"A/B report schema version {version!r}, this syncguard reads 1 to {SCHEMA_VERSION}")
+    try:
+        return decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
+    except CodecError as exc:
+        raise ValueError(f"A/B report is malformed: {exc}") from exc
 
 
 # -- reading one side's results ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Measured:
-    """What the A/B reads of one test in one run's JSON results."""
-
-    metrics: Mapping[str, float]
-    details: Details
-    device: str
-
-
-def read_results(path: Path) -> dict[str, Measured]:
-    """The measured tests of a ``--syncguard-json`` file whose call did not raise: node id -> what A/B reads."""
+def read_results(path: Path) -> dict[str, MeasuredTest]:
+    """The measured tests of a round's results file whose call did not raise, by node id."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        found = {}
-        for test in data["tests"]:
-            if test.get("error") is not None or test.get("outcome") is not None:
-                continue
-            records = (SiteRecord.from_dict(raw) for raw in test.get("sites", ()))
-            sites = tuple(site for record in records if (site := record.counted()) is not None)
-            top = {name: tuple((str(label), int(n)) for label, n in items)
-                   for name, items in test.get("counted_top", {}).items()}  # fmt: skip
-            slug = (test.get("baseline") or {}).get("device") or unnamed_slug(test["device"])
-            found[str(test["nodeid"])] = Measured(dict(test["metrics"]), Details(sites, top, TOP), str(slug))
-        return found
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ABError(f"{path}: not readable syncguard JSON results ({exc!r})") from exc
+        tests = results_file.read(path)
+    except results_file.ResultsError as exc:
+        raise ABError(str(exc)) from exc
+    return {t.nodeid: t for t in tests if t.error is None and t.outcome is None}
 
 
 # -- comparing the two sides --------------------------------------------------------------------------------------
 
 
 def compare_sides(
-    base: Sequence[Mapping[str, Measured]],
-    head: Sequence[Mapping[str, Measured]],
+    base: Sequence[Mapping[str, MeasuredTest]],
+    head: Sequence[Mapping[str, MeasuredTest]],
     *,
     min_effect: float,
     confidence: float,
@@ -265,7 +219,7 @@ def compare_sides(
         h = [r[nodeid] for r in head]
         counts: list[CountChange] = []
         timings: dict[str, RatioVerdict] = {}
-        names = set(b[0].metrics) & set(h[0].metrics)
+        names = set(b[0].metrics.values) & set(h[0].metrics.values)
         for name in sorted(names):
             spec = metric(name)
             if spec is None or name in DERIVED:
@@ -286,7 +240,7 @@ def compare_sides(
                     pairs, higher_is_better=spec.higher_is_better, min_effect=min_effect, confidence=confidence
                 )
         moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
-        explanation = explain(b[0].details, h[0].details, moved) if moved else Explanation()
+        explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
         tests.append(HeadAgainstBase(nodeid, tuple(counts), timings, explanation))
     return tests, only_in
 
@@ -424,10 +378,10 @@ def _duration(seconds: float) -> str:
 
 def run_rounds(
     base: Path, head: Path, pytest_args: Sequence[str], rounds: int, out: Path, *, timeout: float, progress: Any
-) -> tuple[list[dict[str, Measured]], list[dict[str, Measured]]]:
+) -> tuple[list[dict[str, MeasuredTest]], list[dict[str, MeasuredTest]]]:
     """``rounds`` interleaved rounds (base first in odd ones); each side's results per round. An interrupt
     (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
-    sides: dict[str, list[dict[str, Measured]]] = {"base": [], "head": []}
+    sides: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
     folders = {"base": base, "head": head}
     pace = Progress(rounds, progress)
     label = None
@@ -500,7 +454,7 @@ def _run(
             base_side, head_side = run_rounds(folder, head, pytest_args, rounds, out, timeout=timeout,
                                               progress=progress)  # fmt: skip
     tests, only_in = compare_sides(base_side, head_side, min_effect=min_effect, confidence=confidence)
-    devices = sorted({m.device for r in (*base_side, *head_side) for m in r.values()})
+    devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), rounds, min_effect, confidence, ", ".join(devices), tuple(pytest_args),
         tuple(tests), only_in,

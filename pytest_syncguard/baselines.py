@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
+from . import upgrades
 from .analysis.explain import Details
+from .codec import CodecError, decode, encode
 from .comparison import Comparison, compare
 from .files import write_atomically
 
@@ -99,9 +101,9 @@ def read(path: Path) -> Baseline | None:
     details = {}
     for nodeid, raw in raw_details.items():
         try:
-            details[str(nodeid)] = Details.from_dict(raw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BaselineError(f"{path}: details of {nodeid}: not valid ({exc!r})") from exc
+            details[str(nodeid)] = decode(Details, upgrades.details(raw), "details")
+        except CodecError as exc:
+            raise BaselineError(f"{path}: details of {nodeid}: not valid ({exc})") from exc
     return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests, details)
 
 
@@ -122,7 +124,7 @@ def document(
         "device": device,
         "fingerprint": dict(fingerprint),
         "tests": {nodeid: dict(sorted(tests[nodeid].items())) for nodeid in sorted(tests)},
-        "details": {nodeid: d.to_dict() for nodeid, d in sorted((details or {}).items()) if nodeid in tests},
+        "details": {nodeid: encode(d) for nodeid, d in sorted((details or {}).items()) if nodeid in tests},
     }
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 

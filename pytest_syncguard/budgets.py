@@ -368,18 +368,6 @@ class BudgetCheck:
     held: bool | None
     text: str
 
-    def to_dict(self) -> dict[str, Any]:
-        budget = self.budget
-        return {
-            "marker": budget.marker, "limit": budget.limit, "stat": budget.stat, "describe": budget.describe(),
-            "value": self.value, "passed": self.held, "text": self.text,
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BudgetCheck:
-        budget = Budget(data["marker"], data["limit"], data.get("stat", "max"))
-        return cls(budget, data["value"], data["passed"], data["text"])
-
 
 @dataclass(frozen=True)
 class GuardOptions:

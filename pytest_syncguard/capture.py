@@ -27,6 +27,7 @@ from .analysis.reliability import sentinel_problem
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
+from .environment import slug_for
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
@@ -223,7 +224,8 @@ class CallCapture:
         checks, usage_error = check_budgets(self.nodeid, self.budgets, measurement, require_gpu=require_gpu)
         if self.misuse is not None:
             error = error or f"{self.nodeid}: {self.misuse}"
-        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error)
+        slug = slug_for(measurement.device)
+        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug)
         fallback = _python_kernel_note()
         result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.

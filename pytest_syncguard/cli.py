@@ -1,4 +1,4 @@
-"""The ``syncguard`` command: ``report`` (JUnit files against baselines -> Markdown/JSON verdicts),
+"""The ``syncguard`` command: ``report`` (a run's results against baselines -> Markdown/JSON verdicts),
 ``comment`` (one sticky PR comment per GPU model through ``gh``), ``trace`` (gap analysis of any PyTorch
 profiler trace), ``baselines`` (show or diff baseline files), ``device`` (this machine's slug and
 fingerprint) and ``ab`` (base and head of a change run in interleaved rounds on this runner, and judged)."""
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .codec import encode
 from .comment import GH_TIMEOUT_S
 from .files import write_atomically
 
@@ -42,7 +43,7 @@ def _timeline_file(args: argparse.Namespace) -> int:
         found.append((region, statistics))
     if args.json:
         data = {"file": args.file, "nodeid": meta["nodeid"], "source": meta["source"], "regions": [
-            {**r.timeline.summary(r.region).to_dict(), "shown": r.shown, **{k: round(v, 5) for k, v in st.items()}}
+            {**encode(r.timeline.summary(r.region)), "shown": r.shown, **{k: round(v, 5) for k, v in st.items()}}
             for r, st in found
         ]}  # fmt: skip
         print(json.dumps(data, indent=2, allow_nan=False))
@@ -89,7 +90,7 @@ def _trace(args: argparse.Namespace) -> int:
     if args.json:
         data: dict[str, object] = {"file": args.file, "events": trace.events_read, "timeline": None}
         if timeline is not None:
-            data["timeline"] = {**timeline.summary().to_dict(), **{k: round(v, 5) for k, v in statistics.items()}}
+            data["timeline"] = {**encode(timeline.summary()), **{k: round(v, 5) for k, v in statistics.items()}}
         print(json.dumps(data, indent=2, allow_nan=False))
         return 0
     print(f"{args.file}: {trace.events_read} events, {len(trace.gpu_ops)} device ops")
@@ -128,7 +129,7 @@ def _cuda() -> bool:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABError, ABInterrupted, run, summary_lines
+    from .ab import ABError, ABInterrupted, document, run, summary_lines
     from .report.markdown import ab_lines
 
     if not args.pytest_args:
@@ -148,7 +149,7 @@ def _ab(args: argparse.Namespace) -> int:
         print("\n".join(exc.lines()), file=sys.stderr, flush=True)
         return exc.exit_status
     if args.json:
-        write_atomically(Path(args.json), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_atomically(Path(args.json), json.dumps(document(report), indent=2, sort_keys=True) + "\n")
     if args.markdown:
         write_atomically(Path(args.markdown), "\n".join(ab_lines(report)) + "\n")
     print("\n".join(summary_lines(report)))
@@ -157,13 +158,13 @@ def _ab(args: argparse.Namespace) -> int:
 
 def _ab_report(path: str | None) -> ABReport | None:
     """The A/B report a ``report --ab`` names (untrusted: validated); None without one."""
-    from .ab import ABReport
+    from .ab import read_report
 
     if path is None:
         return None
     try:
-        return ABReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return read_report(Path(path))
+    except ValueError as exc:
         raise ValueError(f"--ab {path}: {exc}") from exc
 
 
@@ -172,8 +173,9 @@ def _report(args: argparse.Namespace) -> int:
     from .report.junit import JUnitError
     from .report.markdown import render
     from .report.run import compare_run
+    from .results_file import ResultsError
 
-    paths = [Path(p) for p in args.junit]
+    paths = [Path(p) for p in args.files]
     try:
         ab = _ab_report(args.ab)
     except ValueError as exc:
@@ -183,12 +185,12 @@ def _report(args: argparse.Namespace) -> int:
         run = compare_run(
             paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings
         )
-    except (JUnitError, BaselineError) as exc:
+    except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
     if not run.cases:
         print(f"syncguard report: no measured test in {', '.join(map(str, paths))} (run pytest with --syncguard "
-              "and --junitxml)", file=sys.stderr)  # fmt: skip
+              "and --syncguard-json or --junitxml)", file=sys.stderr)  # fmt: skip
         return 2
     if args.json:
         write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -339,8 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="syncguard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    report = commands.add_parser("report", help="JUnit files of a run against baselines: Markdown and JSON verdicts")
-    report.add_argument("junit", nargs="+", help="JUnit XML files written by pytest --syncguard --junitxml")
+    report = commands.add_parser("report", help="a run's results against baselines: Markdown and JSON verdicts")
+    report.add_argument("files", nargs="+", metavar="RESULTS", help="results files of pytest --syncguard "
+                        "--syncguard-json (*.json), or JUnit XML files of --junitxml (without the details that "
+                        "explain a count's change, nor the environment's differences)")  # fmt: skip
     report.add_argument("--baselines", metavar="DIR", help="compare with this baselines folder (default: with the "
                         "values the run compared with)")  # fmt: skip
     report.add_argument("--markdown", metavar="OUT", help="write the PR comment here (else print it); when cut to "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from .analysis.explain import Details, Explanation, explain
 from .metrics import Metrics, metric
@@ -85,22 +84,6 @@ class Comparison:
     def baseline_values(self) -> dict[str, float]:
         """The baseline entry's value of each metric compared."""
         return {c.metric: c.old for c in self.changes if c.old is not None}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device, "file": self.file, "status": self.status, "tolerance": self.tolerance,
-            "changes": [vars(c) for c in self.changes], "fingerprint": self.fingerprint,
-            "fingerprint_changes": self.drift, "explanation": self.explanation.to_dict(),
-            "host_timings": self.host_timings,
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
-        changes = tuple(Change(**c) for c in data["changes"])
-        return cls(
-            data["device"], data["file"], data["status"], changes, data["tolerance"], dict(data["fingerprint"]),
-            dict(data["fingerprint_changes"]), Explanation.from_dict(data["explanation"]), data["host_timings"],
-        )  # fmt: skip
 
 
 def tolerance_of(name: str, tolerance: float | None) -> float:

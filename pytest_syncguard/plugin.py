@@ -30,7 +30,7 @@ _BUDGETS = pytest.StashKey[tuple[Budget, ...]]()
 _OPTIONS = pytest.StashKey[GuardOptions]()
 _GUARD = pytest.StashKey["SyncGuard"]()
 _RESULT = pytest.StashKey["MeasuredTest"]()
-#: On an xdist worker's call report: the test's result as plain data (MeasuredTest.to_dict), for the controller.
+#: On an xdist worker's call report: the test's results document record (results_file.record), for the controller.
 REPORT_ATTRIBUTE = "syncguard_result"
 #: The ways a GPU timeline is recorded (--syncguard-timeline).
 TIMELINE_SOURCES = ("trace", "sampled")
@@ -345,7 +345,9 @@ class SyncguardSession:
 
         self.results[item.nodeid] = result
         if self.is_worker:
-            setattr(report, REPORT_ATTRIBUTE, result.to_dict())
+            from .results_file import record
+
+            setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
             from .report.junit import properties
 
@@ -364,9 +366,9 @@ class SyncguardSession:
         """On the xdist controller: the results its workers measured."""
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if report.when == "call" and data is not None and not self.is_worker:
-            from .result import MeasuredTest
+            from .results_file import from_record
 
-            self.results[report.nodeid] = MeasuredTest.from_dict(data)
+            self.results[report.nodeid] = from_record(data)
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True
@@ -416,10 +418,10 @@ class SyncguardSession:
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
         if self.json_path is not None and not self.is_worker:
-            from .report.json_file import write_results
+            from . import results_file
 
             try:
-                write_results(self.json_path, self.results.values())
+                results_file.write(self.json_path, self.results.values())
                 self.json_written = True
             except (OSError, ValueError) as exc:
                 self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")

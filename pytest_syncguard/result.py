@@ -1,7 +1,6 @@
-"""One test's measured result, typed, from the measurement to every report (failure text, summary, JSON,
-JUnit, baselines). :meth:`MeasuredTest.to_dict` and :meth:`MeasuredTest.from_dict` are its one writer and one
-reader at the pytest-xdist and JSON boundary (the baselines, JUnit properties and A/B files have codecs of their
-own). No torch here."""
+"""One test's measured result, typed, from the measurement to every report (failure text, summary, JUnit,
+baselines); as plain data it is the results document's record (:mod:`.results_file`, by :mod:`.codec`). No torch
+here."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from .analysis.counts import ITEMIZED, TOP, Items
 from .analysis.explain import Details, SiteCount
@@ -82,10 +81,6 @@ class SiteRecord:
             return None
         return SiteCount(self.path, self.line, self.function, self.code, self.kind, self.op, self.count)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SiteRecord:
-        return cls(**{**data, "stack": tuple(data["stack"])})
-
 
 def _source(frame: Frame | None) -> tuple[str, str]:
     """A frame as reports show it, and its source line."""
@@ -108,8 +103,12 @@ def race_record(event: RaceEvent) -> AsyncRace:
 class MeasuredTest:
     """Everything the plugin knows about one measured test."""
 
+    #: Written in its record for the file's readers, not read back.
+    DERIVED: ClassVar[tuple[str, ...]] = ("syncs", "syncs_per_token", "verdict")
+
     nodeid: str
     device: str
+    """What the test computed on: "cpu" or "cuda"."""
     tokens: int | None
     regions: int
     metrics: Metrics
@@ -144,6 +143,8 @@ class MeasuredTest:
     artifacts: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     error: str | None = None
+    device_slug: str = ""
+    """The GPU model (or "cpu") whose baseline file the test belongs to (:func:`.environment.slug_for`)."""
 
     @property
     def syncs(self) -> int:
@@ -187,7 +188,12 @@ class MeasuredTest:
 
     @classmethod
     def of(
-        cls, nodeid: str, measurement: Measurement, checks: Sequence[BudgetCheck], error: str | None = None
+        cls,
+        nodeid: str,
+        measurement: Measurement,
+        checks: Sequence[BudgetCheck],
+        error: str | None = None,
+        device_slug: str = "",
     ) -> MeasuredTest:
         """The result of a measurement and its budget checks; the metrics include the gap statistic each
         idle-gap budget reads."""
@@ -219,54 +225,5 @@ class MeasuredTest:
             memory=measurement.memory,
             races=tuple(map(race_record, measurement.races)),
             error=error,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for pytest-xdist and the JSON results (``syncs``, ``syncs_per_token`` and ``verdict`` are
-        written for readers of the file; :meth:`from_dict` ignores them)."""
-        return {
-            "nodeid": self.nodeid, "device": self.device, "tokens": self.tokens, "regions": self.regions,
-            "syncs": self.syncs, "syncs_per_token": self.syncs_per_token, "allowed_syncs": self.allowed_syncs,
-            "metrics": dict(self.metrics.values), "samples": dict(self.metrics.runs), "by_kind": dict(self.by_kind),
-            "invisible_kinds": list(self.invisible_kinds), "budgets": [c.to_dict() for c in self.checks],
-            "sites": [vars(s) | {"stack": list(s.stack)} for s in self.sites], "more_sites": self.more_sites,
-            "more_syncs": self.more_syncs, "compile_syncs": self.compile_syncs,
-            "compile_sites": [vars(s) | {"stack": list(s.stack)} for s in self.compile_sites],
-            "outcome": self.outcome, "counted_top": {k: [list(i) for i in v] for k, v in self.counted_top.items()},
-            "timeline": self.timeline.to_dict() if self.timeline else None,
-            "gap_diagnosis": self.gap_diagnosis.to_dict() if self.gap_diagnosis else None,
-            "memory": [m.to_dict() for m in self.memory], "races": [r.to_dict() for r in self.races],
-            "allocation_sites": [vars(s) for s in self.allocation_sites],
-            "baseline": self.comparison.to_dict() if self.comparison else None, "artifacts": list(self.artifacts),
-            "notes": list(self.notes), "error": self.error, "verdict": self.verdict,
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MeasuredTest:
-        return cls(
-            nodeid=data["nodeid"],
-            device=data["device"],
-            tokens=data["tokens"],
-            regions=data["regions"],
-            metrics=Metrics(data["metrics"], data["samples"]),
-            allowed_syncs=data["allowed_syncs"],
-            by_kind=data["by_kind"],
-            invisible_kinds=tuple(data["invisible_kinds"]),
-            checks=tuple(BudgetCheck.from_dict(c) for c in data["budgets"]),
-            sites=tuple(map(SiteRecord.from_dict, data["sites"])),
-            more_sites=data["more_sites"],
-            more_syncs=data["more_syncs"],
-            compile_syncs=data["compile_syncs"],
-            compile_sites=tuple(map(SiteRecord.from_dict, data["compile_sites"])),
-            outcome=data["outcome"],
-            counted_top={k: tuple((str(label), int(n)) for label, n in v) for k, v in data["counted_top"].items()},
-            timeline=TimelineSummary.from_dict(data["timeline"]) if data["timeline"] else None,
-            gap_diagnosis=TimelineSummary.from_dict(data["gap_diagnosis"]) if data.get("gap_diagnosis") else None,
-            memory=tuple(MemoryStats.from_dict(m) for m in data["memory"]),
-            races=tuple(AsyncRace.from_dict(r) for r in data.get("races", ())),
-            allocation_sites=tuple(AllocationSite(**s) for s in data["allocation_sites"]),
-            comparison=Comparison.from_dict(data["baseline"]) if data["baseline"] else None,
-            artifacts=tuple(data["artifacts"]),
-            notes=tuple(data["notes"]),
-            error=data["error"],
+            device_slug=device_slug,
         )

@@ -3,6 +3,7 @@ movers) through baselines, and ``syncguard ab`` end to end on a real git reposit
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.ab import ABReport
+from pytest_syncguard.ab import read_report
 from pytest_syncguard.analysis.ab_stats import (
     IMPROVEMENT,
     INCONCLUSIVE,
@@ -209,7 +210,7 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
                "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
-    report = ABReport.from_dict(json.loads((repo / "ab.json").read_text()))
+    report = read_report(repo / "ab.json")
     tests = {t.nodeid: t for t in report.tests}
     decode, steady = tests["test_loop.py::test_decode"], tests["test_loop.py::test_steady"]
     assert decode.verdict == REGRESSION
@@ -238,7 +239,8 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
 
 
-GATE = Path(__file__).parent / "data" / "h100_gate"
+DATA = Path(__file__).parent / "data"
+GATE = DATA / "h100_gate"
 
 
 def _report(tmp_path: Path, name: str, *extra: str) -> tuple[str, str]:
@@ -274,11 +276,9 @@ def test_the_h100_gate_passes_an_unchanged_suite_from_another_host_and_names_eac
     regressions = timeline_md.split("### Regressions")[1].split("What changed")[0]
     assert "gpu\\_us\\_per\\_token | 2092 us → 2542 us" in regressions  # the GPU step made slower
     assert "launches | 35663 → 35763" in regressions and "CUDAFunctorOnSelf\\_add" in timeline_md
-    unchanged = ABReport.from_dict(json.loads((GATE / "ab-unchanged.json").read_text()))
+    unchanged = read_report(GATE / "ab-unchanged.json")
     assert unchanged.regressions == 0
-    planted = {
-        t.nodeid.split("::")[1]: t for t in ABReport.from_dict(json.loads((GATE / "ab-planted.json").read_text())).tests
-    }
+    planted = {t.nodeid.split("::")[1]: t for t in read_report(GATE / "ab-planted.json").tests}
     seconds = planted["test_speed[cuda_graph]"].timings["seconds"]
     assert seconds.verdict == REGRESSION and seconds.low is not None and seconds.low > 1.1
 
@@ -378,12 +378,20 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
 def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tmp_path: Path) -> None:
     from pytest_syncguard.ab import read_results
 
-    tests = [{"nodeid": f"t::{device}", "device": device, "metrics": {"syncs": 1}} for device in ("cpu", "cuda")]
-    tests.append({"nodeid": "t::compared", "device": "cuda", "metrics": {"syncs": 1},
-                  "baseline": {"device": "nvidia-h100-80gb-hbm3"}})  # fmt: skip
-    (tmp_path / "r.json").write_text(json.dumps({"tests": tests}))
+    # A results file of schema version 1 (written by the plugin before every result carried its slug), its one
+    # record made into a CPU test, a CUDA test compared with no baseline and one compared with an H100's.
+    document = json.loads(gzip.decompress((DATA / "results-v1-cpu.json.gz").read_bytes()))
+    assert document["schema_version"] == 1
+    record = document["tests"][0]
+    document["tests"] = [
+        {**record, "nodeid": "t::cpu"},
+        {**record, "nodeid": "t::cuda", "device": "cuda", "baseline": None},
+        {**record, "nodeid": "t::compared", "device": "cuda",
+         "baseline": {**record["baseline"], "device": "nvidia-h100-80gb-hbm3"}},
+    ]  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(document))
     found = read_results(tmp_path / "r.json")
-    assert {name: m.device for name, m in found.items()} == {
+    assert {name: m.device_slug for name, m in found.items()} == {
         "t::cpu": "cpu", "t::cuda": "unknown", "t::compared": "nvidia-h100-80gb-hbm3",
     }  # fmt: skip
 

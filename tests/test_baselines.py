@@ -215,19 +215,21 @@ def test_host_timings_are_recorded_shown_and_judged_only_where_the_runner_says_i
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["host timings (time, tokens/s, gaps, busy fraction) were not judged*syncguard ab*"])
     results = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
-    default = {c["metric"]: c["status"] for c in results["test_default"]["baseline"]["changes"]}
+    default = {c["metric"]: c["status"] for c in results["test_default"]["comparison"]["changes"]}
     assert default == {"seconds": "not judged", "tokens_per_second": "not judged", "syncs": "unchanged",
                        "syncs_per_token": "unchanged", "ops": "unchanged", "ops_per_token": "unchanged"}  # fmt: skip
-    assert results["test_default"]["samples"]["seconds"] == 3  # the median of the three measured runs
-    assert results["test_one_run"]["samples"]["seconds"] == 1
-    assert results["test_lenient"]["baseline"]["tolerance"] == 1e9  # the marker's own tolerance
-    assert results["test_default"]["baseline"]["tolerance"] is None  # each metric's own
-    assert results["test_opted_out"]["baseline"] is None
+    assert results["test_default"]["metrics"]["runs"]["seconds"] == 3  # the median of the three measured runs
+    assert results["test_one_run"]["metrics"]["runs"]["seconds"] == 1
+    assert results["test_lenient"]["comparison"]["tolerance"] == 1e9  # the marker's own tolerance
+    assert results["test_default"]["comparison"]["tolerance"] is None  # each metric's own
+    assert results["test_opted_out"]["comparison"] is None
     judged = pytester.runpytest("--syncguard", "--syncguard-judge-host-timings", "--syncguard-json=j.json")
     judged.assert_outcomes(passed=3, failed=1)  # test_default; test_lenient's tolerance, test_one_run's one run
     tests = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "j.json").read_text())["tests"]}
-    assert {c["metric"]: c["status"] for c in tests["test_default"]["baseline"]["changes"]}["seconds"] == "regression"
-    assert {c["metric"]: c["status"] for c in tests["test_one_run"]["baseline"]["changes"]}["seconds"] == "not compared"
+    assert {c["metric"]: c["status"] for c in tests["test_default"]["comparison"]["changes"]}["seconds"] == "regression"
+    assert {c["metric"]: c["status"] for c in tests["test_one_run"]["comparison"]["changes"]}[
+        "seconds"
+    ] == "not compared"
 
 
 def test_compare_arithmetic() -> None:
@@ -385,8 +387,8 @@ def test_junit_properties_round_trip_through_junitparser(
     results = {t["nodeid"]: t for t in json.loads((pytester.path / "out.json").read_text())["tests"]}
     assert set(cases) == set(results) == {DECODE, PREFILL, "test_suite.py::test_over_budget"}
     for nodeid, case in cases.items():
-        assert dict(case.metrics.values) == pytest.approx(results[nodeid]["metrics"], rel=1e-9)
-        assert dict(case.metrics.runs) == results[nodeid]["samples"]
+        assert dict(case.metrics.values) == pytest.approx(results[nodeid]["metrics"]["values"], rel=1e-9)
+        assert dict(case.metrics.runs) == results[nodeid]["metrics"]["runs"]
         assert case.verdict == results[nodeid]["verdict"]
         assert case.baseline_status == "new" and case.device_slug == "cpu"
     assert cases["test_suite.py::test_over_budget"].outcome == "failed"

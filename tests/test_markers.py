@@ -291,7 +291,7 @@ def test_unmeasured():
     )
     result.stdout.no_fnmatch_line("*test_unmeasured*")
     document = json.loads((pytester.path / "out" / "results.json").read_text())
-    assert document["schema"] == "pytest-syncguard/results" and document["schema_version"] == 1
+    assert document["schema"] == "pytest-syncguard/results" and document["schema_version"] == 2
     tests = {t["nodeid"].split("::")[1]: t for t in document["tests"]}
     assert sorted(tests) == ["test_a", "test_b"]
     assert tests["test_a"]["syncs"] == 4 and tests["test_a"]["verdict"] == "pass"
@@ -357,7 +357,7 @@ def test_gpu_budgets_on_cpu_are_not_measured_never_passed(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(["*test_loop*cpu*4*4*1.00*max_gpu_idle_us(p99)<=50*NOT MEASURED"])
     data = json.loads((pytester.path / "out.json").read_text())
     (test,) = data["tests"]
-    outcomes = {b["marker"]: b["passed"] for b in test["budgets"]}
+    outcomes = {c["budget"]["marker"]: c["held"] for c in test["checks"]}
     assert outcomes == {
         "max_syncs": True, "max_gpu_idle_us": None, "min_gpu_busy": None,
         "max_fragmentation": None, "max_reserved_mb": None,

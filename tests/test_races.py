@@ -4,6 +4,7 @@ real copies, are in test_gpu_races.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +14,11 @@ import torch
 from pytest_syncguard.analysis.races import AsyncRace, RaceEvent, StreamClocks
 from pytest_syncguard.analysis.sites import Frame
 from pytest_syncguard.budgets import DEFAULT_RACE_CHECK, Budget, with_default_checks
+from pytest_syncguard.codec import decode, encode
 from pytest_syncguard.probes import native
 from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest, race_record
+from pytest_syncguard.results_file import from_record, record
 
 MAIN, SIDE, OTHER_DEVICE = (0, 0), (0, 7), (1, 0)
 
@@ -149,14 +152,14 @@ def test_a_race_is_reported_with_both_sites_the_streams_and_the_fix() -> None:
     race = race_record(event)
     assert race.copy_stream == "cuda:0 stream 7" and race.access_stream == "cuda:0 default stream"
     assert (race.copy_code, race.access_code) == ("copy = clocks.copy(SIDE)", 'clocks.host_waits_event("after")')
-    assert AsyncRace.from_dict(race.to_dict()) == race
+    assert decode(AsyncRace, encode(race)) == race
     text = "\n".join(race.lines())
     assert "host read of the destination of a non_blocking device->host copy" in text
     assert f"test_races.py:{copy_line} in copy_side on cuda:0 stream 7: copy = clocks.copy(SIDE)" in text
     assert f"test_races.py:{read_line} in read_flag by aten::item on cuda:0 default stream" in text
     assert "event.synchronize()" in text
-    data = _failing_result(race).to_dict()
-    restored = MeasuredTest.from_dict(data)
+    data = json.loads(json.dumps(record(_failing_result(race))))
+    restored = from_record(data)
     assert restored.races == (race,)
     shown = failure_text(restored)
     assert "no_async_races: measured 1 host accesses" in shown and "fix: record an event" in shown

@@ -1,5 +1,5 @@
-"""``syncguard report`` on real JUnit files written by pytester runs of the plugin: verdict sections, merging,
-escaping of hostile test ids, truncation to GitHub's comment limit."""
+"""``syncguard report`` on real results and JUnit files written by pytester runs of the plugin: verdict sections,
+merging, escaping of hostile test ids, truncation to GitHub's comment limit."""
 
 from __future__ import annotations
 
@@ -69,12 +69,13 @@ def run(cwd: Path, *args: str, **env: str) -> None:
 
 @pytest.fixture(scope="module")
 def pr_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Baselines from main (READS_B=2, with test_removed), then the PR's JUnit file, written by xdist workers."""
+    """Baselines from main (READS_B=2, with test_removed), then the PR's JUnit and results files, written by xdist
+    workers."""
     root = tmp_path_factory.mktemp("pr")
     (root / "test_suite.py").write_text(SUITE)
     run(root, "--syncguard-update-baselines", READS_B="2", WITH_OLD="1")
-    run(root, "--junitxml=pr.xml", "-p", "xdist", "-n", "2", READS_A="3", WITH_NEW="1")
-    assert (root / "pr.xml").exists() and (root / "baselines" / "cpu.json").exists()
+    run(root, "--junitxml=pr.xml", "--syncguard-json=pr.json", "-p", "xdist", "-n", "2", READS_A="3", WITH_NEW="1")
+    assert (root / "pr.xml").exists() and (root / "pr.json").exists() and (root / "baselines" / "cpu.json").exists()
     return root
 
 
@@ -108,6 +109,23 @@ def test_report_lists_regressions_first_then_improvements_new_and_missing(pr_run
     assert data["missing"] == [{"device": "cpu", "nodeid": "test_suite.py::test_removed"}]
     failing = cli(pr_run, "pr.xml", "--baselines", "baselines", "--fail-on-regression")
     assert failing.returncode == 1 and failing.stdout.startswith("**❌ syncguard: 1 regressions**")
+
+
+def test_the_results_file_gives_the_junit_files_verdicts_and_what_explains_them(pr_run: Path) -> None:
+    """The results document (sent by the xdist workers, written by the controller) judges as the JUnit file does,
+    and carries what a JUnit file does not: the sync site whose count grew."""
+    from_results, from_junit = (compare_run([pr_run / name], pr_run / "baselines") for name in ("pr.json", "pr.xml"))
+    verdicts = [{(c.case.nodeid, c.case.device_slug, c.comparison.status) for c in r.cases} for r in (from_results,
+                from_junit)]  # fmt: skip
+    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 8
+    assert from_results.missing == from_junit.missing == [("cpu", "test_suite.py::test_removed")]
+    (regressed,) = from_results.with_status("regression")
+    lines = regressed.comparison.explanation.lines()
+    assert any(line.startswith("sync site grew test_suite.py:") and "x.sum().item()" in line for line in lines)
+    (without,) = from_junit.with_status("regression")
+    assert not without.comparison.explanation  # a JUnit file carries no details
+    done = cli(pr_run, "pr.json", "--baselines", "baselines")
+    assert done.returncode == 0 and "x\\.sum\\(\\)\\.item\\(\\)" in done.stdout, done.stderr
 
 
 def test_without_a_baselines_folder_the_runs_own_comparison_is_reported(pr_run: Path) -> None:

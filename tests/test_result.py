@@ -26,6 +26,7 @@ from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.report.junit import read_cases
 from pytest_syncguard.report.terminal import failure_text, summary_lines
 from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.results_file import from_record, record
 
 DATA = Path(__file__).parent / "data"
 
@@ -110,8 +111,8 @@ def test_every_rendering_reads_the_same_median_of_the_regions() -> None:
 def test_the_xdist_and_json_round_trip_gives_back_the_same_result() -> None:
     result = _measured((Budget("max_gpu_idle_us", 50.0, "p95"), Budget("max_syncs_per_token", 1)))
     assert "p95_gap_us" in result.metrics  # the gap statistic a budget read is a metric too
-    data = json.loads(json.dumps(result.to_dict()))
-    assert MeasuredTest.from_dict(data) == result
+    data = json.loads(json.dumps(record(result)))
+    assert from_record(data) == result
     assert data["syncs"] == 8 and data["syncs_per_token"] == 2.0 and data["regions"] == 3
     assert data["verdict"] == "fail"
 
@@ -124,7 +125,7 @@ def test_a_gap_diagnosis_travels_with_the_result_and_is_shown_apart_from_the_jud
     result = _measured((Budget("max_gpu_idle_us", 1.0),))
     diagnosis = replace(_timelines()[0].summary(region=1), steps_from=gaps.GRAPH_STEPS)
     result = replace(result, gap_diagnosis=diagnosis)
-    assert MeasuredTest.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+    assert from_record(json.loads(json.dumps(record(result)))) == result
     text = failure_text(result).splitlines()
     header = next(i for i, line in enumerate(text) if "diagnostic rerun with every host operator recorded" in line)
     judged = next(i for i, line in enumerate(text) if line.startswith("GPU timeline"))
@@ -148,8 +149,8 @@ def test_junit_properties_are_read_back_into_the_same_numbers(pytester: pytest.P
     (case,) = read_cases(pytester.path / "out.xml")
     (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
     assert test["regions"] == 5  # measure(repeat=5) is five regions
-    assert dict(case.metrics.values) == test["metrics"] and dict(case.metrics.runs) == {
-        name: n for name, n in test["samples"].items()
+    assert dict(case.metrics.values) == test["metrics"]["values"] and dict(case.metrics.runs) == {
+        name: n for name, n in test["metrics"]["runs"].items()
     }
     assert case.metrics.values["syncs_per_token"] == 2.0 and case.verdict == "pass" and case.baseline_status == "new"
 

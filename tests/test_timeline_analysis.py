@@ -14,6 +14,7 @@ import pytest
 
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.memory import MemoryStats, expandable_segments_on, region_stats
+from pytest_syncguard.codec import decode, encode
 
 DATA = Path(__file__).parent / "data"
 
@@ -224,7 +225,7 @@ def test_region_stats_arithmetic() -> None:
     stats = region_stats(0, before, after, expandable_segments=False)
     assert stats.fragmentation == pytest.approx(0.75)
     assert (stats.alloc_retries, stats.device_mallocs, stats.device_frees) == (2, 6, 5)
-    assert MemoryStats.from_dict(stats.to_dict()) == stats
+    assert decode(MemoryStats, encode(stats)) == stats
     assert region_stats(0, {}, {}, expandable_segments=True).fragmentation == 0.0
 
 

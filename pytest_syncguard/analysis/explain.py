@@ -2,7 +2,7 @@
 operators, kernels or compile reasons whose counts moved (pure data, no torch).
 
 A test's :class:`Details` (its sync sites and the largest contributors to its itemized counters) are kept in
-the results, the JUnit properties and the baseline files. A site is named by its module-relative path, line and
+its results and in the baseline files. A site is named by its module-relative path, line and
 function, and matched by its source text where both sides have it, so that it matches across machines and
 installs, and across a line inserted above it.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from .counts import EXPLAINED_BY, ITEMIZED, Items
 
@@ -41,16 +40,6 @@ class SiteCount:
     def key(self, by_code: bool) -> tuple[str, str, str, str, str]:
         return (self.path, self.function, self.code if by_code else str(self.line), self.kind, self.op)
 
-    @classmethod
-    def from_dict(cls, raw: object) -> SiteCount:
-        """A site from plain data; ValueError/KeyError/TypeError on anything else (it may come from a file)."""
-        if not isinstance(raw, Mapping):
-            raise ValueError("a site must be an object")
-        return cls(
-            str(raw["path"]), int(raw["line"]), str(raw["function"]), str(raw.get("code", "")), str(raw["kind"]),
-            str(raw["op"]), int(raw["count"]),
-        )  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Details:
@@ -61,29 +50,6 @@ class Details:
     """Per itemized counter (:data:`.counts.ITEMIZED`), its largest contributors, largest first."""
     top_limit: int = 0
     """How many contributors each list kept at most: an item missing from a full list may still have some."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sites": [vars(s) for s in self.sites],
-            "top": {name: [list(item) for item in items] for name, items in sorted(self.top.items())},
-            "top_limit": self.top_limit,
-        }
-
-    @classmethod
-    def from_dict(cls, data: object) -> Details:
-        """Details from plain data; ValueError on anything else (the data may come from an untrusted file)."""
-        if not isinstance(data, Mapping):
-            raise ValueError("details must be an object")
-        sites = tuple(SiteCount.from_dict(raw) for raw in data.get("sites", ()))
-        top_raw = data.get("top", {})
-        if not isinstance(top_raw, Mapping):
-            raise ValueError("top must be an object")
-        top = {
-            str(name): tuple((str(label), int(n)) for label, n in items)
-            for name, items in top_raw.items()
-            if name in ITEMIZED
-        }
-        return cls(sites, top, int(data.get("top_limit", 0)))
 
 
 @dataclass(frozen=True)
@@ -132,17 +98,6 @@ class Explanation:
 
     def lines(self) -> list[str]:
         return [f"sync site {c.describe()}" for c in self.sites] + [f"moved: {m.describe()}" for m in self.movers]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sites": [{**vars(c.site), "old": c.old, "new": c.new} for c in self.sites],
-            "movers": [vars(m) for m in self.movers],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Explanation:
-        sites = tuple(SiteChange(SiteCount.from_dict(raw), int(raw["old"]), int(raw["new"])) for raw in data["sites"])
-        return cls(sites, tuple(Mover(**m) for m in data["movers"]))
 
     def __bool__(self) -> bool:
         return bool(self.sites or self.movers)

@@ -21,7 +21,7 @@ import bisect
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .reliability import graph_problem, overlap_problem
 from .trace_file import BLOCKING_CALLS, GRAPH_LAUNCHES, GpuOp, HostCall, HostRange, Trace, paused_gc
@@ -140,19 +140,6 @@ class TimelineSummary(JudgedSteps):
     streams: tuple[StreamView, ...]
     steps_from: str = NO_STEPS
     """Where the steps came from (:data:`MARKED_STEPS`, ...); empty when there are none."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **vars(self), "top_gaps": [vars(g) for g in self.top_gaps], "streams": [vars(s) for s in self.streams],
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TimelineSummary:
-        return cls(
-            **{k: v for k, v in data.items() if k not in ("top_gaps", "streams")},
-            top_gaps=tuple(AttributedGap(**g) for g in data["top_gaps"]),
-            streams=tuple(StreamView(**s) for s in data["streams"]),
-        )
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ arithmetic over the stats dicts, no torch)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 #: Counters whose change over the region is reported (each device malloc/free can itself synchronize).
 _DELTAS = {
@@ -19,6 +19,8 @@ _DELTAS = {
 @dataclass(frozen=True)
 class MemoryStats:
     """The allocator in one region, on one device (bytes and counts)."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ("fragmentation",)
 
     device: int
     allocated_peak: int
@@ -37,15 +39,6 @@ class MemoryStats:
         if self.reserved_peak <= 0:
             return 0.0
         return 1.0 - self.allocated_peak / self.reserved_peak
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["fragmentation"] = round(self.fragmentation, 6)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MemoryStats:
-        return cls(**{k: v for k, v in data.items() if k != "fragmentation"})
 
 
 def region_stats(

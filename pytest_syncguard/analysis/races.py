@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .sites import Frame
 
@@ -125,13 +125,6 @@ class AsyncRace:
             "or read once event.query() has returned True, before the host touches this memory; wait_stream and "
             "wait_event order streams on the device, not the host",
         ]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AsyncRace:
-        return cls(**data)
 
 
 def race_lines(races: Iterable[AsyncRace], shown: int = 5) -> list[str]:

@@ -1,4 +1,6 @@
-"""A test's results as JUnit ``<property>`` pairs (``syncguard.<metric>``), and reading them back.
+"""A test's verdict and the numbers a person reads as JUnit ``<property>`` pairs (``syncguard.<metric>``), and
+reading them back. The results document (:mod:`..results_file`) is the record of a test's results: a JUnit file
+carries no second data format (files written before, with the details and fingerprint as JSON, still read).
 
 ``--junitxml`` writes them inside the test's ``<testcase>`` with or without pytest-xdist (the teardown report
 carries the item's properties from the worker), under every ``junit_family``: pytest warns about properties
@@ -11,14 +13,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import upgrades
 from ..analysis.explain import Details
-from ..comparison import Drift, Fingerprint
-from ..environment import is_slug, slug_for, unnamed_slug
+from ..codec import CodecError, decode
+from ..environment import is_slug, unnamed_slug
 from ..metrics import Metrics, metric
+from .cases import RunCase
 
 if TYPE_CHECKING:
     from ..result import MeasuredTest
@@ -39,12 +42,13 @@ class Prop:
     DEVICE_SLUG = "device_slug"
     TOLERANCE = "tolerance"
     FINGERPRINT = "fingerprint"
+    """Read from older files only (JSON), as :attr:`FINGERPRINT_CHANGES` and :attr:`DETAILS`."""
     FINGERPRINT_CHANGES = "fingerprint_changes"
     ERROR = "error"
     HOST_TIMINGS = "host_timings"
     """"true" when the run judged host timings against the baseline (the runner is the baseline's host)."""
     DETAILS = "details"
-    """The test's sync sites and counters' largest contributors (JSON), which explain a change of its counts."""
+    """Read from older files only: the test's sync sites and counters' largest contributors (JSON)."""
     RUNS = "runs."
     """``runs.<metric>``: how many runs a noisy metric is the median of (written when more than 1)."""
     BASELINE_VALUE = "baseline."
@@ -53,33 +57,6 @@ class Prop:
 
 class JUnitError(ValueError):
     """A JUnit file that cannot be read; the message names it."""
-
-
-@dataclass(frozen=True)
-class JUnitCase:
-    """One measured test case of a JUnit file, its ``syncguard.*`` properties parsed once."""
-
-    nodeid: str
-    outcome: str
-    """passed, failed, error or skipped, as the JUnit file says."""
-    verdict: str
-    device_slug: str
-    budgets: str | None
-    """The test's budgets in short (``max_syncs_per_token<=1; ...``)."""
-    metrics: Metrics
-    baseline_status: str | None
-    """The comparison the run made (None: it made none)."""
-    baseline_values: Mapping[str, float]
-    tolerance: float | None
-    fingerprint: Fingerprint
-    drift: Drift
-    host_timings: bool = False
-    details: Details | None = None
-
-    @property
-    def compared(self) -> bool:
-        """The run compared the test with a baseline entry (values in ``baseline_values``)."""
-        return self.baseline_status not in (None, "new")
 
 
 def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
@@ -109,12 +86,12 @@ def _details(raw: str | None) -> Details | None:
     if raw is None:
         return None
     try:
-        return Details.from_dict(json.loads(raw))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return decode(Details, upgrades.details(json.loads(raw)), Prop.DETAILS)
+    except (json.JSONDecodeError, CodecError) as exc:
         raise ValueError(f"property {PREFIX}{Prop.DETAILS} is not valid ({exc!r})") from exc
 
 
-def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
+def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:
     metrics = _numbers(found, "")
     runs = {}
     for name in metrics:
@@ -130,7 +107,7 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
         for k, v in _json_object(found.get(Prop.FINGERPRINT_CHANGES)).items()
         if isinstance(v, list) and len(v) == 2
     }
-    return JUnitCase(
+    return RunCase(
         nodeid=nodeid,
         outcome=outcome,
         verdict=found[Prop.VERDICT],
@@ -147,7 +124,7 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> JUnitCase:
     )
 
 
-def read_cases(path: Path) -> list[JUnitCase]:
+def read_cases(path: Path) -> list[RunCase]:
     """The test cases of a JUnit XML file that carry syncguard properties (read with junitparser)."""
     from xml.etree.ElementTree import ParseError
 
@@ -197,7 +174,7 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
     """Verdict, device, every measured metric, the budgets and the baseline comparison of one test."""
     comparison = result.comparison
     # Every case names the baseline file of its device, compared with one or not (a report groups cases by it).
-    slug = comparison.device if comparison is not None else slug_for(result.device)
+    slug = result.device_slug or (comparison.device if comparison is not None else unnamed_slug(result.device))
     props: list[tuple[str, object]] = [
         (Prop.NODEID, result.nodeid),
         (Prop.VERDICT, result.verdict),
@@ -220,12 +197,6 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
         props.extend(
             (f"{Prop.BASELINE_VALUE}{name}", _number(old)) for name, old in comparison.baseline_values().items()
         )
-        if comparison.fingerprint:
-            props.append((Prop.FINGERPRINT, json.dumps(comparison.fingerprint, sort_keys=True)))
-        if comparison.drift:
-            props.append((Prop.FINGERPRINT_CHANGES, json.dumps(comparison.drift, sort_keys=True)))
-    if result.error is None and result.outcome is None:
-        props.append((Prop.DETAILS, json.dumps(result.details().to_dict(), sort_keys=True)))
     if result.error is not None:
         props.append((Prop.ERROR, result.error))
     return [(PREFIX + name, value) for name, value in props]

@@ -1,6 +1,7 @@
-"""A CI run's results: the measured test cases of its JUnit files, merged, each compared with its baseline.
+"""A CI run's results: the measured tests of its results files (``--syncguard-json``) or, for runs that wrote
+none, its JUnit files, merged, each compared with its baseline.
 
-The cases come from one or several JUnit files (xdist, several jobs or GPU models) and are de-duplicated by
+The cases come from one or several files (xdist, several jobs or GPU models) and are de-duplicated by
 (device, node id): the last file read wins. Each is compared with its baseline entry: from a baselines folder
 when one is given, else with the entry the run itself compared with (``syncguard.baseline.<metric>``).
 """
@@ -12,17 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import results_file
 from ..analysis.explain import Details
 from ..baselines import Baseline, path_for, read
+from ..codec import encode
 from ..comparison import Comparison, Drift, compare
 from ..environment import fingerprint_changes
 from ..result import PARTIAL
-from .junit import JUnitCase, read_cases
+from .cases import RunCase
+from .junit import read_cases
 
 
 @dataclass(frozen=True)
 class CaseComparison:
-    case: JUnitCase
+    case: RunCase
     comparison: Comparison
 
     @property
@@ -66,7 +70,7 @@ class RunComparison:
                     "outcome": c.case.outcome,
                     "verdict": c.case.verdict,
                     "metrics": dict(c.case.metrics.values),
-                    "comparison": c.comparison.to_dict(),
+                    "comparison": encode(c.comparison),
                 }
                 for c in self.cases
             ],
@@ -75,11 +79,19 @@ class RunComparison:
         }
 
 
-def merge_cases(paths: Sequence[Path]) -> list[JUnitCase]:
+def read_run(path: Path) -> list[RunCase]:
+    """The measured tests of a results file (``.json``) or a JUnit file; ``ResultsError`` or ``JUnitError``
+    naming the file when it is neither."""
+    if path.suffix == ".json":
+        return [RunCase.of(result) for result in results_file.read(path)]
+    return read_cases(path)
+
+
+def merge_cases(paths: Sequence[Path]) -> list[RunCase]:
     """The cases of all files, one per (device, node id), in a stable order."""
-    merged: dict[tuple[str, str], JUnitCase] = {}
+    merged: dict[tuple[str, str], RunCase] = {}
     for path in paths:
-        for case in read_cases(path):
+        for case in read_run(path):
             merged[(case.device_slug, case.nodeid)] = case
     return [merged[key] for key in sorted(merged)]
 
@@ -87,7 +99,8 @@ def merge_cases(paths: Sequence[Path]) -> list[JUnitCase]:
 def compare_run(
     paths: Sequence[Path], baselines: Path | None, tolerance: float | None = None, host_timings: bool = False
 ) -> RunComparison:
-    """Compare every measured case of the JUnit files; raises ``JUnitError``/``BaselineError`` naming a file.
+    """Compare every measured case of the files; raises ``ResultsError``/``JUnitError``/``BaselineError`` naming a
+    file.
     Host timings are judged where ``host_timings`` says so, or where the run judged them."""
     run = RunComparison(sources=[str(p) for p in paths])
     files: dict[str, Baseline | None] = {}

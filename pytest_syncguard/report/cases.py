@@ -1,0 +1,63 @@
+"""One measured test as a finished run reports it, read from its results file (:mod:`..results_file`) or, for
+runs that wrote none, its JUnit case (:mod:`.junit`): what ``syncguard report`` compares and renders. No torch
+here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..analysis.explain import Details
+from ..comparison import Drift, Fingerprint
+from ..metrics import Metrics
+from ..result import MeasuredTest
+
+#: A result's verdict as pytest's outcome of the test (what a JUnit file says).
+_OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}
+
+
+@dataclass(frozen=True)
+class RunCase:
+    """One measured test of a run."""
+
+    nodeid: str
+    outcome: str
+    """passed, failed, error or skipped, as pytest reported the test."""
+    verdict: str
+    device_slug: str
+    budgets: str | None
+    """The test's budgets in short (``max_syncs_per_token<=1; ...``)."""
+    metrics: Metrics
+    baseline_status: str | None
+    """The comparison the run made (None: it made none)."""
+    baseline_values: Mapping[str, float]
+    tolerance: float | None
+    fingerprint: Fingerprint
+    drift: Drift
+    host_timings: bool = False
+    details: Details | None = None
+
+    @property
+    def compared(self) -> bool:
+        """The run compared the test with a baseline entry (values in ``baseline_values``)."""
+        return self.baseline_status not in (None, "new")
+
+    @classmethod
+    def of(cls, result: MeasuredTest) -> RunCase:
+        """The case of a test's record in a results file."""
+        comparison = result.comparison
+        return cls(
+            nodeid=result.nodeid,
+            outcome=_OUTCOMES.get(result.verdict, "passed"),
+            verdict=result.verdict,
+            device_slug=result.device_slug,
+            budgets="; ".join(c.budget.describe() for c in result.checks) or None,
+            metrics=result.metrics,
+            baseline_status=comparison.status if comparison is not None else None,
+            baseline_values=comparison.baseline_values() if comparison is not None else {},
+            tolerance=comparison.tolerance if comparison is not None else None,
+            fingerprint=dict(comparison.fingerprint) if comparison is not None else {},
+            drift=dict(comparison.drift) if comparison is not None else {},
+            host_timings=comparison.host_timings if comparison is not None else False,
+            details=result.details() if result.error is None and result.outcome is None else None,
+        )

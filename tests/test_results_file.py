@@ -1,0 +1,107 @@
+"""The results document and its one codec: a results file of schema version 1 (written by the plugin before this
+one, tests/data/results-v1-cpu.json.gz) reads into the same numbers, today's files round-trip, and a file that
+holds no results document is an error naming the file and the field."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard import results_file
+from pytest_syncguard.codec import CodecError, decode, encode, layout
+from pytest_syncguard.result import MeasuredTest
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def version_1(tmp_path: Path) -> tuple[Path, dict]:
+    """``pytest examples/test_strategies.py -k "kv_cache or hf_generate" --syncguard --syncguard-baselines baselines
+    --syncguard-json`` on the CPU, at f94b8d3 (schema version 1)."""
+    path = tmp_path / "results-v1.json"
+    path.write_bytes(gzip.decompress((DATA / "results-v1-cpu.json.gz").read_bytes()))
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 1
+    return path, data
+
+
+def test_a_version_1_file_reads_into_the_numbers_it_holds(version_1: tuple[Path, dict], tmp_path: Path) -> None:
+    path, data = version_1
+    tests = results_file.read(path)
+    assert [t.nodeid for t in tests] == [t["nodeid"] for t in data["tests"]] and len(tests) == 4
+    for test, raw in zip(tests, data["tests"], strict=True):
+        assert dict(test.metrics.values) == raw["metrics"] and dict(test.metrics.runs) == raw["samples"]
+        assert [(c.budget.marker, c.budget.limit, c.held, c.value) for c in test.checks] == [
+            (b["marker"], b["limit"], b["passed"], b["value"]) for b in raw["budgets"]
+        ]
+        assert test.comparison is not None and test.comparison.status == raw["baseline"]["status"]
+        assert test.comparison.drift == raw["baseline"]["fingerprint_changes"]
+        assert [c.metric for c in test.comparison.changes] == [c["metric"] for c in raw["baseline"]["changes"]]
+        assert test.device_slug == raw["baseline"]["device"] == "cpu"
+        assert test.verdict == raw["verdict"] and test.syncs == raw["syncs"]
+        assert [s.count for s in test.sites] == [s["count"] for s in raw["sites"]]
+        assert {k: [list(i) for i in v] for k, v in test.counted_top.items()} == raw["counted_top"]
+    # Written again, it is a file of today's version that reads back equal.
+    again = tmp_path / "again.json"
+    results_file.write(again, tests)
+    assert json.loads(again.read_text())["schema_version"] == results_file.SCHEMA_VERSION
+    assert results_file.read(again) == tests
+
+
+def test_a_file_that_is_no_results_document_is_an_error_naming_the_file_and_the_field(
+    version_1: tuple[Path, dict], tmp_path: Path
+) -> None:
+    tests = results_file.read(version_1[0])
+    good = tmp_path / "good.json"
+    results_file.write(good, tests)
+    document = json.loads(good.read_text())
+
+    def broken(change: str, value: object) -> str:
+        copy = json.loads(json.dumps(document))
+        *parents, last = change.split(".")
+        target = copy["tests"][1]
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[last] = value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(copy))
+        with pytest.raises(results_file.ResultsError) as raised:
+            results_file.read(bad)
+        return str(raised.value)
+
+    expected = f"{tmp_path / 'bad.json'}: tests[1].metrics.values.syncs: a finite number expected, got '29'"
+    assert broken("metrics.values.syncs", "29") == expected
+    assert "tests[1].checks[0].held: true/false expected, got 'yes'" in broken("checks.0.held", "yes")
+    assert "tests[1].comparison.changes: a list expected, got object" in broken("comparison.changes", {})
+    assert "tests[1].regions: a whole number expected, got True" in broken("regions", True)
+    del document["tests"][0]["nodeid"]
+    (tmp_path / "missing.json").write_text(json.dumps(document))
+    with pytest.raises(results_file.ResultsError, match=r"tests\[0\]: 'nodeid' is missing"):
+        results_file.read(tmp_path / "missing.json")
+    document["schema_version"] = results_file.SCHEMA_VERSION + 1
+    (tmp_path / "newer.json").write_text(json.dumps(document))
+    with pytest.raises(results_file.ResultsError, match="upgrade pytest-syncguard"):
+        results_file.read(tmp_path / "newer.json")
+    (tmp_path / "junit.json").write_text('{"schema": "pytest-syncguard/ab"}')
+    with pytest.raises(results_file.ResultsError, match=r"junit\.json: not a syncguard results file"):
+        results_file.read(tmp_path / "junit.json")
+
+
+def test_the_codec_ignores_keys_it_does_not_know_and_lists_every_record_of_the_layout(
+    version_1: tuple[Path, dict],
+) -> None:
+    path, _ = version_1
+    test = results_file.read(path)[0]
+    data = encode(test)
+    assert data["verdict"] == test.verdict  # written for the reader
+    assert decode(MeasuredTest, {**data, "added_by_a_newer_minor_version": 1}) == test
+    with pytest.raises(CodecError, match=r"MeasuredTest.metrics: an object expected, got list"):
+        decode(MeasuredTest, {**data, "metrics": []})
+    records = layout(MeasuredTest)
+    assert next(iter(records)) == "MeasuredTest" and {"Metrics", "BudgetCheck", "Budget", "Comparison", "Change",
+                                                    "Explanation", "SiteChange", "SiteCount", "TimelineSummary",
+                                                    "AttributedGap", "MemoryStats", "AsyncRace"} <= set(records)  # fmt: skip
+    assert ("held", "true/false or null") in records["BudgetCheck"]
