@@ -14,7 +14,6 @@ No torch here: the rounds are separate pytest processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -32,7 +31,7 @@ from typing import Any, ClassVar
 from . import results_file, upgrades
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
 from .analysis.explain import Explanation, explain
-from .codec import CodecError, decode, encode
+from .codec import CodecError, decode, encode, read_document
 from .comparison import count_status
 from .metrics import metric
 from .result import MeasuredTest
@@ -166,15 +165,7 @@ def document(report: ABReport) -> dict[str, Any]:
 
 def read_report(path: Path) -> ABReport:
     """The report of an A/B JSON file; ValueError naming what is wrong on anything else (it may be untrusted)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not a readable A/B report ({exc})") from exc
-    if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
-        raise ValueError(f"not a syncguard A/B report (schema {SCHEMA!r} expected)")
-    version = data.get("schema_version")
-    if isinstance(version, bool) or version not in (1, SCHEMA_VERSION):
-        raise ValueError(f"A/B report schema version {version!r}, this syncguard reads 1 to {SCHEMA_VERSION}")
+    data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard A/B report")
     try:
         return decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
     except CodecError as exc:

@@ -10,12 +10,14 @@ does not know are ignored, so that a file written by a newer minor version still
 
 from __future__ import annotations
 
+import json
 import math
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, fields, is_dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any, TypeVar, Union
 
 T = TypeVar("T")
@@ -38,6 +40,23 @@ def encode(value: object) -> Any:
     if value is None or isinstance(value, (str, int, float)):
         return value
     raise TypeError(f"{type(value).__name__} is not a record the codec writes")
+
+
+def read_document(path: Path, schema: str, newest: int, what: str) -> tuple[dict[str, Any], int]:
+    """The JSON object of a schema-versioned file and its version (1 to ``newest``); :class:`CodecError` saying
+    what is wrong (unreadable, another schema, a newer version) in terms of ``what`` the file should be."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"not a readable {what} ({exc})") from exc
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise CodecError(f"not a {what} (schema {schema!r} expected)")
+    version = data.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= newest:
+        raise CodecError(
+            f"{what} schema version {version!r}, this syncguard reads 1 to {newest}: upgrade pytest-syncguard"
+        )
+    return data, version
 
 
 def decode(kind: type[T], data: object, where: str = "") -> T:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -282,30 +282,33 @@ class GenerationRegion:
         try:
             with ExitStack() as stack:
                 self._open = stack
-                stack.enter_context(TIMELINE.region(self.number))
-                stack.callback(self._steps.close)
-                if self.model is not None:
-                    stack.callback(self.model.register_forward_pre_hook(self._count_forward).remove)
-                    if TIMELINE.tracing:
-                        for handle in TIMELINE.step_hooks(self.model):
-                            stack.callback(handle.remove)
-                cuda = self.device != "cpu" and torch.cuda.is_available()
-                if self.track_memory and cuda:
-                    stack.enter_context(region_memory(self._memory))
-                stack.enter_context(PROBE.recording(self._recorder))
-                if self.check_races and cuda:  # inside the sync probe: its copy kernel announces the copies
-                    stack.enter_context(RACES.watching(self._races, self._counts))
-                if cuda:
-                    stack.enter_context(driver_calls(self._counts))
-                stack.enter_context(compiles.counting(self._counts))
-                if self.count_ops:  # innermost: the probes' own work is not counted
-                    stack.enter_context(ops.counting(self._counts))
+                for probe in REGION_PROBES:
+                    if probe.wanted(self):
+                        stack.enter_context(probe.recording(self))
                 yield self
             seconds = self._clock() - start
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
             self._open = None
             self.measurement = self._finish(seconds)
+
+    @property
+    def _on_cuda(self) -> bool:
+        return self.device != "cpu" and torch.cuda.is_available()
+
+    @contextmanager
+    def _model_hooks(self) -> Iterator[None]:
+        """The model's forward calls counted (its tokens, when the test names none), and under a trace each
+        forward call marked as a step."""
+        assert self.model is not None
+        handles = [self.model.register_forward_pre_hook(self._count_forward)]
+        if TIMELINE.tracing:
+            handles += TIMELINE.step_hooks(self.model)
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def abandon(self) -> None:
         """Close what the region opened (probe, hooks, trace annotation) although its block has not ended: a
@@ -346,6 +349,37 @@ class GenerationRegion:
             count_parts=((self.number,),),
             races=tuple(self._races),
         )
+
+
+@dataclass(frozen=True)
+class RegionProbe:
+    """One probe of a measured region: whether the region wants it, and what records its part of the region's
+    results around the region's block, into the region's own lists (sync events, counts, allocator numbers,
+    races), which :meth:`GenerationRegion._finish` reads once all have closed."""
+
+    name: str
+    wanted: Callable[[GenerationRegion], bool]
+    recording: Callable[[GenerationRegion], AbstractContextManager[object]]
+
+
+def _always(region: GenerationRegion) -> bool:
+    return True
+
+
+#: Every probe of a region, outermost first: a probe does not see the work of those outside it, so the counters
+#: are innermost (the other probes' own operators are not counted) and the race watch is inside the sync probe
+#: (its copy kernel announces the copies). The allocator's numbers are read on its exit, after those inside.
+REGION_PROBES = (
+    RegionProbe("timeline annotation", _always, lambda r: TIMELINE.region(r.number)),
+    RegionProbe("marked steps", _always, lambda r: closing(r._steps)),
+    RegionProbe("forward calls", lambda r: r.model is not None, lambda r: r._model_hooks()),
+    RegionProbe("allocator", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory)),
+    RegionProbe("syncs", _always, lambda r: PROBE.recording(r._recorder)),
+    RegionProbe("races", lambda r: r.check_races and r._on_cuda, lambda r: RACES.watching(r._races, r._counts)),
+    RegionProbe("driver calls", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
+    RegionProbe("compiles", _always, lambda r: compiles.counting(r._counts)),
+    RegionProbe("operators", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
+)
 
 
 def _validated_tokens(tokens: Any, where: str) -> int | None:

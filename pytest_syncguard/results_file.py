@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, upgrades
-from .codec import CodecError, decode, encode
+from .codec import CodecError, decode, encode, read_document
 from .files import write_atomically
 from .result import MeasuredTest
 
@@ -59,21 +59,10 @@ def write(path: Path, results: Iterable[MeasuredTest]) -> None:
 def read(path: Path) -> list[MeasuredTest]:
     """Every test of the results file at ``path``; :class:`ResultsError` names the file and what is wrong."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsError(f"{path}: not a readable syncguard results file ({exc})") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ResultsError(f"{path}: not a syncguard results file (schema {SCHEMA!r} expected)")
-    version = data.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise ResultsError(
-            f"{path}: results schema version {version!r}, this syncguard reads 1 to {SCHEMA_VERSION}: upgrade "
-            "pytest-syncguard"
-        )
-    tests = data.get("tests")
-    if not isinstance(tests, list):
-        raise ResultsError(f"{path}: 'tests' must be a list")
-    try:
+        data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard results file")
+        tests = data.get("tests")
+        if not isinstance(tests, list):
+            raise CodecError("'tests' must be a list")
         return [from_record(t, version, f"tests[{i}]") for i, t in enumerate(tests)]
     except CodecError as exc:
         raise ResultsError(f"{path}: {exc}") from exc

@@ -105,3 +105,27 @@ def test_the_codec_ignores_keys_it_does_not_know_and_lists_every_record_of_the_l
                                                     "Explanation", "SiteChange", "SiteCount", "TimelineSummary",
                                                     "AttributedGap", "MemoryStats", "AsyncRace"} <= set(records)  # fmt: skip
     assert ("held", "true/false or null") in records["BudgetCheck"]
+
+
+def test_a_real_h100_results_document_reads_and_reports_as_the_run_judged_it(tmp_path: Path) -> None:
+    """The suite's results document from an H100 run (tests/data/h100_results), reported against the baseline
+    that run compared with: each test's comparison agrees with the run's own, and every count is unchanged."""
+    from pytest_syncguard.report.run import compare_run
+
+    data = DATA / "h100_results"
+    results = tmp_path / "results.json"
+    results.write_bytes(gzip.decompress((data / "results-nvidia-h100-80gb-hbm3.json.gz").read_bytes()))
+    (tmp_path / "baselines").mkdir()
+    baseline = tmp_path / "baselines" / "nvidia-h100-80gb-hbm3.json"
+    baseline.write_bytes(gzip.decompress((data / "baselines" / "nvidia-h100-80gb-hbm3.json.gz").read_bytes()))
+    tests = {t.nodeid: t for t in results_file.read(results)}
+    assert len(tests) == 17 and {t.device_slug for t in tests.values()} == {"nvidia-h100-80gb-hbm3"}
+    graph = tests["examples/test_strategies.py::test_timeline[cuda_graph]"]
+    assert graph.timeline is not None and graph.memory and graph.metrics["graph_launches"] == 99
+    run = compare_run([results], tmp_path / "baselines")
+    assert {c.case.nodeid: c.comparison.status for c in run.cases} == {
+        nodeid: t.comparison.status for nodeid, t in tests.items() if t.comparison is not None
+    }
+    assert not run.with_status("regression") and not run.missing
+    counted = [change for c in run.cases for change in c.comparison.changes if change.metric in ("syncs", "launches")]
+    assert counted and all(change.status == "unchanged" for change in counted)
