@@ -7,7 +7,8 @@
 #
 # PR_NUMBER (optional) is written to OUT/pr-number for the comment workflow, which checks it again. BASE_SHA
 # (optional, a pull request's base commit): the timing tests are also run A/B against the merge base on this
-# runner (syncguard ab), since host timings are not judged against a baseline recorded on another machine.
+# runner (syncguard ab, each test until its verdict is settled, within 20 minutes), since host timings are not
+# judged against a baseline recorded on another machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-syncguard-out}"
@@ -43,7 +44,7 @@ status=$?
 ab=()
 if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
-    syncguard ab --base "$merge_base" --rounds 6 --out "$out/ab" --json "$out/ab-$slug.json" \
+    syncguard ab --base "$merge_base" --time-budget 1200 --out "$out/ab" --json "$out/ab-$slug.json" \
         --markdown "$out/ab-$slug.md" --fail-on-regression -- examples/test_strategies.py -k test_speed \
         || status=1
     ab=(--ab "$out/ab-$slug.json")
@@ -51,4 +52,7 @@ fi
 
 syncguard report "$out/results-$slug.json" --baselines baselines "${ab[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
+# The report in the job's log: its verdict, then every test's device time against the baseline with the tolerance
+# and recorded spread that judged it, then the rest.
+cat "$out/report-$slug.md" 2>/dev/null
 exit "$status"

@@ -8,7 +8,11 @@ its ``src/`` if there is one, lead ``PYTHONPATH``). Then, per test measured on b
 - counts (syncs, operators, launches, ...) are compared exactly, head against base, with what changed (sync sites
   that appeared or grew, the counters' contributors that moved);
 - every other metric is judged from its per-round pairs (:mod:`.analysis.ab_stats`): head/base with a confidence
-  interval and a verdict, regression, improvement, unchanged or inconclusive, against a minimum effect.
+  interval and a verdict, regression, improvement, unchanged or inconclusive, against a minimum effect (each
+  metric's own unless one is asked for), and what the rounds could resolve where it is inconclusive.
+
+The rounds go where they matter (:class:`Plan`): once a test's verdict is settled it is left out of the next
+rounds, and the A/B ends when every test is settled, or its rounds or time are spent.
 
 No torch here: the rounds are separate pytest processes."""
 
@@ -29,17 +33,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from . import results_file, upgrades
-from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed
+from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
 from .analysis.explain import Explanation, explain
 from .codec import CodecError, decode, encode, read_document
 from .comparison import count_status
-from .metrics import metric
+from .metrics import metric, timing_order
 from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/ab"
 #: Version 2: records by :mod:`.codec` (a changed site's fields under ``site``); version 1 still reads.
 SCHEMA_VERSION = 2
-DEFAULT_ROUNDS = 6
+#: The most rounds, unless --rounds says otherwise; a test stops once its verdict is settled.
+DEFAULT_ROUNDS = 12
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
@@ -128,6 +133,11 @@ class HeadAgainstBase:
     DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
 
     @property
+    def settled(self) -> bool:
+        """More rounds could not change its verdict (:func:`.analysis.ab_stats.settled`)."""
+        return settled([c.status for c in self.counts] + [v.verdict for v in self.timings.values()])
+
+    @property
     def verdict(self) -> str:
         statuses = {c.status for c in self.counts} | {v.verdict for v in self.timings.values()}
         for status in ("regression", "varies", "improvement", INCONCLUSIVE):
@@ -141,13 +151,17 @@ class ABReport:
     base: str
     head: str
     rounds: int
-    min_effect: float
+    """The rounds run (a test settled earlier ran fewer: its verdicts say how many)."""
+    min_effect: float | None
+    """The minimum effect asked for; None: each metric's own (:func:`min_effect_of`)."""
     confidence: float
     device: str
     command: tuple[str, ...]
     tests: tuple[HeadAgainstBase, ...]
     only_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Tests measured on one side only ("base" or "head"), or not in every round."""
+    """Tests measured on one side only ("base" or "head")."""
+    stopped: str = ""
+    """Why the rounds ended: every test settled, the most rounds run, or the time budget."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
@@ -191,49 +205,61 @@ def compare_sides(
     base: Sequence[Mapping[str, MeasuredTest]],
     head: Sequence[Mapping[str, MeasuredTest]],
     *,
-    min_effect: float,
+    min_effect: float | None,
     confidence: float,
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
-    """Per test measured in every round on both sides: counts exactly, the other metrics by paired rounds."""
-    every_base = set.intersection(*(set(r) for r in base)) if base else set()
-    every_head = set.intersection(*(set(r) for r in head)) if head else set()
-    everywhere = every_base & every_head
-    seen = set().union(*base, *head)
+    """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
+    metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`)."""
+    seen_base = set().union(*base) if base else set()
+    seen_head = set().union(*head) if head else set()
     only_in = {
         side: tuple(sorted(ids))
-        for side, ids in (("base", seen - every_head), ("head", seen - every_base))
+        for side, ids in (("base", seen_base - seen_head), ("head", seen_head - seen_base))
         if ids
     }  # fmt: skip
     tests = []
-    for nodeid in sorted(everywhere):
-        b = [r[nodeid] for r in base]
-        h = [r[nodeid] for r in head]
-        counts: list[CountChange] = []
-        timings: dict[str, RatioVerdict] = {}
-        names = set(b[0].metrics.values) & set(h[0].metrics.values)
-        for name in sorted(names):
-            spec = metric(name)
-            if spec is None or name in DERIVED:
-                continue
-            if not all(name in m.metrics for m in (*b, *h)):
-                continue
-            if spec.counted:
-                old = {m.metrics[name] for m in b}
-                new = {m.metrics[name] for m in h}
-                if len(old) > 1 or len(new) > 1:
-                    counts.append(CountChange(name, max(old), max(new), "varies"))
-                elif new != old:
-                    (was,), (now,) = old, new
-                    counts.append(CountChange(name, was, now, count_status(name, was, now)))
-            else:
-                pairs = [(x.metrics[name], y.metrics[name]) for x, y in zip(b, h, strict=True)]
-                timings[name] = judge(
-                    pairs, higher_is_better=spec.higher_is_better, min_effect=min_effect, confidence=confidence
-                )
-        moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
-        explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
-        tests.append(HeadAgainstBase(nodeid, tuple(counts), timings, explanation))
+    for nodeid in sorted(seen_base & seen_head):
+        paired = [(b[nodeid], h[nodeid]) for b, h in zip(base, head, strict=True) if nodeid in b and nodeid in h]
+        if not paired:  # measured on each side, never in the same round
+            continue
+        tests.append(_head_against_base(nodeid, paired, min_effect, confidence))
     return tests, only_in
+
+
+def min_effect_of(name: str, asked: float | None) -> float:
+    """The smallest relative change a metric's A/B calls a regression or improvement: the one asked for, else the
+    metric's own (device time resolves far less than a host timing), else :data:`DEFAULT_MIN_EFFECT`."""
+    if asked is not None:
+        return asked
+    spec = metric(name)
+    return spec.ab_min_effect if spec is not None and spec.ab_min_effect is not None else DEFAULT_MIN_EFFECT
+
+
+def _head_against_base(
+    nodeid: str, paired: Sequence[tuple[MeasuredTest, MeasuredTest]], min_effect: float | None, confidence: float
+) -> HeadAgainstBase:
+    b, h = [x for x, _ in paired], [y for _, y in paired]
+    counts: list[CountChange] = []
+    timings: dict[str, RatioVerdict] = {}
+    for name in sorted(set(b[0].metrics.values) & set(h[0].metrics.values)):
+        spec = metric(name)
+        if spec is None or name in DERIVED or not all(name in m.metrics for m in (*b, *h)):
+            continue
+        if spec.counted:
+            old = {m.metrics[name] for m in b}
+            new = {m.metrics[name] for m in h}
+            if len(old) > 1 or len(new) > 1:
+                counts.append(CountChange(name, max(old), max(new), "varies"))
+            elif new != old:
+                (was,), (now,) = old, new
+                counts.append(CountChange(name, was, now, count_status(name, was, now)))
+        else:
+            pairs = [(x.metrics[name], y.metrics[name]) for x, y in paired]
+            timings[name] = judge(pairs, higher_is_better=spec.higher_is_better,
+                                  min_effect=min_effect_of(name, min_effect), confidence=confidence)  # fmt: skip
+    moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
+    explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
+    return HeadAgainstBase(nodeid, tuple(counts), timings, explanation)
 
 
 # -- running the rounds --------------------------------------------------------------------------------------------
@@ -286,15 +312,17 @@ def side_environment(directory: Path, environ: Mapping[str, str]) -> dict[str, s
     return {**environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
 
 
-def run_side(directory: Path, pytest_args: Sequence[str], out: Path, label: str, timeout: float) -> Path:
-    """One side's pytest run of one round; returns its JSON results."""
+def run_side(
+    directory: Path, pytest_args: Sequence[str], out: Path, label: str, timeout: float, settled: Sequence[str] = ()
+) -> Path:
+    """One side's pytest run of one round, the ``settled`` tests deselected; returns its JSON results."""
     results, log, junit = out / f"{label}.json", out / f"{label}.log", out / f"{label}.xml"
     empty = out / "no-baselines"
     empty.mkdir(exist_ok=True)
     command = [
         sys.executable, "-m", "pytest", *pytest_args, "--syncguard", "--syncguard-json", str(results),
         "--syncguard-baselines", str(empty), "-p", "no:cacheprovider", "--rootdir", str(directory),
-        "--junitxml", str(junit),
+        "--junitxml", str(junit), *(f"--deselect={nodeid}" for nodeid in settled),
     ]  # fmt: skip
     with log.open("w", encoding="utf-8") as sink:
         # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this run itself
@@ -336,25 +364,24 @@ def end_group(process: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class Progress:
-    """Rounds done of planned and the time left at the current pace, as a line before each run."""
+    """Rounds done of the most planned, the tests still running and the time spent, as a line before each run."""
 
     rounds: int
     say: Callable[[str], object]
     started: float = field(default_factory=time.monotonic)
     finished: list[str] = field(default_factory=list)
 
-    def starting(self, index: int, side: str) -> None:
-        runs, done = 2 * self.rounds, len(self.finished)
+    def starting(self, index: int, side: str, running: str) -> None:
+        done = len(self.finished)
         elapsed = time.monotonic() - self.started
-        pace = (
-            f", about {_duration(elapsed / done * (runs - done))} left at {_duration(elapsed / done)} a run"
-            if done
-            else ""
-        )
+        pace = f", {_duration(elapsed / done)} a run" if done else ""
         self.say(
-            f"syncguard ab: round {index}/{self.rounds}, {side} ({done}/{runs} runs done, {_duration(elapsed)} "
-            f"elapsed{pace})"
+            f"syncguard ab: round {index} of at most {self.rounds}, {side}, {running} ({done} runs done, "
+            f"{_duration(elapsed)} elapsed{pace})"
         )
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
 
 
 def _duration(seconds: float) -> str:
@@ -367,33 +394,70 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How long an A/B may go on: at most ``rounds`` rounds and, if given, ``time_budget`` seconds (a round that
+    would end past it at the pace so far is not started); a test stops once its verdict is settled, judged after
+    each round from ``min_rounds`` on with ``min_effect`` and ``confidence``."""
+
+    rounds: int
+    min_effect: float | None
+    confidence: float
+    time_budget: float | None = None
+
+    @property
+    def min_rounds(self) -> int:
+        return min(self.rounds, rounds_needed(self.confidence))
+
+
 def run_rounds(
-    base: Path, head: Path, pytest_args: Sequence[str], rounds: int, out: Path, *, timeout: float, progress: Any
-) -> tuple[list[dict[str, MeasuredTest]], list[dict[str, MeasuredTest]]]:
-    """``rounds`` interleaved rounds (base first in odd ones); each side's results per round. An interrupt
-    (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
+    base: Path, head: Path, pytest_args: Sequence[str], plan: Plan, out: Path, *, timeout: float, progress: Any
+) -> tuple[list[dict[str, MeasuredTest]], list[dict[str, MeasuredTest]], list[str]]:
+    """Interleaved rounds (base first in odd ones), each without the tests already settled, until every test is
+    settled or the plan's rounds or time are spent; each side's results per round, and why it stopped. An
+    interrupt (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
     sides: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
     folders = {"base": base, "head": head}
-    pace = Progress(rounds, progress)
+    pace = Progress(plan.rounds, progress)
+    done: list[str] = []
     label = None
+    stopped = [f"ran the most rounds ({plan.rounds})"]
     try:
-        for index in range(1, rounds + 1):
+        for index in range(1, plan.rounds + 1):
+            if index > 1 and plan.time_budget is not None:
+                per_round = pace.elapsed() / (index - 1)
+                if pace.elapsed() + per_round > plan.time_budget:
+                    stopped = [f"another round ({_duration(per_round)}) would pass the time budget "
+                               f"({_duration(plan.time_budget)})"]  # fmt: skip
+                    break
             order = ("base", "head") if index % 2 else ("head", "base")
             for side in order:
                 label = f"round{index}-{side}"
-                pace.starting(index, side)
-                results = read_results(run_side(folders[side], pytest_args, out, label, timeout))
+                running = f"{len(done)} tests settled" if done else "every test"
+                pace.starting(index, side, running)
+                results = read_results(run_side(folders[side], pytest_args, out, label, timeout, done))
                 if not results:
                     raise ABError(f"{label}: no measured test in its results (log: {out / (label + '.log')})")
                 sides[side].append(results)
                 pace.finished.append(label)
                 label = None
+            if index >= plan.min_rounds:
+                tests, _ = compare_sides(sides["base"], sides["head"], min_effect=plan.min_effect,
+                                         confidence=plan.confidence)  # fmt: skip
+                newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
+                done.extend(newly)
+                if newly:
+                    progress(f"syncguard ab: settled after {index} rounds: {', '.join(newly)}")
+                if tests and all(t.settled for t in tests):
+                    stopped = [f"every test settled after {index} rounds"]
+                    break
     except ABInterrupted as exc:
         if label is not None:  # what the stopped run wrote on its way out is not a round's results; its log stays
             for suffix in (".json", ".xml"):
                 (out / f"{label}{suffix}").unlink(missing_ok=True)
         raise ABInterrupted(exc.signum, label, pace.finished, out) from None
-    return sides["base"], sides["head"]
+    progress(f"syncguard ab: {stopped[0]}, {_duration(pace.elapsed())}")
+    return sides["base"], sides["head"], stopped
 
 
 def run(
@@ -402,17 +466,15 @@ def run(
     base_dir: Path | None,
     head: Path,
     pytest_args: Sequence[str],
-    rounds: int = DEFAULT_ROUNDS,
-    min_effect: float = DEFAULT_MIN_EFFECT,
-    confidence: float = DEFAULT_CONFIDENCE,
+    plan: Plan,
     out: Path,
     timeout: float = 3600.0,
     progress: Any = print,
 ) -> ABReport:
-    """The whole A/B: the base's checkout, the rounds, the comparison. SIGINT or SIGTERM stops it at once
-    (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    """The whole A/B: the base's checkout, the rounds the ``plan`` allows, the comparison. SIGINT or SIGTERM stops
+    it at once (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
     with stopping_on_signals():
-        return _run(base_ref, base_dir, head, pytest_args, rounds, min_effect, confidence, out, timeout, progress)
+        return _run(base_ref, base_dir, head, pytest_args, plan, out, timeout, progress)
 
 
 def _run(
@@ -420,58 +482,72 @@ def _run(
     base_dir: Path | None,
     head: Path,
     pytest_args: Sequence[str],
-    rounds: int,
-    min_effect: float,
-    confidence: float,
+    plan: Plan,
     out: Path,
     timeout: float,
     progress: Any,
 ) -> ABReport:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if rounds < rounds_needed(confidence):
+    if plan.rounds < rounds_needed(plan.confidence):
         progress(
-            f"syncguard ab: {rounds} rounds cannot give a {confidence:.0%} interval (needs "
-            f"{rounds_needed(confidence)}): every timing will be inconclusive"
+            f"syncguard ab: {plan.rounds} rounds cannot give a {plan.confidence:.0%} interval (needs "
+            f"{rounds_needed(plan.confidence)}): every timing will be inconclusive"
         )
     if base_dir is not None:
         base_dir = base_dir.resolve()
         base_name = describe_checkout(base_dir)
-        base_side, head_side = run_rounds(base_dir, head, pytest_args, rounds, out, timeout=timeout, progress=progress)
+        base_side, head_side, stopped = run_rounds(base_dir, head, pytest_args, plan, out, timeout=timeout,
+                                                   progress=progress)  # fmt: skip
     else:
         assert base_ref is not None
         with worktree(head, base_ref) as (folder, commit):
             base_name = commit[:12]
-            base_side, head_side = run_rounds(folder, head, pytest_args, rounds, out, timeout=timeout,
-                                              progress=progress)  # fmt: skip
-    tests, only_in = compare_sides(base_side, head_side, min_effect=min_effect, confidence=confidence)
+            base_side, head_side, stopped = run_rounds(folder, head, pytest_args, plan, out, timeout=timeout,
+                                                       progress=progress)  # fmt: skip
+    tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence)
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
-        base_name, describe_checkout(head), rounds, min_effect, confidence, ", ".join(devices), tuple(pytest_args),
-        tuple(tests), only_in,
+        base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
+        tuple(pytest_args), tuple(tests), only_in, stopped[0],
     )  # fmt: skip
 
 
 def summary_lines(report: ABReport) -> list[str]:
-    """The A/B as text: one line per test, the non-unchanged metrics under it."""
+    """The A/B as text: one line per test, the non-unchanged metrics under it; of an inconclusive metric, the
+    smallest change its rounds could have resolved."""
+    effect = (
+        "each metric's own minimum effect" if report.min_effect is None else f"minimum effect {report.min_effect:.0%}"
+    )
     lines = [
         f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {report.rounds} rounds "
-        f"interleaved, {report.confidence:.0%} intervals, minimum effect {report.min_effect:.0%}",
+        f"interleaved ({report.stopped or 'as asked'}), {report.confidence:.0%} intervals, {effect}",
     ]
     for test in report.tests:
         lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
         for c in test.counts:
             lines.append(f"    {c.metric}: {_number(c.base)} -> {_number(c.head)} ({c.status})")
         lines.extend(f"    {line}" for line in test.explanation.lines())
-        for name, v in sorted(test.timings.items()):
-            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{f' ({v.reason})' if v.reason else ''}")
+        for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0])):
+            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v)}")
     for side, ids in sorted(report.only_in.items()):
-        lines.append(f"only measured in every round of the {side} (not compared): {', '.join(ids)}")
+        lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
     lines.append(
         f"syncguard ab: {len(report.tests)} tests, " + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
     )
     return lines
+
+
+def verdict_note(v: RatioVerdict) -> str:
+    """Why a timing has no interval, or, of an inconclusive one, what its rounds could resolve:
+    `` (3 rounds cannot ...)``, `` (6 rounds, resolves ±4.1%; minimum effect 3%)``."""
+    if v.reason:
+        return f" ({v.reason})"
+    if v.verdict != INCONCLUSIVE or v.resolvable is None:
+        return f" ({v.rounds} rounds)"
+    effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""
+    return f" ({v.rounds} rounds, resolves ±{v.resolvable:.1%}{effect})"
 
 
 def ratio_text(v: RatioVerdict) -> str:

@@ -1,7 +1,13 @@
 """Baselines per device model: ``<dir>/<device-slug>.json``, one entry per test node id, and the comparison
 of a test's metrics with its entry. Beside the metrics, a file keeps each test's details (sync sites, largest
-contributors to the itemized counters), which explain a change of its counts (schema version 2; version 1 files,
-without details, are read as they are).
+contributors to the itemized counters), which explain a change of its counts, and the history of its calibrated
+metrics (device time per token): the last :data:`HISTORY_LIMIT` recorded values, each with the GPU it was measured
+on, whose median is the entry's value and whose spread sets the tolerance it is judged within (schema version 3;
+files of versions 1 and 2, without details or history, are read as they are).
+
+An update appends a test's new value of a calibrated metric to its history; a value beyond the tolerance the
+history calibrates (the code or the environment changed it) starts a new history instead, which the update's
+notes name. ``syncguard baselines FILE --reset-history`` empties the histories.
 
 A baseline file is only written by :func:`update` (``--syncguard-update-baselines``): under a file lock, read,
 merged with the tests that ran (others untouched), written to a temporary file and renamed over the old one,
@@ -12,8 +18,9 @@ a baseline of this schema is an error naming it, and is never overwritten.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +30,7 @@ from filelock import FileLock, Timeout
 from . import upgrades
 from .analysis.explain import Details
 from .codec import CodecError, decode, encode
-from .comparison import Comparison, compare
+from .comparison import Comparison, Spread, compare
 from .files import write_atomically
 
 if TYPE_CHECKING:
@@ -31,12 +38,35 @@ if TYPE_CHECKING:
     from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/baselines"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LOCK_TIMEOUT_S = 120.0
+#: The most recordings a calibrated metric's history keeps; an update beyond it drops the oldest.
+HISTORY_LIMIT = 10
 
 
 class BaselineError(Exception):
     """A baseline file that cannot be used (corrupt, foreign, a newer schema); the message names it."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One update's value of a calibrated metric, and the GPU it was measured on (:func:`.environment.host_id`)."""
+
+    value: float
+    host: str = ""
+
+
+#: Per node id, per calibrated metric: its recordings, oldest first.
+History = dict[str, dict[str, tuple[Recording, ...]]]
+
+
+def spread_of(recordings: Sequence[Recording]) -> Spread:
+    """How far a metric's recordings lie apart: their standard deviation relative to their median."""
+    values = [r.value for r in recordings]
+    middle = statistics.median(values)
+    relative = [v / middle - 1 for v in values] if middle else [0.0 for _ in values]
+    sd = statistics.stdev(relative) if len(values) >= 2 else None
+    return Spread(len(values), len({r.host for r in recordings if r.host}), sd)
 
 
 @dataclass(frozen=True)
@@ -50,6 +80,12 @@ class Baseline:
     tests: dict[str, dict[str, float]]
     details: dict[str, Details] = field(default_factory=dict)
     """Per node id: what explains a change of its counts (absent in version 1 files)."""
+    history: History = field(default_factory=dict)
+    """Per node id: the recordings of its calibrated metrics (absent before version 3)."""
+
+    def spreads(self, nodeid: str) -> dict[str, Spread]:
+        """The spread of each calibrated metric of a test that has recordings."""
+        return {name: spread_of(kept) for name, kept in self.history.get(nodeid, {}).items() if kept}
 
 
 def path_for(directory: Path, slug: str) -> Path:
@@ -104,7 +140,11 @@ def read(path: Path) -> Baseline | None:
             details[str(nodeid)] = decode(Details, upgrades.details(raw), "details")
         except CodecError as exc:
             raise BaselineError(f"{path}: details of {nodeid}: not valid ({exc})") from exc
-    return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests, details)
+    try:
+        history = decode(History, data.get("history") or {}, "history")
+    except CodecError as exc:
+        raise BaselineError(f"{path}: not valid ({exc})") from exc
+    return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests, details, history)
 
 
 def _no_constant(name: str) -> float:
@@ -116,6 +156,7 @@ def document(
     fingerprint: Mapping[str, str | None],
     tests: Mapping[str, Mapping[str, float]],
     details: Mapping[str, Details] | None = None,
+    history: History | None = None,
 ) -> str:
     """The file's text: keys sorted, one metric per line, so that merges and reviews stay simple."""
     data = {
@@ -125,8 +166,42 @@ def document(
         "fingerprint": dict(fingerprint),
         "tests": {nodeid: dict(sorted(tests[nodeid].items())) for nodeid in sorted(tests)},
         "details": {nodeid: encode(d) for nodeid, d in sorted((details or {}).items()) if nodeid in tests},
+        "history": {nodeid: encode(h) for nodeid, h in sorted((history or {}).items()) if nodeid in tests and h},
     }
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+@dataclass
+class Written:
+    """What an update wrote: how many entries, and the histories it started again (``node id: metric``)."""
+
+    path: Path
+    entries: int = 0
+    restarted: list[str] = field(default_factory=list)
+
+
+def record(
+    results: Iterable[MeasuredTest], file_of: Callable[[MeasuredTest], Path | None], host: str | None = None
+) -> list[tuple[str | None, Written]]:
+    """Write measured tests into their baseline files (``file_of`` a result; None: not written), one update per
+    file, each test's calibrated metrics recorded as measured on its own host (or ``host``): what each update
+    wrote, or why it could not (the message, with an empty :class:`Written`)."""
+    by_file: dict[Path, dict[str, MeasuredTest]] = {}
+    for result in results:
+        path = file_of(result)
+        if path is not None and result.outcome is None and result.error is None:
+            by_file.setdefault(path, {})[result.nodeid] = result
+    done: list[tuple[str | None, Written]] = []
+    for path, tests in sorted(by_file.items()):
+        last = next(reversed(tests.values()))
+        fingerprint = last.comparison.fingerprint if last.comparison is not None else {}
+        entries = {nodeid: t.metrics.values for nodeid, t in tests.items()}
+        details = {nodeid: t.details() for nodeid, t in tests.items()}
+        try:
+            done.append((None, update(path, last.device_slug, entries, fingerprint, details, host or last.host)))
+        except BaselineError as exc:
+            done.append((str(exc), Written(path)))
+    return done
 
 
 def update(
@@ -135,26 +210,84 @@ def update(
     entries: Mapping[str, Mapping[str, float]],
     fingerprint: Mapping[str, str | None],
     details: Mapping[str, Details] | None = None,
-) -> int:
+    host: str = "",
+) -> Written:
     """Write ``entries`` (node id -> metrics) and their ``details`` into the baseline at ``path``, keeping every
-    other test's entry. Returns the number of entries written."""
+    other test's entry; each calibrated metric's value joins its history as measured on ``host``
+    (:func:`recorded`)."""
     lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    written = Written(path, len(entries))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with lock:
             current = read(path)
             tests = dict(current.tests) if current is not None else {}
             kept = dict(current.details) if current is not None else {}
-            tests.update({nodeid: dict(metrics) for nodeid, metrics in entries.items()})
-            for nodeid in entries:
+            history = dict(current.history) if current is not None else {}
+            for nodeid, metrics in entries.items():
+                tests[nodeid], history[nodeid], restarted = recorded(metrics, history.get(nodeid, {}), host)
+                written.restarted.extend(f"{nodeid}: {name}" for name in restarted)
                 kept.pop(nodeid, None)
             kept.update({nodeid: d for nodeid, d in (details or {}).items() if nodeid in entries})
-            write_atomically(path, document(device, fingerprint, tests, kept))
+            write_atomically(path, document(device, fingerprint, tests, kept, history))
     except Timeout as exc:
         raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
     except (OSError, ValueError) as exc:  # ValueError: a metric that is not a finite number
         raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from exc
-    return len(entries)
+    return written
+
+
+def recorded(
+    metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str
+) -> tuple[dict[str, float], dict[str, tuple[Recording, ...]], list[str]]:
+    """A test's new entry, the history of its calibrated metrics and which of them started again: each new value
+    joins its metric's history (the last :data:`HISTORY_LIMIT`), unless the history's spread calibrates a
+    tolerance it lies beyond: then it starts a new one (a single recording calibrates none: a second value joins
+    it, however far; reset the history after a change made on purpose). The entry's value is the history's
+    median."""
+    from .comparison import calibrated_tolerance, tolerance_of
+    from .metrics import metric, rounded
+
+    entry = dict(metrics)
+    history: dict[str, tuple[Recording, ...]] = {}
+    restarted: list[str] = []
+    for name, value in metrics.items():
+        spec = metric(name)
+        if spec is None or spec.min_tolerance is None:
+            continue
+        kept = earlier.get(name, ())
+        spread = spread_of(kept) if kept else None
+        if spread is not None and calibrated_tolerance(name, spread) is not None:
+            middle = statistics.median(r.value for r in kept)
+            if abs(value - middle) > max(spec.floor, tolerance_of(name, None, spread) * abs(middle)):
+                kept, restarted = (), [*restarted, name]
+        history[name] = (*kept, Recording(value, host))[-HISTORY_LIMIT:]
+        entry[name] = rounded(statistics.median(r.value for r in history[name]))
+    return entry, history, restarted
+
+
+def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
+    """Empty the histories of ``nodeids`` (all tests when none) in the baseline at ``path``, keeping every value;
+    returns how many tests had one. The next update starts each again from its value."""
+    lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            current = read(path)
+            if current is None:
+                raise BaselineError(f"{path}: no such baseline file")
+            unknown = [n for n in nodeids if n not in current.tests]
+            if unknown:
+                raise BaselineError(f"{path}: no entry for {', '.join(unknown)}")
+            chosen = set(nodeids or current.history)
+            history = {n: h for n, h in current.history.items() if n not in chosen}
+            emptied = sum(1 for n in chosen if current.history.get(n))
+            write_atomically(path, document(current.device, current.fingerprint, current.tests, current.details,
+                                            history))  # fmt: skip
+    except Timeout as exc:
+        raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from exc
+    return emptied
 
 
 class BaselineStore:
@@ -174,9 +307,10 @@ class BaselineStore:
         self.updating = updating
         self.host_timings = host_timings
         self._files: dict[Path, Baseline | None] = {}
-        #: Entries written per file, and the files that could not be written (this process's and, on the
-        #: xdist controller, its workers').
+        #: Entries written per file, the histories started again, and the files that could not be written (this
+        #: process's and, on the xdist controller, its workers').
         self.written: Counter[str] = Counter()
+        self.restarted: list[str] = []
         self.errors: list[str] = []
 
     def compare(
@@ -191,6 +325,7 @@ class BaselineStore:
         if path not in self._files:
             self._files[path] = read(path)
         baseline = self._files[path]
+        spreads = baseline.spreads(nodeid) if baseline is not None else {}
         environment = fingerprint(device)
         comparison = compare(
             baseline.tests.get(nodeid) if baseline is not None else None,
@@ -202,32 +337,26 @@ class BaselineStore:
             drift=fingerprint_changes(baseline.fingerprint, environment) if baseline is not None else {},
             host_timings=self.host_timings,
             details=(baseline.details.get(nodeid) if baseline is not None else None, details),
+            spreads=spreads,
         )
         return replace(comparison, status="updated") if self.updating else comparison
 
     def write(self, results: Iterable[MeasuredTest]) -> None:
         """Write the entries of the compared tests that ended without a syncguard error, one update per file."""
-        by_file: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
-        details: dict[str, Details] = {}
-        environments: dict[tuple[str, str], Mapping[str, str | None]] = {}
-        for result in results:
-            comparison = result.comparison
-            if comparison is not None and result.error is None:
-                key = (comparison.file, comparison.device)
-                by_file.setdefault(key, {})[result.nodeid] = result.metrics.values
-                details[result.nodeid] = result.details()
-                environments[key] = comparison.fingerprint
-        for (file, slug), entries in sorted(by_file.items()):
-            try:
-                self.written[file] += update(Path(file), slug, entries, environments[(file, slug)], details)
-            except BaselineError as exc:
-                self.errors.append(str(exc))
+        compared = [r for r in results if r.comparison is not None and r.error is None]
+        for problem, written in record(compared, lambda r: Path(r.comparison.file) if r.comparison else None):
+            if problem is not None:
+                self.errors.append(problem)
+            else:
+                self.written[str(written.path)] += written.entries
+                self.restarted.extend(f"{written.path}: {name}" for name in written.restarted)
 
     def worker_output(self) -> dict[str, Any]:
-        return {"written": dict(self.written), "errors": list(self.errors)}
+        return {"written": dict(self.written), "restarted": list(self.restarted), "errors": list(self.errors)}
 
     def add_worker_output(self, sent: Mapping[str, Any]) -> None:
         self.written.update(sent["written"])
+        self.restarted.extend(sent.get("restarted", ()))
         self.errors.extend(sent["errors"])
 
     def worker_lost(self, worker: str, error: object) -> None:
@@ -239,4 +368,8 @@ class BaselineStore:
             return []
         by = " by the xdist workers" if by_workers else ""
         notes = [f"syncguard: wrote {n} baseline entries to {file}{by}" for file, n in sorted(self.written.items())]
+        notes += [
+            f"syncguard: history started again (the value moved beyond its tolerance): {name}"
+            for name in sorted(self.restarted)
+        ]
         return notes + [f"syncguard: baselines NOT updated: {error}" for error in self.errors]

@@ -21,13 +21,13 @@ import torch
 
 from .analysis import gaps, sampled, snapshot, trace_file
 from .analysis.counts import RegionCounts
-from .analysis.device_work import NO_COUNTING_RUN, device_work, uncounted, unreliable_counts
+from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, uncounted, unreliable_counts
 from .analysis.gaps import Timeline, TimelineSummary
 from .analysis.reliability import sentinel_problem
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
-from .environment import slug_for
+from .environment import host_id, slug_for
 from .guard import GenerationRegion, Measurement, SyncGuard
 from .probes.memory import allocation_history
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
@@ -99,6 +99,9 @@ class CallCapture:
     sampled: bool = False
     """Sample the timed runs' timeline with the PM sampler (``--syncguard-timeline=sampled``) instead of capturing
     the whole call; a counting run's trace still gives the exact device-work counts."""
+    device_time: bool = False
+    """On CUDA: trace each ``measure()``'s counting run (the whole call when its timeline is captured) for the
+    device's own time per token and the exact device-work counts; the timed runs are not traced."""
     host_ops: bool = False
     """Record every host operator in the timeline (a diagnostic run: slows the host)."""
     history: bool = False
@@ -134,7 +137,7 @@ class CallCapture:
             budgets = with_default_checks(tuple(budgets), cuda)
         signals = {b.signal for b in budgets}
         timeline, memory = cuda and "timeline" in signals, cuda and "memory" in signals
-        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=sampled)
+        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=sampled, device_time=cuda)
 
     @property
     def races(self) -> bool:
@@ -155,6 +158,8 @@ class CallCapture:
                     self.trace_files = stack.enter_context(TIMELINE.per_region())
                 elif self.timeline:
                     self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
+                elif self.device_time:
+                    self.trace_files = stack.enter_context(TIMELINE.per_region())
                 if self.memory and self.history:
                     self.snapshots = stack.enter_context(allocation_history())
                 stack.enter_context(self.whole_call.recording())
@@ -225,7 +230,7 @@ class CallCapture:
         if self.misuse is not None:
             error = error or f"{self.nodeid}: {self.misuse}"
         slug = slug_for(measurement.device)
-        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug)
+        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
         fallback = _python_kernel_note()
         result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.
@@ -240,45 +245,55 @@ class CallCapture:
         return result
 
     def with_timelines(self, measurement: Measurement) -> Measurement:
-        """The measurement with the GPU timeline of each of its regions and the device work each launched, from
-        the recorded trace; or, when the trace cannot be trusted, with the reason instead of their numbers."""
-        if self.timeline and self.sampled:
-            return self._with_sampled_timelines(measurement)
+        """The measurement with, from the recorded traces, the device time and device work of each traced region
+        and the GPU timeline of each judged one (from its samples under a sampled timeline); or, when a trace
+        cannot be trusted, with the reason instead of their numbers."""
+        if self.timeline and not self.sampled:
+            return self._with_captured_call(measurement)
+        measurement = self._with_traced_runs(measurement)
+        return self._with_sampled_timelines(measurement) if self.timeline else measurement
+
+    def _with_captured_call(self, measurement: Measurement) -> Measurement:
+        """Everything from the trace of the whole call: every region's device work and device time, and the
+        timeline of each timed one."""
         if not self.trace_files:
             return measurement
         trace = trace_file.load(self.trace_files[0])
         windows = gaps.regions(trace)
-        warmup_steps = self.options.warmup_steps
-        timelines = tuple(
-            gaps.analyze(trace, window=windows[n], warmup_steps=warmup_steps) if n in windows else None
-            for n in measurement.region_numbers
-        )
+        traced = [n for n in _all_regions(measurement) if n in windows]
+        found = {n: gaps.analyze(trace, window=windows[n], warmup_steps=self.options.warmup_steps) for n in traced}
+        timelines = tuple(found.get(n) for n in measurement.region_numbers)
         problem = sentinel_problem(trace) or next((t.unreliable for t in timelines if t and t.unreliable), None)
         counts = dict(measurement.region_counts)
-        for n in measurement.region_numbers:
-            if n in windows:
-                work = device_work(trace, windows[n]) if problem is None else unreliable_counts(problem)
-                counts[n] = counts.get(n, RegionCounts()).merged(work)
+        for n in traced:
+            work = device_work(trace, windows[n]) if problem is None else unreliable_counts(problem)
+            counts[n] = counts.get(n, RegionCounts()).merged(work)
         if problem is not None:
             return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
-        return replace(measurement, timelines=timelines, region_counts=counts)
+        return replace(measurement, timelines=timelines, region_counts=counts, device_times=_device_times(found))
 
-    def _with_sampled_timelines(self, measurement: Measurement) -> Measurement:
-        """The timed regions' timelines from their samples; the device work of each counting run from its trace
-        (a region without one has no device-work count, and says why)."""
+    def _with_traced_runs(self, measurement: Measurement) -> Measurement:
+        """The device work and device time of each region traced on its own (a counting run). Under a sampled
+        timeline, a ``measure()`` or region with no traced run counts no device work, and says why."""
         counts = dict(measurement.region_counts)
-        traced: set[int] = set()
+        found: dict[int, Timeline | None] = {}
         for path in self.trace_files:
             trace = trace_file.load(path)
             problem = sentinel_problem(trace)
             for n, window in gaps.regions(trace).items():
                 work = device_work(trace, window) if problem is None else unreliable_counts(problem)
                 counts[n] = counts.get(n, RegionCounts()).merged(work)
-                traced.add(n)
-        for part in measurement.count_parts:  # a measure() or a region with no traced run counts no device work
-            if traced.isdisjoint(part):
-                for n in part:
-                    counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
+                timeline = gaps.analyze(trace, window=window, warmup_steps=self.options.warmup_steps)
+                found[n] = timeline if problem is None and (timeline is None or timeline.unreliable is None) else None
+        if self.timeline:
+            for part in measurement.count_parts:
+                if found.keys().isdisjoint(part):
+                    for n in part:
+                        counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
+        return replace(measurement, region_counts=counts, device_times=_device_times(found))
+
+    def _with_sampled_timelines(self, measurement: Measurement) -> Measurement:
+        """The timed regions' timelines from their samples."""
         timelines: list[Timeline | None] = []
         unreliable = self.sampler_problem
         for n in measurement.region_numbers:
@@ -298,8 +313,8 @@ class CallCapture:
                 found.timeline(syncs=self.sync_stamps, window=region.window) if found.span_us > 0 else None
             )
         if unreliable is not None:
-            return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=unreliable)
-        return replace(measurement, timelines=tuple(timelines), region_counts=counts)
+            return replace(measurement, timelines=(), unreliable_timeline=unreliable)
+        return replace(measurement, timelines=tuple(timelines))
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""
@@ -333,6 +348,18 @@ class CallCapture:
             for path in [*self.trace_files, *self.snapshots]:
                 path.unlink(missing_ok=True)
         return kept, problem
+
+
+def _all_regions(measurement: Measurement) -> list[int]:
+    """The numbers of every region of a measurement: its timed ones and the counting runs of its parts."""
+    numbers = dict.fromkeys(measurement.region_numbers)
+    numbers.update(dict.fromkeys(n for part in measurement.count_parts for n in part))
+    return list(numbers)
+
+
+def _device_times(timelines: dict[int, Timeline | None]) -> dict[int, DeviceTime]:
+    """The device time of each traced region that launched device work."""
+    return {n: DeviceTime(t.busy_us, t.judged_steps, t.steps) for n, t in timelines.items() if t is not None}
 
 
 @contextmanager

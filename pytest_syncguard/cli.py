@@ -9,7 +9,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,7 +129,7 @@ def _cuda() -> bool:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABError, ABInterrupted, document, run, summary_lines
+    from .ab import ABError, ABInterrupted, Plan, document, run, summary_lines
     from .report.markdown import ab_lines
 
     if not args.pytest_args:
@@ -138,9 +138,8 @@ def _ab(args: argparse.Namespace) -> int:
     try:
         report = run(
             base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
-            pytest_args=args.pytest_args, rounds=args.rounds, min_effect=args.min_effect,
-            confidence=args.confidence, out=Path(args.out), timeout=args.timeout,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget),
+            out=Path(args.out), timeout=args.timeout, progress=lambda line: print(line, file=sys.stderr, flush=True),
         )  # fmt: skip
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
@@ -229,9 +228,21 @@ def _comment(args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace) -> int:
-    from .baselines import BaselineError, read
-    from .metrics import metric as metric_named
+    from .baselines import BaselineError, read, reset_history
 
+    if args.record:
+        return _record(args)
+    if args.reset_history is not None:
+        if len(args.files) != 1:
+            print("syncguard baselines: --reset-history takes one FILE", file=sys.stderr)
+            return 2
+        try:
+            emptied = reset_history(Path(args.files[0]), args.reset_history)
+        except BaselineError as exc:
+            print(f"syncguard baselines: {exc}", file=sys.stderr)
+            return 2
+        print(f"syncguard baselines: {args.files[0]}: emptied the history of {emptied} tests")
+        return 0
     try:
         files = [read(Path(f)) for f in args.files]
     except BaselineError as exc:
@@ -248,14 +259,54 @@ def _baselines(args: argparse.Namespace) -> int:
         for key, value in sorted(only.fingerprint.items()):
             print(f"  {key}: {value}")
         for nodeid, entry in sorted(only.tests.items()):
-            metrics = ", ".join(
-                f"{m} {spec.format(v) if (spec := metric_named(m)) else v}" for m, v in sorted(entry.items())
-            )
-            print(f"{nodeid}: {metrics}")
+            _show_entry(nodeid, entry, only)
         return 0
     old, new = files
     assert old is not None and new is not None
     return _judge_baselines(old, new)
+
+
+def _record(args: argparse.Namespace) -> int:
+    """``syncguard baselines DIR --record RESULTS...``: a finished run's results written into DIR's baselines."""
+    from .baselines import path_for, record
+    from .results_file import ResultsError, read
+
+    if len(args.files) != 1 or Path(args.files[0]).is_file():
+        print("syncguard baselines: --record takes one baselines folder (DIR), not a file", file=sys.stderr)
+        return 2
+    directory = Path(args.files[0])
+    try:
+        results = [t for path in args.record for t in read(Path(path))]
+    except ResultsError as exc:
+        print(f"syncguard baselines: {exc}", file=sys.stderr)
+        return 2
+    status = 0
+    for problem, written in record(results, lambda t: path_for(directory, t.device_slug), args.host):
+        if problem is not None:
+            print(f"syncguard baselines: NOT recorded: {problem}", file=sys.stderr)
+            status = 2
+            continue
+        print(f"syncguard baselines: wrote {written.entries} entries to {written.path}")
+        for name in written.restarted:
+            print(f"syncguard baselines: history started again (the value moved beyond its tolerance): {name}")
+    return status
+
+
+def _show_entry(nodeid: str, entry: Mapping[str, float], baseline: Baseline) -> None:
+    """A test's entry, and under it each calibrated metric's recordings with the tolerance their spread sets."""
+    from .comparison import tolerance_of
+    from .metrics import metric as metric_named
+
+    metrics = ", ".join(f"{m} {spec.format(v) if (spec := metric_named(m)) else v}" for m, v in sorted(entry.items()))
+    print(f"{nodeid}: {metrics}")
+    spreads = baseline.spreads(nodeid)
+    for name, recordings in sorted(baseline.history.get(nodeid, {}).items()):
+        spec = metric_named(name)
+        values = ", ".join(
+            f"{spec.format(r.value) if spec else r.value}{f' ({r.host})' if r.host else ''}" for r in recordings
+        )
+        within = tolerance_of(name, None, spreads[name])
+        print(f"    {name} history: {values}; {spreads[name].describe()}: tolerance {within:.1%}")
 
 
 def _judge_baselines(old: Baseline, new: Baseline) -> int:
@@ -278,7 +329,7 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
             continue
         comparison = compare(
             a, Metrics(b, dict.fromkeys(b, MIN_RUNS)), device=new.device, file=str(new.path), tolerance=None,
-            details=(old.details.get(nodeid), new.details.get(nodeid)),
+            details=(old.details.get(nodeid), new.details.get(nodeid)), spreads=old.spreads(nodeid),
         )  # fmt: skip
         moved = [c for c in comparison.changes if c.old != c.new]
         if not moved:
@@ -369,11 +420,15 @@ def build_parser() -> argparse.ArgumentParser:
     where = ab.add_mutually_exclusive_group(required=True)
     where.add_argument("--base", metavar="REF", help="the base commit: a git worktree of it is made and removed")
     where.add_argument("--base-dir", metavar="DIR", help="a checkout of the base, used as it is")
-    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"rounds of base and head (default "
-                    f"{DEFAULT_ROUNDS}: a 95%% interval needs 6 or more)")  # fmt: skip
-    ab.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT, metavar="FRACTION",
-                    help="the smallest relative change judged a regression or improvement (default "
-                    f"{DEFAULT_MIN_EFFECT})")  # fmt: skip
+    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"the most rounds of base and head "
+                    f"(default {DEFAULT_ROUNDS}); from the 6th on (a 95%% interval needs 6), a test whose verdict "
+                    "more rounds cannot change is left out of the next rounds, and the A/B ends when every test is "
+                    "settled")  # fmt: skip
+    ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
+                    "would end later than this after the start, at the pace so far")  # fmt: skip
+    ab.add_argument("--min-effect", type=_fraction, default=None, metavar="FRACTION",
+                    help="the smallest relative change judged a regression or improvement (default: each "
+                    f"metric's own: device time 0.01, host timings {DEFAULT_MIN_EFFECT})")  # fmt: skip
     ab.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="of the intervals (default "
                     f"{DEFAULT_CONFIDENCE})")  # fmt: skip
     ab.add_argument("--out", default="syncguard-ab", metavar="DIR", help="each round's results and log (default "
@@ -408,7 +463,16 @@ def build_parser() -> argparse.ArgumentParser:
     baselines = commands.add_parser(
         "baselines", help="show a baseline file, or judge NEW against OLD as the gate would"
     )
-    baselines.add_argument("files", nargs="+", metavar="FILE", help="one file to show, or OLD NEW to compare")
+    baselines.add_argument("files", nargs="+", metavar="FILE", help="one file to show (with the history of each "
+                           "calibrated metric and the tolerance it sets), or OLD NEW to compare")  # fmt: skip
+    baselines.add_argument("--record", nargs="+", metavar="RESULTS", help="write these results files (pytest "
+                           "--syncguard-json) into the baselines folder given as FILE, as --syncguard-update-baselines "
+                           "would have: each calibrated metric joins its history")  # fmt: skip
+    baselines.add_argument("--host", help="with --record: the device the results were measured on (default: the "
+                           "one each result names)")  # fmt: skip
+    baselines.add_argument("--reset-history", nargs="*", metavar="NODEID", default=None, help="empty the recorded "
+                           "history of these tests (all when none is named) in FILE, keeping their values: the next "
+                           "update starts it again")  # fmt: skip
     baselines.set_defaults(run=_baselines)
 
     device = commands.add_parser("device", help="this machine's baseline slug and environment fingerprint")

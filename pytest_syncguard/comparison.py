@@ -2,14 +2,16 @@
 explains a change of its counts.
 
 Counts are compared exactly (any increase is a regression). Device-side metrics (device time per token, allocator
-memory) are compared when they are the median of at least :data:`MIN_RUNS` runs, beyond a relative tolerance
-(each metric's own, from its spread between runners, unless the test or the run sets one) and the metric's floor.
-Host-dependent timings are "not judged" against a baseline, which was recorded on another runner, unless the
-run says the runner is the baseline's host (``host_timings``); they are judged A/B (:mod:`.ab`).
+memory) are compared beyond a relative tolerance and the metric's floor: the one the test or the run sets, else
+the one the baseline's recordings of the metric calibrate (:func:`calibrated_tolerance`: from their spread, for a
+metric that keeps them), else the metric's own, which needs a value of at least :data:`MIN_RUNS` runs.
+Host-dependent timings are "not judged" against a baseline, which was recorded on another runner, unless the run
+says the runner is the baseline's host (``host_timings``); they are judged A/B (:mod:`.ab`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,12 +20,36 @@ from .metrics import Metrics, metric
 
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
-#: Noisy metrics are compared only when they are the median of at least this many runs.
+#: Noisy metrics without calibrated recordings are compared only when they aggregate at least this many runs.
 MIN_RUNS = 3
+#: A calibrated tolerance is this many standard deviations of the recordings' spread (a new value's own deviation
+#: from their median included): beyond it, an unchanged program lies with a chance of about 1 in 16,000.
+SPREAD_DEVIATIONS = 4.0
+#: The fewest recordings whose spread calibrates a tolerance.
+MIN_RECORDINGS = 2
 
 Fingerprint = dict[str, "str | None"]
 #: Fingerprint keys whose value differs: key -> [baseline's, this run's].
 Drift = dict[str, "list[str | None]"]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What a baseline stored of a metric's recordings (its value is their median): how many, on how many hosts
+    (GPUs), and their standard deviation relative to the median."""
+
+    recordings: int
+    hosts: int
+    relative_sd: float | None
+    """None with a single recording."""
+
+    def describe(self) -> str:
+        """``spread ±0.21% over 4 recordings on 2 hosts``."""
+        hosts = f" on {self.hosts} host{'s' if self.hosts != 1 else ''}" if self.hosts else ""
+        plural = "s" if self.recordings != 1 else ""
+        if self.relative_sd is None:
+            return f"1 recording{hosts}, spread unknown"
+        return f"spread ±{self.relative_sd:.2%} over {self.recordings} recording{plural}{hosts}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +62,10 @@ class Change:
     status: str
     """regression, improvement, unchanged, new (no baseline value), missing (not measured now), not compared (a
     noisy metric from too few runs) or not judged (a host timing against a baseline from another runner)."""
+    tolerance: float | None = None
+    """The relative tolerance a noisy metric was judged within (None: a count, or not judged)."""
+    spread: Spread | None = None
+    """The baseline's recordings of the metric that calibrated :attr:`tolerance`, where it keeps them."""
 
     @property
     def delta(self) -> float | None:
@@ -54,7 +84,13 @@ class Change:
             return f"{self.metric} {self.old} -> {self.new}"
         relative = "" if self.relative is None else f", {self.relative:+.1%}"
         change = ("+" if delta >= 0 else "-") + spec.format(abs(delta))
-        return f"{self.metric} {spec.format(self.old)} -> {spec.format(self.new)} ({change}{relative})"
+        return f"{self.metric} {spec.format(self.old)} -> {spec.format(self.new)} ({change}{relative}{self._within()})"
+
+    def _within(self) -> str:
+        """``; tolerance 1.5%: spread ±0.04% over 3 recordings on 1 host`` for a judged noisy metric."""
+        if self.tolerance is None or self.status in ("not judged", "not compared"):
+            return ""
+        return f"; tolerance {self.tolerance:.1%}" + (f": {self.spread.describe()}" if self.spread else "")
 
 
 @dataclass(frozen=True)
@@ -86,12 +122,30 @@ class Comparison:
         return {c.metric: c.old for c in self.changes if c.old is not None}
 
 
-def tolerance_of(name: str, tolerance: float | None) -> float:
-    """The relative tolerance a noisy metric is compared within: the one the test or run set, else its own."""
+def tolerance_of(name: str, tolerance: float | None, spread: Spread | None = None) -> float:
+    """The relative tolerance a noisy metric is compared within: the one the test or run set, else the one its
+    baseline's recordings calibrate, else its own."""
     spec = metric(name)
     if tolerance is not None:
         return tolerance
+    calibrated = calibrated_tolerance(name, spread)
+    if calibrated is not None:
+        return calibrated
     return spec.tolerance if spec is not None and spec.tolerance is not None else DEFAULT_TOLERANCE
+
+
+def calibrated_tolerance(name: str, spread: Spread | None) -> float | None:
+    """The tolerance a metric's recorded spread gives (None: it keeps no recordings, or too few):
+    :data:`SPREAD_DEVIATIONS` standard deviations of a new value about the recordings' median, ``sd * sqrt(1 +
+    1/n)``, and never less than the metric's :attr:`~.metrics.Metric.min_tolerance` (what moves between hosts of
+    one GPU model, which recordings made on one host do not show)."""
+    spec = metric(name)
+    if spec is None or spec.min_tolerance is None or spread is None or spread.relative_sd is None:
+        return None
+    if spread.recordings < MIN_RECORDINGS:
+        return None
+    deviation = spread.relative_sd * math.sqrt(1 + 1 / spread.recordings)
+    return max(spec.min_tolerance, SPREAD_DEVIATIONS * deviation)
 
 
 def count_status(name: str, old: float, new: float) -> str:
@@ -104,20 +158,26 @@ def count_status(name: str, old: float, new: float) -> str:
     return "regression" if worse else "improvement"
 
 
-def _status(name: str, old: float, new: float, runs: int, tolerance: float | None, host_timings: bool) -> str:
+def _change(
+    name: str, old: float, new: float, runs: int, tolerance: float | None, host_timings: bool, spread: Spread | None
+) -> Change:
     spec = metric(name)
     assert spec is not None
     if spec.counted:
-        return count_status(name, old, new)
-    worse = new < old if spec.higher_is_better else new > old
+        return Change(name, old, new, count_status(name, old, new))
     if spec.host and not host_timings:
-        return "not judged"
-    if runs < MIN_RUNS:
-        return "not compared"
+        return Change(name, old, new, "not judged")
+    within = tolerance_of(name, tolerance, spread)
+    calibrated = tolerance is None and calibrated_tolerance(name, spread) is not None
+    if runs < MIN_RUNS and not calibrated:  # calibrated recordings are of as many runs as this one
+        return Change(name, old, new, "not compared", within, spread)
+    worse = new < old if spec.higher_is_better else new > old
     delta = abs(new - old)
-    if delta <= spec.floor or delta <= tolerance_of(name, tolerance) * abs(old):
-        return "unchanged"
-    return "regression" if worse else "improvement"
+    if delta <= spec.floor or delta <= within * abs(old):
+        status = "unchanged"
+    else:
+        status = "regression" if worse else "improvement"
+    return Change(name, old, new, status, within, spread)
 
 
 def compare(
@@ -131,11 +191,12 @@ def compare(
     drift: Drift | None = None,
     host_timings: bool = False,
     details: tuple[Details | None, Details | None] = (None, None),
+    spreads: Mapping[str, Spread] | None = None,
 ) -> Comparison:
     """Each metric against the test's baseline ``entry`` (None: the baseline has none); ``tolerance`` is
-    relative (None: each metric's own), counts are exact, host timings judged only with ``host_timings``.
-    ``details`` (the baseline's, this run's) explain the counts that changed. Metrics this version does not know
-    are left out."""
+    relative (None: each metric's own, calibrated by the entry's ``spreads`` where it has them), counts are
+    exact, host timings judged only with ``host_timings``. ``details`` (the baseline's, this run's) explain the
+    counts that changed. Metrics this version does not know are left out."""
     fingerprint, drift = dict(fingerprint or {}), dict(drift or {})
     if entry is None:
         return Comparison(device, file, "new", (), tolerance, fingerprint, drift, host_timings=host_timings)
@@ -148,10 +209,10 @@ def compare(
         if spec.quiet_when_zero:  # absent means none (a loop that compiled nothing)
             old, new = old or 0.0, new or 0.0
         if old is None or new is None:
-            status = "new" if old is None else "missing"
-        else:
-            status = _status(name, float(old), float(new), metrics.runs.get(name, 1), tolerance, host_timings)
-        changes.append(Change(name, None if old is None else float(old), new, status))
+            changes.append(Change(name, None if old is None else float(old), new, "new" if old is None else "missing"))
+            continue
+        runs, spread = metrics.runs.get(name, 1), (spreads or {}).get(name)
+        changes.append(_change(name, float(old), float(new), runs, tolerance, host_timings, spread))
     statuses = {c.status for c in changes}
     overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"
     moved = [c.metric for c in changes if c.status in ("regression", "improvement") and _counted(c.metric)]

@@ -35,6 +35,19 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
+def host_id(slug: str) -> str:
+    """Which device a recording of the baseline ``slug`` was made on: the first block of the current CUDA device's
+    UUID (``a9dc0a68``), ``cpu`` for the CPU's, empty where the UUID cannot be read."""
+    if slug == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "") or "")
+    return uuid.removeprefix("GPU-").split("-")[0]
+
+
 def slug_for(device: str) -> str:
     """The baseline slug of a result measured on ``device`` ("cpu" or "cuda")."""
     name = cuda_device_name() if device != "cpu" else None

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .analysis.counts import RegionCounts, top_over, total
+from .analysis.device_work import DeviceTime
 from .analysis.gaps import Timeline
 from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
@@ -79,6 +80,9 @@ class Measurement:
     """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
     races: tuple[RaceEvent, ...] = ()
     """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked)."""
+    device_times: Mapping[int, DeviceTime] = field(default_factory=dict)
+    """Per traced region number (a ``measure()``'s counting run, every region of a captured call): the device's
+    own busy time in its judged steps, from the kernels' records (CUDA only)."""
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
@@ -172,7 +176,18 @@ class Measurement:
             count_parts=tuple(p for m in measurements for p in m.count_parts),
             unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
             races=tuple(r for m in measurements for r in m.races),
+            device_times={n: d for m in measurements for n, d in m.device_times.items()},
         )
+
+    def device_us_per_token(self) -> list[float]:
+        """The device's busy time per judged decode step of each traced region (per token where its steps were
+        not seen), in region order."""
+        found = []
+        for _, busy in sorted(self.device_times.items()):
+            steps = busy.judged_steps if busy.steps else self.tokens
+            if steps:
+                found.append(busy.busy_us / steps)
+        return found
 
 
 def _device_of(model: Any) -> str | None:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .guard import Measurement
 
 MIB = 1024 * 1024
+#: The device's own time per decode step: the timing the gate judges against a baseline, shown first.
+DEVICE_TIME = "gpu_us_per_token"
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,17 @@ class Metric:
     """Depends on the host that launches the work: not judged against a baseline recorded on another runner."""
     tolerance: float | None = None
     """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
-    one (from their spread between runners of one GPU model: README, "What the gate judges")."""
+    one, or (with :attr:`min_tolerance`) the baseline's recordings calibrate one."""
+    min_tolerance: float | None = None
+    """Device-side metrics whose baseline keeps a history of recordings: the least tolerance their spread may
+    calibrate (:func:`.comparison.calibrated_tolerance`), what moves between hosts of one GPU model
+    (docs/explanation/gate.md)."""
     aggregate: Callable[[Sequence[float]], float] = statistics.median
     """How a test's runs make its value, for its budget, the summary, the JSON results and the baseline alike: the
     median of a noisy metric, the worst run of memory (a budget must hold in every run), the largest count."""
+    ab_min_effect: float | None = None
+    """The smallest relative change ``syncguard ab`` calls a regression or improvement of it, unless
+    ``--min-effect`` says; None: :data:`.ab.DEFAULT_MIN_EFFECT`."""
     description: str = ""
     """What it is, in a few words (the reference's metric table)."""
     column: str | None = None
@@ -59,17 +68,6 @@ class Metric:
             return f"{int(value)}"
         text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
         return f"{text} {self.unit}" if self.unit else text
-
-
-def _device_us_per_token(m: Measurement) -> list[float]:
-    """Device busy time (kernels, copies, memsets merged) per judged decode step, or per token of a region whose
-    steps are not marked."""
-    found = []
-    for t in m.gpu_timelines:
-        steps = t.judged_steps if t.steps else m.tokens
-        if steps:
-            found.append(t.busy_us / steps)
-    return found
 
 
 def _gap_runs(stat: str) -> Callable[[Measurement], list[float]]:
@@ -144,17 +142,20 @@ METRICS: dict[str, Metric] = {
             description="the device's busy time over the span of the region's judged steps",
         ),
         Metric(
-            "gpu_us_per_token", "us", counted=False, higher_is_better=False, floor=1.0, runs=_device_us_per_token,
-            tolerance=0.05, description="the device's busy time per judged decode step",
+            DEVICE_TIME, "us", counted=False, higher_is_better=False, floor=1.0,
+            runs=lambda m: m.device_us_per_token(), tolerance=0.05, min_tolerance=0.015, ab_min_effect=0.01,
+            description="the device's busy time per judged decode step, from the kernels' records of the traced "
+            "runs (a measure()'s counting run)",
         ),
         Metric(
             "fragmentation", "", counted=False, higher_is_better=False, floor=0.01,
-            runs=lambda m: [s.fragmentation for s in m.memory], tolerance=0.02, aggregate=_worst,
+            runs=lambda m: [s.fragmentation for s in m.memory], tolerance=0.02, min_tolerance=0.02, aggregate=_worst,
             description="1 - allocated peak / reserved peak of the caching allocator in a region",
         ),
         Metric(
             "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=2.0,
-            runs=lambda m: [s.reserved_peak / MIB for s in m.memory], tolerance=0.02, aggregate=_worst,
+            runs=lambda m: [s.reserved_peak / MIB for s in m.memory], tolerance=0.02, min_tolerance=0.02,
+            aggregate=_worst,
             description="the caching allocator's reserved peak in a region",
         ),
         Metric(
@@ -176,6 +177,12 @@ def metric(name: str) -> Metric | None:
         return known
     match = _GAP_METRIC.match(name)
     return _gap(match.group(1)) if match else None
+
+
+def timing_order(name: str) -> tuple[int, str]:
+    """How timings are listed: device time first, other device-side metrics next, host timings last."""
+    spec = metric(name)
+    return (0 if name == DEVICE_TIME else 2 if spec is not None and spec.host else 1, name)
 
 
 def rounded(value: float) -> float:

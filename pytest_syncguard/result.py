@@ -145,6 +145,8 @@ class MeasuredTest:
     error: str | None = None
     device_slug: str = ""
     """The GPU model (or "cpu") whose baseline file the test belongs to (:func:`.environment.slug_for`)."""
+    host: str = ""
+    """The device it ran on (:func:`.environment.host_id`): a baseline's recordings say which GPUs made them."""
 
     @property
     def syncs(self) -> int:
@@ -194,6 +196,7 @@ class MeasuredTest:
         checks: Sequence[BudgetCheck],
         error: str | None = None,
         device_slug: str = "",
+        host: str = "",
     ) -> MeasuredTest:
         """The result of a measurement and its budget checks; the metrics include the gap statistic each
         idle-gap budget reads."""
@@ -226,4 +229,5 @@ class MeasuredTest:
             races=tuple(map(race_record, measurement.races)),
             error=error,
             device_slug=device_slug,
+            host=host,
         )

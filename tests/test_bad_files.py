@@ -30,7 +30,7 @@ def _document(**overrides: object) -> str:
         (_document(schema_version=0), "schema_version must be a whole number >= 1, got 0"),
         (_document(schema_version=-7), "schema_version must be a whole number >= 1, got -7"),
         (_document(schema_version=True), "schema_version must be a whole number >= 1, got True"),
-        (_document(schema_version=3), "baseline schema version 3, this syncguard reads up to 2"),
+        (_document(schema_version=4), "baseline schema version 4, this syncguard reads up to 3"),
         (_document().replace('"syncs": 2', '"syncs": NaN'), "NaN is not a number a baseline can hold"),
         (_document().replace('"syncs": 2', '"syncs": -Infinity'), "-Infinity is not a number a baseline can hold"),
     ],

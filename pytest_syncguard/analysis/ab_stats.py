@@ -80,6 +80,11 @@ class RatioVerdict:
     confidence: float | None
     verdict: str
     reason: str = ""
+    min_effect: float | None = None
+    """The smallest relative change this metric was judged against."""
+    resolvable: float | None = None
+    """The smallest relative change an interval as wide as this one lies wholly beyond the minimum effect for: what
+    these rounds could have called a regression or improvement (None: no interval)."""
 
 
 def judge(
@@ -90,13 +95,13 @@ def judge(
     else inconclusive."""
     usable = [(b, h) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
     if len(usable) < len(pairs):
-        return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio")
+        return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio", min_effect)
     found = interval([math.log(h / b) for b, h in usable], confidence)
     if found is None:
         reason = (
             f"{len(usable)} rounds cannot give a {confidence:.0%} interval: run {rounds_needed(confidence)} or more"
         )
-        return RatioVerdict(len(usable), None, None, None, None, INCONCLUSIVE, reason)
+        return RatioVerdict(len(usable), None, None, None, None, INCONCLUSIVE, reason, min_effect)
     bound = math.log1p(min_effect)
     worse_low, worse_high = (-found.high, -found.low) if higher_is_better else (found.low, found.high)
     if worse_low > bound:
@@ -107,6 +112,14 @@ def judge(
         verdict = UNCHANGED
     else:
         verdict = INCONCLUSIVE
+    resolvable = math.expm1(bound + (found.high - found.low) / 2)
     return RatioVerdict(
-        len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict
-    )
+        len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict,
+        min_effect=min_effect, resolvable=resolvable,
+    )  # fmt: skip
+
+
+def settled(verdicts: Sequence[str]) -> bool:
+    """Whether more rounds could not change a test's verdict: one of its metrics is a conclusive regression, or
+    none is inconclusive."""
+    return REGRESSION in verdicts or INCONCLUSIVE not in verdicts

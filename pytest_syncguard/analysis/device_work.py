@@ -14,6 +14,7 @@ region begins and ends with a device sync, so nothing it launched runs outside i
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 from .counts import COUNTERS, RegionCounts, top_items
 from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
@@ -21,6 +22,16 @@ from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
 #: Copy direction from the name the profiler gives a memcpy ("Memcpy HtoD (Pageable -> Device)").
 _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d"}
 GRAPH_LAUNCH_ITEM = "(CUDA graph launch)"
+
+
+class DeviceTime(NamedTuple):
+    """The device's own busy time in a traced region's judged decode steps: the union of its kernels', copies' and
+    memsets' intervals over all streams, as the device recorded them (host time does not enter it)."""
+
+    busy_us: float
+    judged_steps: int
+    steps: int
+    """Decode steps seen in the region (0: none were seen, and the time is over the whole region)."""
 
 
 #: The counters here whose contributors a region keeps (besides launches, by kernel): those of the timeline

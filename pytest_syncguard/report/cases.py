@@ -5,10 +5,10 @@ here."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..analysis.explain import Details
-from ..comparison import Drift, Fingerprint
+from ..comparison import Drift, Fingerprint, Spread
 from ..metrics import Metrics
 from ..result import MeasuredTest
 
@@ -36,6 +36,8 @@ class RunCase:
     drift: Drift
     host_timings: bool = False
     details: Details | None = None
+    spreads: Mapping[str, Spread] = field(default_factory=dict)
+    """The spread of the baseline's recordings of each calibrated metric the run compared."""
 
     @property
     def compared(self) -> bool:
@@ -60,4 +62,5 @@ class RunCase:
             drift=dict(comparison.drift) if comparison is not None else {},
             host_timings=comparison.host_timings if comparison is not None else False,
             details=result.details() if result.error is None and result.outcome is None else None,
+            spreads={c.metric: c.spread for c in comparison.changes if c.spread} if comparison is not None else {},
         )

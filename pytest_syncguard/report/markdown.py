@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..comparison import Change
-from ..metrics import metric
+from ..metrics import DEVICE_TIME, metric, timing_order
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
@@ -69,6 +69,38 @@ def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
     return lines
 
 
+def _tolerance(change: Change) -> str:
+    """``1.5% (spread ±0.04% over 3 recordings on 1 host)``: what a noisy metric was judged within."""
+    if change.tolerance is None:
+        return "-"
+    return escape(f"{change.tolerance:.1%}" + (f" ({change.spread.describe()})" if change.spread else ""))
+
+
+def device_time_block(run: RunComparison) -> list[str]:
+    """Every test's device time per token against its baseline, regressions first, with the tolerance it was
+    judged within and the recorded spread that set it: the gate's most sensitive timing, shown first."""
+    order = {"regression": 0, "improvement": 1, "not compared": 2, "unchanged": 3}
+    rows = sorted(
+        ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
+        key=lambda pair: (order.get(pair[1].status, 2), pair[0].case.nodeid),
+    )
+    if not rows:
+        return []
+    lines = [
+        "### Device time per token",
+        "",
+        "| test | device | baseline → now | change | judged within | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for verdict, change in rows:
+        lines.append(
+            f"| {escape(verdict.case.nodeid)} | {escape(verdict.case.device_slug)} | "
+            f"{_value(change.metric, change.old)} → {_value(change.metric, change.new)} | {_change(change)} | "
+            f"{_tolerance(change)} | {escape(change.status)} |"
+        )
+    return [*lines, ""]
+
+
 def _pairs(verdicts: Sequence[CaseComparison], status: str) -> list[tuple[CaseComparison, Change]]:
     return [(v, c) for v in verdicts for c in v.comparison.of(status)]
 
@@ -101,7 +133,7 @@ def headline(run: RunComparison) -> str:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
-    from ..ab import ratio_text
+    from ..ab import ratio_text, verdict_note
 
     regressed = report.with_verdict("regression")
     mark = "❌" if regressed else "✅"
@@ -109,8 +141,13 @@ def ab_lines(report: ABReport) -> list[str]:
         f"### {mark} A/B on one runner: {len(regressed)} regressions in {len(report.tests)} tests",
         "",
         f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
-        f"{report.rounds} rounds, interleaved; head/base with {report.confidence:.0%} intervals "
-        f"(exact signed-rank); a regression or improvement lies wholly beyond ±{report.min_effect:.0%}.",
+        f"{report.rounds} rounds, interleaved ({escape(report.stopped or 'as asked')}); head/base with "
+        f"{report.confidence:.0%} intervals (exact signed-rank); a regression or improvement lies wholly beyond "
+        + (
+            f"±{report.min_effect:.0%}."
+            if report.min_effect is not None
+            else "each metric's minimum effect (device time ±1%, host timings ±3%)."
+        ),
         "",
         "| test | metric | base → head | head/base [interval] | verdict |",
         "|---|---|---|---|---|",
@@ -124,8 +161,8 @@ def ab_lines(report: ABReport) -> list[str]:
         ]
         rows += [
             f"| {escape(test.nodeid)} | {escape(name)} | | {escape(ratio_text(v))} | {escape(v.verdict)}"
-            f"{escape(' (' + v.reason + ')') if v.reason else ''} |"
-            for name, v in sorted(test.timings.items())
+            f"{escape(verdict_note(v))} |"
+            for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
             if v.verdict != "unchanged"
         ]
         if test.verdict == "unchanged" or not rows:
@@ -147,6 +184,9 @@ def ab_lines(report: ABReport) -> list[str]:
 def sections(run: RunComparison, ab: ABReport | None = None) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines)."""
     blocks: list[list[str]] = [[headline(run), ""]]
+    device_time = device_time_block(run)
+    if device_time:
+        blocks.append(device_time)
     regressed = _pairs(run.with_status("regression"), "regression")
     if regressed:
         blocks.append(["### Regressions", "", *_change_rows(regressed), ""])

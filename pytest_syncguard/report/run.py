@@ -116,16 +116,19 @@ def compare_run(
             entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
             drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
             recorded = baseline.details.get(case.nodeid) if baseline is not None else None
+            spreads = baseline.spreads(case.nodeid) if baseline is not None else {}
         else:
             path = Path(f"{slug}.json")
             entry = case.baseline_values if case.compared else None
             drift = case.drift
+            spreads = dict(case.spreads)
         if case.verdict in PARTIAL:  # the test's call raised: its numbers are partial, never compared
             run.cases.append(CaseComparison(case, Comparison(slug, str(path), "not compared", (), within)))
             continue
         comparison = compare(
             entry, case.metrics, device=slug, file=str(path), tolerance=within, fingerprint=case.fingerprint,
             drift=drift, host_timings=host_timings or case.host_timings, details=(recorded, case.details),
+            spreads=spreads,
         )  # fmt: skip
         if drift:
             run.environment.setdefault(slug, drift)

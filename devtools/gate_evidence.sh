@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Evidence for the gate on a CUDA machine (how docs/explanation/gate.md's numbers were made). Each step writes
+# under OUT (default $OUT, else gate-evidence/):
+#
+#   bash devtools/gate_evidence.sh record BASELINES   the suite, its entries written (appended) to BASELINES
+#   bash devtools/gate_evidence.sh judge BASELINES    the unchanged suite against BASELINES, and its report
+#   bash devtools/gate_evidence.sh plant-record DIR   planted base (a 1-cycle spin per step): the speed tests of
+#                                                     cuda_graph and static_compiled, recorded into DIR
+#   bash devtools/gate_evidence.sh plant-judge DIR P  the same tests with P% of device time planted per step,
+#                                                     against DIR
+#   bash devtools/gate_evidence.sh plant-ab P SECONDS syncguard ab of the planted base against P%, on
+#                                                     cuda_graph's speed test, within SECONDS
+#
+# A planted copy of the checkout is made under WORK (default OUT; devtools/plant_gpu_work.py); nothing here changes
+# the checkout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="$(realpath -m "${OUT:-gate-evidence}")"
+work="$(realpath -m "${WORK:-$out}")"
+mkdir -p "$out" "$work"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+plugin=(-p pytest_syncguard.plugin -p no:cacheprovider)
+planted_tests=(examples/test_strategies.py -k "test_speed and (cuda_graph or static_compiled)")
+
+planted_copy() {  # a copy of the checkout with PERCENT planted: prints its folder
+    local percent="$1" folder="$work/planted-$1"
+    rm -rf "$folder" && mkdir -p "$folder"
+    cp -r pytest_syncguard examples baselines pyproject.toml "$folder"/
+    python devtools/plant_gpu_work.py "$folder" --percent "$percent" >&2 || exit 1
+    echo "$folder"
+}
+
+case "${1:-}" in
+record)
+    python -m pytest "${plugin[@]}" examples --syncguard --syncguard-require-gpu --syncguard-baselines "$2" \
+        --syncguard-update-baselines --syncguard-json "$out/record.json" -q
+    ;;
+judge)
+    python -m pytest "${plugin[@]}" examples --syncguard --syncguard-require-gpu --syncguard-baselines "$2" \
+        --syncguard-json "$out/judge.json" -q
+    python -m pytest_syncguard.cli report "$out/judge.json" --baselines "$2" --markdown "$out/judge.md"
+    ;;
+plant-record)
+    folder="$(planted_copy 0)"
+    baselines="$(realpath -m "$2")"
+    (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" "${planted_tests[@]}" --syncguard \
+        --syncguard-require-gpu --syncguard-baselines "$baselines" --syncguard-update-baselines -q)
+    ;;
+plant-judge)
+    folder="$(planted_copy "$3")"
+    baselines="$(realpath -m "$2")"
+    (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" "${planted_tests[@]}" --syncguard \
+        --syncguard-require-gpu --syncguard-baselines "$baselines" --syncguard-json "$out/plant-$3.json" -q)
+    ;;
+plant-ab)
+    base="$(planted_copy 0)"
+    head="$(planted_copy "$2")"
+    (cd "$head" && PYTHONPATH="$PWD" python -m pytest_syncguard.cli ab --base-dir "$(realpath "$base")" \
+        --time-budget "$3" --out "$out/ab-$2" --json "$out/ab-$2.json" -- -p pytest_syncguard.plugin \
+        examples/test_strategies.py -k "test_speed and cuda_graph")
+    ;;
+*)
+    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab ..." >&2
+    exit 2
+    ;;
+esac
