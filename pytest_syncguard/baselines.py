@@ -245,7 +245,7 @@ def recorded(
     tolerance it lies beyond: then it starts a new one (a single recording calibrates none: a second value joins
     it, however far; reset the history after a change made on purpose). The entry's value is the history's
     median."""
-    from .comparison import calibrated_tolerance, tolerance_of
+    from .comparison import calibrated_tolerance
     from .metrics import metric, rounded
 
     entry = dict(metrics)
@@ -256,10 +256,10 @@ def recorded(
         if spec is None or spec.min_tolerance is None:
             continue
         kept = earlier.get(name, ())
-        spread = spread_of(kept) if kept else None
-        if spread is not None and calibrated_tolerance(name, spread) is not None:
+        within = calibrated_tolerance(name, spread_of(kept)) if kept else None
+        if within is not None:
             middle = statistics.median(r.value for r in kept)
-            if abs(value - middle) > max(spec.floor, tolerance_of(name, None, spread) * abs(middle)):
+            if abs(value - middle) > max(spec.floor, within * abs(middle)):
                 kept, restarted = (), [*restarted, name]
         history[name] = (*kept, Recording(value, host))[-HISTORY_LIMIT:]
         entry[name] = rounded(statistics.median(r.value for r in history[name]))
