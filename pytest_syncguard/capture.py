@@ -308,10 +308,17 @@ class CallCapture:
                     f"{MAX_SAMPLES} samples)"
                 )
             fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
-            found = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window)
-            timelines.append(
-                found.timeline(syncs=self.sync_stamps, window=region.window) if found.span_us > 0 else None
-            )
+            warmup, placed, judged = self.options.warmup_steps, None, region.window
+            if region.events is not None:
+                found_steps = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window,
+                                                  region.events)  # fmt: skip
+                if isinstance(found_steps, str):
+                    unreliable = unreliable or f"region #{n}: {found_steps}"
+                    continue
+                placed = found_steps
+                judged = (placed.judged_from(warmup), region.window[1])  # its syncs, as a trace keeps them
+            found = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup)
+            timelines.append(found.timeline(syncs=self.sync_stamps, window=judged) if found.span_us > 0 else None)
         if unreliable is not None:
             return replace(measurement, timelines=(), unreliable_timeline=unreliable)
         return replace(measurement, timelines=tuple(timelines))

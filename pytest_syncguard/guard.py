@@ -13,7 +13,7 @@ import torch
 
 from .analysis.counts import RegionCounts, top_over, total
 from .analysis.device_work import DeviceTime
-from .analysis.gaps import Timeline
+from .analysis.gaps import MARKED_STEPS, Timeline
 from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
@@ -262,10 +262,11 @@ class GenerationRegion:
     def step(self) -> None:
         """Mark the start of a decode step. A loop that calls it at each step has its GPU timeline judged by these
         steps (the first ``warmup_steps`` left out) rather than by its model's forward calls or its CUDA graph
-        replays; it costs nothing unless a timeline is being captured."""
+        replays; it costs nothing unless a timeline is being captured, or a CUDA event when it is sampled."""
         if self._open is None:
             raise SyncguardUsageError("region.step() is called inside the region's `with` block")
         self._steps.mark()
+        SAMPLER.step(MARKED_STEPS)
 
     @property
     def marked_steps(self) -> int:
@@ -313,12 +314,14 @@ class GenerationRegion:
 
     @contextmanager
     def _model_hooks(self) -> Iterator[None]:
-        """The model's forward calls counted (its tokens, when the test names none), and under a trace each
-        forward call marked as a step."""
+        """The model's forward calls counted (its tokens, when the test names none), and under a trace or the
+        sampler each forward call marked as a step."""
         assert self.model is not None
         handles = [self.model.register_forward_pre_hook(self._count_forward)]
         if TIMELINE.tracing:
             handles += TIMELINE.step_hooks(self.model)
+        elif SAMPLER.sampling:
+            handles.append(self.model.register_forward_pre_hook(SAMPLER.forward_step))
         try:
             yield
         finally:

@@ -102,8 +102,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="how a GPU timeline is recorded: 'trace' (default: the test's call captured with CUPTI's kernel "
         "records, which slow each launch) or 'sampled' (CUPTI's PM sampler over each timed run, which adds "
-        "nothing to a launch: no steps; a gap's cause only where a counted sync returned in it; device work counted "
-        "from measure()'s counting run)",
+        "nothing to a launch: steps placed by a CUDA event each; a gap's cause only where a counted sync returned in "
+        "it; device work counted from measure()'s counting run)",
     )
     group.addoption(
         "--syncguard-keep-timelines",

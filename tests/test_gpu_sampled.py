@@ -93,12 +93,65 @@ def test_sampled_timeline_measures_a_pause_and_counts_launches_from_the_counting
     expected = statistics.median([max(pauses[20:30]), max(pauses[30:40])]) * 1e6
     print(f"widest gap {measured.group(1)} us, longest host pauses (median of the timed runs) {expected:.1f} us")
     assert expected - 2 <= float(measured.group(1)) <= expected + 400
-    assert "steps: none: a sampled timeline judges each region whole" in out
+    assert "steps: none: no marked step, forward call or graph replay in the region, which is judged whole" in out
     # Each pause began as the counted synchronize returned: the gap is a host sync, named with its call site.
     assert re.search(rf"host sync .*\n\s+explicit synchronize at \S*test_loops.py:{line} in ", out), out
     assert "max_launches_per_token: limit 49 per token, measured 50.0: 500 kernel launches and 0 CUDA graph" in out
     assert re.search(r"test_counted_launches .*PASS", out)
     assert "device work is counted from the trace of syncguard.measure()'s counting run" in out
+
+
+GRAPH_STEPS = """
+import time
+
+import pytest
+import torch
+
+STEPS, PAUSED = 12, 7
+
+
+@pytest.mark.max_gpu_idle_us(1000)
+def test_graph_steps(syncguard):
+    step = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, device="cuda") for _ in range(8)])
+    x = torch.randn(256, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        step(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        step(x)
+
+    def loop():
+        torch.cuda._sleep(100_000)  # work before the first step, as a prefill: never judged
+        for index in range(STEPS):
+            graph.replay()
+            if index == PAUSED:
+                torch.cuda.synchronize()
+                time.sleep(0.003)
+
+    syncguard.measure(loop, tokens=STEPS, repeat=2)
+"""
+
+
+@pytest.mark.parametrize("source", ["trace", "sampled"])
+def test_a_graph_loop_has_the_same_steps_and_the_pause_in_the_same_step_under_both_sources(
+    pytester: pytest.Pytester, source: str
+) -> None:
+    """Steps from graph replays, the first two left out as warm-up, and the widest gap (a 3 ms host pause after
+    replay 7) in step 8, the step whose replay ended it: the same under the trace (graph launches in its records)
+    and the sampled source (a CUDA event before each replay, placed by the marker kernel)."""
+    pytester.makepyfile(test_steps=GRAPH_STEPS)
+    result = pytester.runpytest_subprocess("--syncguard", f"--syncguard-timeline={source}", "-v")
+    out = result.stdout.str()
+    print(out)
+    result.assert_outcomes(failed=1)
+    assert "10 steps judged after 2 warm-up; steps: CUDA graph launches" in out
+    widest = re.search(r"max_gpu_idle_us: limit 1000 us \(max gap\), measured ([\d.]+) us", out)
+    assert widest is not None and 3000 <= float(widest.group(1)) <= 4500
+    top = re.search(r"^\s+([\d.]+) us  host sync\s+step (\d+)", out, re.MULTILINE)
+    assert top is not None and int(top.group(2)) == 8, out
 
 
 def test_a_graph_loop_is_as_busy_sampled_as_its_kernel_time_over_its_unprofiled_time() -> None:

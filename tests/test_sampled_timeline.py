@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import Measurement, SyncGuard
 from pytest_syncguard.probes import pm_sampling
 from pytest_syncguard.probes.pm_sampling import Samples
-from pytest_syncguard.probes.sampler import SampledRegion
+from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion
 
 DATA = Path(__file__).parent / "data" / "sampled"
 
@@ -259,3 +260,117 @@ def test_a_sampled_timeline_does_not_depend_on_where_its_clock_stands(name: str)
     assert wall.origin_ns == base and moved.origin_ns == 0
     # Every stretch between two gaps has a length, and they follow each other in time.
     assert all(a.start < a.end <= b.start for a, b in zip(wall.runs, wall.runs[1:], strict=False))
+
+
+# -- steps on the samples' clock ---------------------------------------------------------------------------------
+#: The wall clock in ns, where the samples' timestamps stand (past a float's 2**53).
+CLOCK = 1_764_000_000_000_000_000
+#: One loop's device work (µs): step 0 (a warm-up step), then steps 1 to 3, the last ending inside a sample.
+KERNELS = [(40.0, 60.0), (70.0, 90.0), (120.0, 140.0), (145.0, 160.5)]
+#: When the host marked each step (µs), and when each kernel was launched (the trace's host side).
+STEP_MARKS, LAUNCHES = [38.0, 65.0, 100.0, 142.0], [39.0, 66.0, 101.0, 143.0]
+#: The anchor event (µs) and the marker kernel launched after it, ending at 25 µs.
+ANCHOR, MARKER = 3.0, (5.0, 25.0)
+
+
+def _samples_of(busy: list[tuple[float, float]], until_us: int = 171) -> tuple[list[int], list[int], list[float]]:
+    """1 µs samples of the device doing ``busy`` (µs): each sample's active share."""
+    starts = [CLOCK + i * 1000 for i in range(until_us)]
+    fractions = [sum(max(0.0, min(b, i + 1) - max(a, i)) for a, b in busy) for i in range(until_us)]
+    return starts, [s + 1000 for s in starts], fractions
+
+
+def _events(step_marks: list[float]) -> sampled.StepEvents:
+    """What the CUDA events give: each step's event completes when the host recorded it or, later, when the work
+    queued before it had finished; times from the anchor."""
+    done, completed = MARKER[1], []
+    for mark in step_marks:
+        before = [end for start, end in KERNELS if end <= mark or start < mark]
+        completed.append(max([mark, done, *before]) - ANCHOR)
+    return sampled.StepEvents(MARKER[1] - ANCHOR, tuple(completed), gaps.MARKED_STEPS)
+
+
+def _trace_of_the_same_loop() -> gaps.Timeline:
+    from pytest_syncguard.analysis import trace_file
+
+    events: list[dict[str, Any]] = []
+    for correlation, ((start, end), launch) in enumerate(zip(KERNELS, LAUNCHES, strict=True), 1):
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{correlation}", "pid": 0, "tid": 7, "ts": start,
+                       "dur": end - start, "args": {"stream": 7, "correlation": correlation}})  # fmt: skip
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": launch, "dur": 0.5, "args": {"correlation": correlation}})  # fmt: skip
+    for mark, following in zip(STEP_MARKS, [*STEP_MARKS[1:], 170.0], strict=True):
+        events.append({"ph": "X", "cat": "user_annotation", "name": gaps.MARKED_STEP_ANNOTATION, "pid": 1,
+                       "tid": 1, "ts": mark, "dur": following - mark})  # fmt: skip
+    timeline = gaps.analyze(trace_file.from_events(events), warmup_steps=1)
+    assert timeline is not None
+    return timeline
+
+
+def test_steps_placed_by_events_judge_the_same_gaps_steps_and_busy_time_as_a_trace_of_the_same_loop() -> None:
+    """One definition for both sources: the same device work, steps marked by the host, and the first step left out
+    as warm-up give a sampled timeline whose gaps, steps, busy time, span and step spans are the trace's."""
+    starts, ends, fractions = _samples_of([MARKER, *KERNELS])
+    window = (CLOCK + 1000, CLOCK + 171_000)  # the host's stamps around the region
+    placed = sampled.place_steps(starts, ends, fractions, window, _events(STEP_MARKS))
+    assert isinstance(placed, sampled.PlacedSteps)
+    assert placed.begin_ns == CLOCK + 25_000  # the marker's end: its own work is never judged
+    assert placed.steps_ns == tuple(CLOCK + round(us * 1000) for us in (38, 65, 100, 142))
+    found = sampled.analyze(starts, ends, fractions, window, placed, warmup_steps=1)
+    timeline, trace = found.timeline(), _trace_of_the_same_loop()
+    assert (timeline.steps, timeline.warmup_steps, timeline.judged_steps) == (4, 1, 3) == (
+        trace.steps, trace.warmup_steps, trace.judged_steps)  # fmt: skip
+    assert timeline.gaps_us == trace.gaps_us == (30.0, 5.0)
+    assert timeline.busy_us == trace.busy_us == 55.5 and timeline.span_us == trace.span_us == 90.5
+    # Each gap belongs to the step whose first op ended it, as the trace gives it from the host's launches.
+    assert [(g.duration_us, g.step) for g in timeline.top_gaps] == [(g.duration_us, g.step) for g in trace.top_gaps]
+    assert [g.step for g in timeline.top_gaps] == [2, 3]
+    assert timeline.steps_from == gaps.MARKED_STEPS
+    first = trace.step_spans[0].start  # the trace's own clock; the sampled one runs from the judged part's start
+    assert [(s.step, s.start, s.end) for s in timeline.step_spans] == [
+        (s.step, s.start - first, s.end - first) for s in trace.step_spans
+    ]
+    # Without warm-up, step 0 and the gap before step 1 are judged too; never the marker.
+    every = sampled.analyze(starts, ends, fractions, window, placed).timeline()
+    assert every.gaps_us == (10.0, 30.0, 5.0) and every.busy_us == 75.5
+    # Every step a warm-up step: nothing is judged, as a trace judges nothing.
+    assert sampled.analyze(starts, ends, fractions, window, placed, warmup_steps=4).span_us == 0.0
+
+
+def test_a_region_without_steps_is_judged_whole_after_its_marker_and_a_marker_run_into_work_is_a_problem() -> None:
+    starts, ends, fractions = _samples_of([MARKER, *KERNELS])
+    window = (CLOCK, CLOCK + 171_000)
+    placed = sampled.place_steps(starts, ends, fractions, window, sampled.StepEvents(MARKER[1] - ANCHOR))
+    assert isinstance(placed, sampled.PlacedSteps) and placed.steps_ns == ()
+    whole = sampled.analyze(starts, ends, fractions, window, placed, warmup_steps=2)
+    assert whole.gaps_us == (10.0, 30.0, 5.0) and whole.busy_us == 75.5
+    assert whole.timeline().steps_from == sampled.SAMPLED_STEPS and whole.timeline().judged_steps == 0
+    # The loop's first kernel right after the marker, with no idle sample between: the steps cannot be placed.
+    joined, ends, fractions = _samples_of([MARKER, (25.0, 60.0), *KERNELS[1:]])
+    problem = sampled.place_steps(joined, ends, fractions, window, _events(STEP_MARKS))
+    assert isinstance(problem, str) and "ran into other device work (active for 55.0 us" in problem
+    nothing = sampled.place_steps(joined, ends, [0.0] * len(joined), window, _events(STEP_MARKS))
+    assert isinstance(nothing, str) and "not even the marker kernel" in nothing
+
+
+def test_the_plugin_judges_the_steps_of_a_sampled_region_by_its_events() -> None:
+    starts, ends, fractions = _samples_of([MARKER, *KERNELS])
+    samples = Samples((ACTIVE_CYCLES, ELAPSED_CYCLES), len(starts), tuple(starts), tuple(ends),
+                      tuple((f * 1000, 1000.0) for f in fractions), False)  # fmt: skip
+    guard = SyncGuard("sampled", device="cuda")
+    capture = CallCapture("sampled", guard, [Budget("max_gpu_idle_us", 20.0)], GuardOptions(warmup_steps=1),
+                          timeline=True, memory=False, sampled=True)  # fmt: skip
+    capture.sampled_regions = {
+        7: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), _events(STEP_MARKS)),
+        8: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), sampled.StepEvents(5.0)),
+    }
+    measurement = Measurement("cuda", 3, (), region_numbers=(7,), region_counts={7: RegionCounts()},
+                              count_parts=((7,),))  # fmt: skip
+    judged = capture.with_timelines(measurement)
+    (timeline,) = judged.gpu_timelines
+    assert (timeline.judged_steps, timeline.gaps_us) == (3, (30.0, 5.0))
+    (check,) = check_budgets("sampled", capture.budgets, judged, require_gpu=True)[0]
+    assert check.held is False and "3 steps judged after 1 warm-up; steps: marked" in check.text
+    # Region 8's marker ran 20 us in the samples but ended 5 us after its anchor: its timeline is unreliable.
+    broken = capture.with_timelines(replace(measurement, region_numbers=(8,)))
+    assert broken.unreliable_timeline is not None and broken.unreliable_timeline.startswith("region #8: ")

@@ -7,6 +7,13 @@ the previous one is, split between both when both are), else in the middle as a 
 touch merge into one gap, so a gap is known to within one sample interval at each end. A sample below
 :data:`IDLE_BELOW` is idle: its stray cycles are no busy time, so busy time is the span less the gaps. A region's
 timeline runs from its first active sample to its last, as a trace's runs from its first device op to its last.
+
+Decode steps are placed on the samples' clock by CUDA events (:class:`StepEvents`): the probe records an anchor
+event, launches a short marker kernel and records a second event when the region begins, then one event per step.
+The marker's end is seen in the samples and timed from the anchor by the events, which puts every step's event on
+the samples' clock. A step's event completes when the work queued before it on its stream has finished, so it lies
+between the last op of the step before and the first op of its own step, as the host's launches divide them in a
+trace: a gap belongs to the step in which it ends (the op that ended it was launched in that step).
 """
 
 from __future__ import annotations
@@ -15,12 +22,12 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .gaps import HOST_SYNC, AttributedGap, BusyRun, SyncMark, Timeline, runs_between
+from .gaps import HOST_SYNC, NO_STEPS, AttributedGap, BusyRun, StepSpan, SyncMark, Timeline, runs_between
 
 #: A sample less active than this is idle (the counters of an idle engine read a few stray cycles).
 IDLE_BELOW = 0.02
-#: Where a sampled timeline's steps come from: it has none, and judges each region whole.
-SAMPLED_STEPS = "none: a sampled timeline judges each region whole"
+#: Where a sampled timeline's steps come from when the region had none: it is judged whole.
+SAMPLED_STEPS = "none: no marked step, forward call or graph replay in the region, which is judged whole"
 #: The cause of a sampled gap in which no counted sync returned: the sampler sees when the device was idle, not
 #: why, and without launch records a launch-bound gap and another look alike.
 IDLE = "idle"
@@ -31,6 +38,34 @@ IDLE_DETAIL = (
 #: How far the host's wall clock and the samples' may stand apart (µs): tens of µs on the lent H100s (a 1 ms sleep
 #: kernel began 46-73 µs after the host's stamp before its launch and ended 5-35 µs before the stamp after its sync).
 CLOCK_SLACK_US = 100.0
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """A sampled region's CUDA events as times from its anchor event (µs, as ``cudaEventElapsedTime`` gives them,
+    to about half a microsecond): the end of the marker kernel launched right after the anchor, and the start of
+    each decode step, from the source :func:`.gaps.step_starts` would have chosen (marks, forward calls, graph
+    replays)."""
+
+    marker_end_us: float
+    steps_us: tuple[float, ...] = ()
+    steps_from: str = NO_STEPS
+
+
+@dataclass(frozen=True)
+class PlacedSteps:
+    """Where a sampled region's judged part begins and its steps start, on the samples' clock (ns)."""
+
+    begin_ns: int
+    """The end of the marker's last sample: the loop's own work comes after it."""
+    steps_ns: tuple[int, ...]
+    steps_from: str
+
+    def judged_from(self, warmup_steps: int) -> int:
+        """Where the judged part begins: the start of step ``warmup_steps`` (the marker's end without steps)."""
+        if warmup_steps < len(self.steps_ns):
+            return max(self.begin_ns, self.steps_ns[warmup_steps])
+        return self.begin_ns if not self.steps_ns else 1 << 62
 
 
 @dataclass(frozen=True)
@@ -45,6 +80,14 @@ class SampledTimeline:
     """When the first active sample began (ns on the samples' clock, which is the host's wall clock)."""
     runs: tuple[BusyRun, ...] = ()
     """The stretches between the gaps (µs from :attr:`origin_us`), each with the busy time of its samples."""
+    steps: int = 0
+    """Decode steps in the region, warm-up included (0: none, the region is judged whole)."""
+    warmup_steps: int = 0
+    steps_from: str = SAMPLED_STEPS
+    gap_steps: tuple[int | None, ...] = ()
+    """The step each gap ended in (None without steps), in the order of :attr:`gaps`."""
+    step_spans: tuple[StepSpan, ...] = ()
+    """Each judged step on the device: its first busy sample to its last (µs from the origin)."""
 
     @property
     def gaps_us(self) -> tuple[float, ...]:
@@ -57,21 +100,24 @@ class SampledTimeline:
     def timeline(
         self, top: int = 10, syncs: Sequence[tuple[int, str]] = (), window: tuple[int, int] | None = None
     ) -> Timeline:
-        """As the plugin's :class:`~.gaps.Timeline`: no steps, the largest gaps with no cause but idleness. ``syncs``
-        are the counted syncs of the test as (ns on the samples' clock, call site); those the host made inside the
-        region's ``window`` (ns, the same clock; else its span) are kept. The host's stamps and the samples agree
-        to tens of microseconds (README), so a sync at a region's edge may lie just outside its span."""
-        largest = sorted(self.gaps, key=lambda g: -g[1])[:top]
+        """As the plugin's :class:`~.gaps.Timeline`: its steps, the largest gaps with the cause the host's own
+        records give. ``syncs`` are the counted syncs of the test as (ns on the samples' clock, call site); those
+        the host made inside ``window`` (ns, the same clock: the judged part; else the span) are kept. The host's
+        stamps and the samples agree to tens of microseconds (README), so a sync at an edge may lie just outside."""
+        steps = self.gap_steps or (None,) * len(self.gaps)
+        largest = sorted(zip(self.gaps, steps, strict=True), key=lambda g: -g[0][1])[:top]
         begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
         inside = tuple(SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
         return Timeline(
-            steps=0, warmup_steps=0, judged_steps=0, gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us,
-            gaps_us=self.gaps_us, top_gaps=tuple(attribute(start, length, inside) for start, length in largest),
-            steps_from=SAMPLED_STEPS, origin_us=self.origin_ns / 1e3, runs=self.runs, syncs=inside,
+            steps=self.steps, warmup_steps=self.warmup_steps, judged_steps=max(self.steps - self.warmup_steps, 0),
+            gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us, gaps_us=self.gaps_us,
+            top_gaps=tuple(attribute(start, length, inside, step) for (start, length), step in largest),
+            steps_from=self.steps_from, origin_us=self.origin_ns / 1e3, runs=self.runs, syncs=inside,
+            step_spans=self.step_spans,
         )  # fmt: skip
 
 
-def attribute(start: float, length: float, syncs: Sequence[SyncMark]) -> AttributedGap:
+def attribute(start: float, length: float, syncs: Sequence[SyncMark], step: int | None = None) -> AttributedGap:
     """The cause of a sampled gap (µs from the region's first active sample), as a trace gives it where it can: a
     ``host sync`` when a counted sync returned after the device went idle and before it resumed (the host waited,
     then had to refill the queue; the last such sync is named, with its call site); else ``idle``: the samples
@@ -79,13 +125,13 @@ def attribute(start: float, length: float, syncs: Sequence[SyncMark]) -> Attribu
     end = start + length
     returned = [mark for mark in syncs if start - CLOCK_SLACK_US <= mark.time <= end]
     if not returned:
-        return AttributedGap(length, start, None, IDLE, IDLE_DETAIL, "")
+        return AttributedGap(length, start, step, IDLE, IDLE_DETAIL, "")
     last = max(returned, key=lambda mark: mark.time)
     detail = (
         f"{last.label}; the device resumed {end - last.time:.0f} us after it returned (sampled: host and device "
         f"clocks agree to about {CLOCK_SLACK_US:.0f} us)"
     )
-    return AttributedGap(length, start, None, HOST_SYNC, detail, "")
+    return AttributedGap(length, start, step, HOST_SYNC, detail, "")
 
 
 def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[float]:
@@ -93,17 +139,63 @@ def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[
     return [min(1.0, max(0.0, a / e)) if e > 0 else 0.0 for a, e in zip(active, elapsed, strict=True)]
 
 
+def place_steps(
+    start_ns: Sequence[int],
+    end_ns: Sequence[int],
+    fractions: Sequence[float],
+    window: tuple[int, int],
+    events: StepEvents,
+) -> PlacedSteps | str:
+    """The region's steps on the samples' clock: the marker kernel is the first active stretch of samples in
+    ``window`` (the device was idle when the region began); its end, less the events' time from the anchor to
+    it, is the anchor's time. A string says why the steps could not be placed."""
+    count = len(start_ns)
+    first = next((i for i in range(count) if end_ns[i] > window[0] and start_ns[i] < window[1]
+                  and fractions[i] >= IDLE_BELOW), None)  # fmt: skip
+    if first is None:
+        return "the samples show no device work, not even the marker kernel that places the steps"
+    last = first
+    while last + 1 < count and fractions[last + 1] >= IDLE_BELOW:
+        last += 1
+    if last + 1 == count:
+        return "the samples show no idle time after the marker kernel that places the steps"
+    began = start_ns[first] + round((end_ns[first] - start_ns[first]) * (1.0 - fractions[first]))
+    ended = end_ns[last] - round((end_ns[last] - start_ns[last]) * (1.0 - fractions[last]))
+    interval = end_ns[first] - start_ns[first]
+    if ended - began > events.marker_end_us * 1e3 + 2 * interval:
+        return (
+            f"the marker kernel that places the steps ran into other device work (active for "
+            f"{(ended - began) / 1e3:.1f} us in the samples; its events say {events.marker_end_us:.1f} us from the "
+            "anchor to its end)"
+        )
+    anchor = ended - round(events.marker_end_us * 1e3)
+    steps = tuple(anchor + round(us * 1e3) for us in events.steps_us)
+    return PlacedSteps(end_ns[last], steps, events.steps_from)
+
+
 def analyze(
     start_ns: Sequence[int],
     end_ns: Sequence[int],
     fractions: Sequence[float],
     window: tuple[int, int] | None = None,
+    steps: PlacedSteps | None = None,
+    warmup_steps: int = 0,
 ) -> SampledTimeline:
     """The timeline of the samples inside ``window`` (ns, the samples' clock; None: all), each clipped to it, from
     the first active sample to the last. Every idle stretch the samples show is a gap, however short: a gap shorter
     than a sample is counted as one (its length known to a sample), never left out before a percentile is taken,
     as a trace counts every gap between its ops. Idle time the samples cannot show at all (the engine stays active
-    across sub-microsecond gaps between a graph's kernels) is no gap (tests/test_sampled_timeline.py)."""
+    across sub-microsecond gaps between a graph's kernels) is no gap (tests/test_sampled_timeline.py).
+
+    With ``steps`` (:func:`place_steps`), the marker is left out, and where the region has steps the judged part
+    begins at the start of step ``warmup_steps``: the work before the first step (a prefill) and the warm-up
+    steps are not judged, as a trace leaves out the ops launched in them. Each gap gets the step it ended in."""
+    starts: tuple[int, ...] = ()
+    source = SAMPLED_STEPS
+    if steps is not None:
+        starts, source = steps.steps_ns, steps.steps_from or SAMPLED_STEPS
+        begin = steps.judged_from(warmup_steps)  # after the last sample when every step is a warm-up step
+        window = (max(begin, window[0]), window[1]) if window is not None else (begin, 1 << 62)
     rows = []
     for start, end, fraction in zip(start_ns, end_ns, fractions, strict=True):
         if window is not None:
@@ -111,18 +203,64 @@ def analyze(
         if end > start:  # an idle sample's stray cycles are not busy time: the gap it lies in is idle
             rows.append((start, end, fraction if fraction >= IDLE_BELOW else 0.0))
     active = [i for i, (_, _, fraction) in enumerate(rows) if fraction >= IDLE_BELOW]
+    counted = min(warmup_steps, len(starts))
     if not active:
-        return SampledTimeline(0.0, 0.0, ())
-    # From the first active sample on, as integers: the clock's ns since 1970 (about 1.8e18) are past what a float
+        return SampledTimeline(0.0, 0.0, (), steps=len(starts), warmup_steps=counted, steps_from=source)
+    rows = _trimmed(rows[active[0] : active[-1] + 1])
+    # From the first busy moment on, as integers: the clock's ns since 1970 (about 1.8e18) are past what a float
     # holds exactly (2**53), where the placing of idle parts below would round every boundary to 256 ns.
-    origin = rows[active[0]][0]
-    rows = [(start - origin, end - origin, fraction) for start, end, fraction in rows[active[0] : active[-1] + 1]]
+    origin = rows[0][0]
+    rows = [(start - origin, end - origin, fraction) for start, end, fraction in rows]
     found = [(start, start + length) for start, length in _gaps(rows)]
     stretches = runs_between(found, 0.0, rows[-1][1])
     busy = _busy_per_run(rows, stretches)
     gaps = tuple((start / 1e3, (end - start) / 1e3) for start, end in found)
     runs = tuple(BusyRun(a / 1e3, b / 1e3, part / 1e3) for (a, b), part in zip(stretches, busy, strict=True))
-    return SampledTimeline(sum(busy) / 1e3, rows[-1][1] / 1e3, gaps, origin, runs)
+    relative = [(start - origin) / 1e3 for start in starts]
+    gap_steps = tuple(bisect.bisect_right(relative, end / 1e3) - 1 for _, end in found) if starts else ()
+    spans = _step_spans(relative, warmup_steps, runs)
+    return SampledTimeline(
+        sum(busy) / 1e3, rows[-1][1] / 1e3, gaps, origin, runs, steps=len(starts), warmup_steps=counted,
+        steps_from=source, gap_steps=gap_steps, step_spans=spans,
+    )  # fmt: skip
+
+
+def _trimmed(rows: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """The samples from the first active one to the last, with the idle part of each end sample left outside (the
+    timeline runs from the device's first busy moment to its last, as a trace's from its first op's start to its
+    last op's end): all of it, or half where the sample's other neighbour is idle too (a short kernel inside it)."""
+
+    def share(index: int, neighbour: int) -> float:
+        idle_beside = 0 <= neighbour < len(rows) and rows[neighbour][2] < IDLE_BELOW
+        return 0.5 if idle_beside or len(rows) == 1 else 1.0
+
+    (start, end, fraction), last = rows[0], len(rows) - 1
+    lead = round((end - start) * (1.0 - fraction) * share(0, 1))
+    start_last, end_last, fraction_last = rows[last]
+    trail = round((end_last - start_last) * (1.0 - fraction_last) * share(last, last - 1))
+    trimmed = list(rows)
+    trimmed[0] = (start + lead, end, fraction * (end - start) / (end - start - lead))
+    start_last, end_last, fraction_last = trimmed[last]
+    busy = fraction_last * (end_last - start_last)
+    trimmed[last] = (start_last, end_last - trail, min(1.0, busy / (end_last - trail - start_last)))
+    return trimmed
+
+
+def _step_spans(starts: Sequence[float], warmup_steps: int, runs: Sequence[BusyRun]) -> tuple[StepSpan, ...]:
+    """Each judged step's device work (µs, the runs' clock): from its first busy stretch's start (or the step's
+    start, inside one) to its last one's end (or the next step's start)."""
+    spans = []
+    run_ends = [run.end for run in runs]
+    for step in range(warmup_steps, len(starts)):
+        begin, end = starts[step], starts[step + 1] if step + 1 < len(starts) else float("inf")
+        index = bisect.bisect_right(run_ends, begin)
+        inside = []
+        while index < len(runs) and runs[index].start < end:
+            inside.append(runs[index])
+            index += 1
+        if inside:
+            spans.append(StepSpan(step, max(begin, inside[0].start), min(end, inside[-1].end)))
+    return tuple(spans)
 
 
 def _busy_per_run(rows: Sequence[tuple[int, int, float]], runs: Sequence[tuple[float, float]]) -> list[float]:

@@ -5,7 +5,9 @@ The sampler reads, every :data:`INTERVAL_NS` of device time, how many cycles of 
 work kept active (``gr__compute_cycles_active``). Against the kernels, copies and memsets that CUPTI's activity
 records put on the same run's clock, this gave busy time 2.2-7.3% above theirs and the widest gap within 6 µs on an
 H100 (README). Its timestamps are the GPU's timer, which the driver keeps on the host's wall clock, so a region
-is found by ``time.time_ns()`` stamps taken after device syncs at its ends.
+is found by ``time.time_ns()`` stamps taken after device syncs at its ends. Its decode steps are put on the same
+clock by CUDA events (:class:`.sampled.StepEvents`): one recorded at each step's start (the loop's marks, its
+model's forward calls, its CUDA graph replays), timed from an anchor event that a short marker kernel follows.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..analysis.gaps import FORWARD_STEPS, GRAPH_STEPS, MARKED_STEPS
+from ..analysis.sampled import StepEvents
+from .patches import Patches
 from .pm_sampling import NOT_INITIALIZED, PmSampler, PmSamplingError, Samples, load_cupti
 from .syncs import PROBE
 
@@ -27,14 +32,49 @@ INTERVAL_NS = 1000
 BUFFER_BYTES = 1 << 30
 #: The most samples decoded per region: 2 s at :data:`INTERVAL_NS`. A longer region's timeline is unreliable.
 MAX_SAMPLES = 2_000_000
+#: The marker kernel's length in clock cycles (``torch.cuda._sleep``): about 50 µs on an H100, long enough that the
+#: host has recorded the event after it before it ends (that event then completes at the marker's end).
+MARKER_CYCLES = 100_000
+#: Where steps come from, in the order a trace prefers them (:func:`.gaps.step_starts`).
+STEP_SOURCES = (MARKED_STEPS, FORWARD_STEPS, GRAPH_STEPS)
 
 
 @dataclass(frozen=True)
 class SampledRegion:
-    """A region's samples and its window (ns, the host's wall clock, between device syncs)."""
+    """A region's samples, its window (ns, the host's wall clock, between device syncs) and its step events
+    (None: sampled without them, e.g. samples recorded by a benchmark)."""
 
     samples: Samples
     window: tuple[int, int]
+    events: StepEvents | None = None
+
+
+class _StepClock:
+    """The CUDA events of one sampled region: the anchor, the end of the marker kernel launched after it, and one
+    event per step start, by source. Recording one costs the host about as much as a kernel launch, and the
+    device nothing but the marker before the region's work."""
+
+    def __init__(self) -> None:
+        self.anchor = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        self.marker_end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        self.steps: dict[str, list[torch.cuda.Event]] = {source: [] for source in STEP_SOURCES}
+        self.anchor.record()
+        torch.cuda._sleep(MARKER_CYCLES)  # type: ignore[no-untyped-call]
+        self.marker_end.record()
+
+    def mark(self, source: str) -> None:
+        if torch.cuda.is_current_stream_capturing():  # a step captured into a graph is marked when it replays
+            return
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        self.steps[source].append(event)
+
+    def resolve(self) -> StepEvents:
+        """The events' times from the anchor, once the device has finished (after the region's last sync)."""
+        source = next((s for s in STEP_SOURCES if self.steps[s]), "")
+        chosen = self.steps[source] if source else []
+        elapsed = self.anchor.elapsed_time
+        return StepEvents(elapsed(self.marker_end) * 1e3, tuple(elapsed(e) * 1e3 for e in chosen), source)
 
 
 class SamplerProbe:
@@ -44,6 +84,7 @@ class SamplerProbe:
         self._armed: dict[int, SampledRegion] | None = None
         self._sampler: PmSampler | None = None
         self._sampling = False
+        self._clock: _StepClock | None = None
         self.problem: str | None = None
         """Why the sampler could not run in the armed call, if it could not."""
 
@@ -68,6 +109,15 @@ class SamplerProbe:
             if sampler is not None:
                 sampler.disable()
 
+    def step(self, source: str) -> None:
+        """Mark a decode step's start (``source``: :data:`STEP_SOURCES`) in the region being sampled, if any."""
+        if self._clock is not None:
+            self._clock.mark(source)
+
+    def forward_step(self, module: torch.nn.Module, args: object) -> None:
+        """A forward pre-hook: each forward call of the region's model starts a step."""
+        self.step(FORWARD_STEPS)
+
     @contextmanager
     def region(self, number: int) -> Iterator[None]:
         """Sample the block as region ``number`` when armed (and not inside another sampled region)."""
@@ -80,20 +130,38 @@ class SamplerProbe:
             yield
             return
         self._sampling = True
+        replays = Patches()
         try:
             with PROBE.unobserved():  # the sampler's own waits are no sync of the test's (nor stamped as one)
                 torch.cuda.synchronize()
             begin = time.time_ns()
+            clock = self._clock = _StepClock()
+            replays.patch(torch.cuda.CUDAGraph, "replay", self._marking_replays)
             yield
             with PROBE.unobserved():
                 torch.cuda.synchronize()
             end = time.time_ns()
         finally:
-            self._sampling = False
+            replays.undo()
+            self._sampling, self._clock = False, None
             stopped = self._tried(sampler.stop)
         decoded: list[Samples] = []
         if stopped and self._tried(lambda: decoded.append(sampler.decode(MAX_SAMPLES))):
-            self._armed[number] = SampledRegion(decoded[0], (begin, end))
+            try:
+                events = clock.resolve()
+            except RuntimeError as exc:  # CUDA's answer for an event it cannot time
+                self.problem = self.problem or f"the step events of region #{number} could not be timed: {exc}"
+                return
+            self._armed[number] = SampledRegion(decoded[0], (begin, end), events)
+
+    def _marking_replays(self, replay: Callable[[torch.cuda.CUDAGraph], None]) -> Callable[..., None]:
+        """``CUDAGraph.replay`` marking a step before each replay (a loop that replays one graph per step)."""
+
+        def marked(graph: torch.cuda.CUDAGraph) -> None:
+            self.step(GRAPH_STEPS)
+            replay(graph)
+
+        return marked
 
     def _tried(self, call: Callable[[], object]) -> bool:
         """Run a sampler call; a CUPTI error becomes :attr:`problem` (the test's timeline is then unreliable)."""

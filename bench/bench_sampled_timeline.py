@@ -1,0 +1,206 @@
+"""The sampled timeline as a test takes it (the plugin's probe: PM samples, the marker kernel and a CUDA event per
+step; analysed by :class:`~pytest_syncguard.capture.CallCapture`), on the suite's strategies (GPT-2 124M, batch 32,
+prompt 16, 100 new tokens). Needs CUDA.
+
+Steps are the loop's graph replays (cuda_graph, static_compiled) or its model's forward calls (the other
+strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=...)`` does); the first
+``--warmup-steps`` are left out, as a test leaves them out.
+
+1. ``--agreement``: per strategy, one run sampled while CUPTI records every kernel, memcpy and memset of the same
+   run on the same GPU clock (bench_pm_sampling.DeviceRecords, which slows each launch: both numbers are of that
+   slower run). The truth is the union of the records that start in the judged part (from the first judged step's
+   event to the region's end): its busy time, p99 and widest gap against the plugin's. ``--keep DIR`` writes each
+   run's samples, step events and records from the region's start to ``--keep-ms`` into the judged part
+   (tests/data/sampled_steps, checked by tests/test_sampled_steps.py).
+2. ``--rounds``: per strategy, a sampled run (the probe, marks included) and a second bare run, each next to a bare
+   run (which goes first alternates): wall-time ratios of the region's block, medians with 90% signed-rank
+   intervals. ``--budget SECONDS`` stops adding rounds once spent (the rounds run so far are reported).
+
+Run from the repository root: ``python -m bench.bench_sampled_timeline [--agreement a,b] [--strategies a,b]
+[--rounds N] [--keep DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.bench_pm_sampling import DeviceRecords, truth
+from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interval, timed
+from examples import models
+from examples.strategies import STRATEGIES
+from pytest_syncguard.analysis import gaps, sampled
+from pytest_syncguard.analysis.counts import RegionCounts
+from pytest_syncguard.budgets import GuardOptions
+from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.probes.pm_sampling import load_cupti
+from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
+from pytest_syncguard.probes.timeline import cupti_library
+
+#: Strategies whose steps are graph replays; the others' are forward calls.
+GRAPH_LOOPS = ("cuda_graph", "static_compiled")
+
+
+@contextmanager
+def forward_steps(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Each forward call of ``model`` marks a step in the sampled region, as under ``measure(model=...)``."""
+    handle = None if name in GRAPH_LOOPS else model.register_forward_pre_hook(SAMPLER.forward_step)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def judged(region: SampledRegion, warmup_steps: int) -> tuple[gaps.Timeline | None, str | None, int]:
+    """The plugin's timeline of one sampled region, why it is unreliable, and where its judged part begins (ns)."""
+    guard = SyncGuard("bench", device="cuda")
+    capture = CallCapture("bench", guard, [], GuardOptions(warmup_steps=warmup_steps), timeline=True, memory=False,
+                          sampled=True)  # fmt: skip
+    capture.sampled_regions = {1: region}
+    measurement = Measurement("cuda", NEW_TOKENS, (), region_numbers=(1,), region_counts={1: RegionCounts()},
+                              count_parts=((1,),))  # fmt: skip
+    found = capture.with_timelines(measurement)
+    samples = region.samples
+    fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
+    assert region.events is not None
+    placed = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window, region.events)
+    begin = placed.judged_from(warmup_steps) if isinstance(placed, sampled.PlacedSteps) else region.window[0]
+    timeline = found.gpu_timelines[0] if found.gpu_timelines else None
+    return timeline, found.unreliable_timeline, begin
+
+
+def agreement(
+    name: str, fn: Callable[[], object], model: Any, records: DeviceRecords, args: argparse.Namespace
+) -> None:
+    with SAMPLER.arming() as regions, records.recording(), forward_steps(model, name), SAMPLER.region(1):
+        fn()
+    if 1 not in regions:
+        print(f"{name:<16} not sampled: {SAMPLER.problem}", flush=True)
+        return
+    region = regions[1]
+    timeline, unreliable, begin = judged(region, args.warmup_steps)
+    ops = sorted((a, b) for a, b in records.ops if begin <= a <= region.window[1])
+    if timeline is None or not ops:
+        print(f"{name:<16} no timeline: {unreliable}", flush=True)
+        return
+    busy, true_gaps = truth(ops)
+    stat = gaps.gap_stat
+    plugin = (timeline.busy_us, timeline.gap_stat("p99"), timeline.gap_stat("max"))
+    records_ = (busy, stat(true_gaps, "p99"), stat(true_gaps, "max"))
+    assert region.events is not None
+    print(
+        f"{name:<16} {timeline.judged_steps} steps judged after {timeline.warmup_steps} ({region.events.steps_from}); "
+        f"busy {plugin[0]:.0f} / {records_[0]:.0f} us ({plugin[0] / records_[0] - 1:+.1%}); p99 gap {plugin[1]:.1f} / "
+        f"{records_[1]:.1f} us; max gap {plugin[2]:.1f} / {records_[2]:.1f} us; gaps {len(timeline.gaps_us)} / "
+        f"{len(true_gaps)}; span {timeline.span_us:.0f} / {(ops[-1][1] - ops[0][0]) / 1e3:.0f} us "
+        "(plugin / records)",
+        flush=True,
+    )
+    if args.keep is not None:
+        keep(args.keep / f"{name}.json.gz", region, records.ops, begin + int(args.keep_ms * 1e6))
+
+
+def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int]], until: int) -> None:
+    """The region's samples up to ``until`` (ns; each sample's start as a step from the one before, its length,
+    active and elapsed cycles), its step events and the device records in that stretch."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    samples = region.samples
+    rows = [i for i, start in enumerate(samples.start_ns) if region.window[0] <= start < until]
+    active, elapsed = samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES)
+    assert region.events is not None
+    data = {
+        "window_ns": [region.window[0], min(until, region.window[1])],
+        "first_ns": samples.start_ns[rows[0]],
+        "start_step_ns": [samples.start_ns[i] - samples.start_ns[max(i - 1, rows[0])] for i in rows],
+        "length_ns": [samples.end_ns[i] - samples.start_ns[i] for i in rows],
+        "active": [int(active[i]) for i in rows],
+        "elapsed": [int(elapsed[i]) for i in rows],
+        "marker_end_us": region.events.marker_end_us,
+        "steps_us": list(region.events.steps_us),
+        "steps_from": region.events.steps_from,
+        "device_ops_ns": [(a, b) for a, b in sorted(ops) if a < until],
+    }
+    with gzip.open(path, "wt", compresslevel=9) as sink:
+        json.dump(data, sink, separators=(",", ":"))
+    print(f"    kept {path} ({len(rows)} samples)", flush=True)
+
+
+def overhead(name: str, fn: Callable[[], object], model: Any, rounds: int, deadline: float) -> None:
+    """Sampled (the probe with its marks) and bare again, each next to a bare run: ratios of the block's time."""
+    walls: dict[str, list[float]] = {"bare": [], "sampled": [], "bare again": []}
+    ratios: dict[str, list[float]] = {"sampled": [], "bare again": []}
+    regions = iter(range(1, 1 << 30))
+
+    def run(variant: str) -> None:
+        if variant != "sampled":
+            walls[variant].append(timed(fn))
+            return
+        with forward_steps(model, name), SAMPLER.region(next(regions)):
+            walls[variant].append(timed(fn))
+        sampled_regions.clear()  # a second of samples is hundreds of MB of Python objects
+
+    with SAMPLER.arming() as sampled_regions:
+        for variant in walls:
+            run(variant)  # warm-up
+        for values in walls.values():
+            values.clear()
+        for r in range(rounds):
+            if r >= 2 and time.monotonic() > deadline:
+                break
+            for i, variant in enumerate(["sampled", "bare again"][r % 2 :] + ["sampled", "bare again"][: r % 2]):
+                for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
+                    run(side)
+                ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
+        problem = SAMPLER.problem
+    median = statistics.median
+    print(
+        f"{name:<16} {len(ratios['sampled'])} rounds, bare {median(walls['bare']) * 1e3:7.1f} ms | sampled "
+        f"{median(ratios['sampled']):.3f} ({ratio_interval(ratios['sampled'])}) | A/A "
+        f"{median(ratios['bare again']):.3f} ({ratio_interval(ratios['bare again'])})"
+        + (f" | sampler: {problem}" if problem else ""),
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--agreement", default=",".join(STRATEGIES))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--budget", type=float, default=1e9, help="seconds after which no round is started")
+    parser.add_argument("--warmup-steps", type=int, default=GuardOptions().warmup_steps)
+    parser.add_argument("--keep", type=Path, default=None)
+    parser.add_argument("--keep-ms", type=float, default=60.0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_sampled_timeline needs CUDA")
+    began = time.monotonic()
+    model = models.gpt2("cuda", tiny=False)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
+    prompt = prompt.to("cuda")
+    eos = model.config.vocab_size
+    print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    runs = {n: (lambda s=STRATEGIES[n]: s(model, prompt, NEW_TOKENS, eos)) for n in STRATEGIES}
+    records = DeviceRecords(cupti_library() or load_cupti())
+    for name in [n for n in args.agreement.split(",") if n]:
+        runs[name]()  # warm-up (static_compiled compiles here)
+        agreement(name, runs[name], model, records, args)
+    names = [n for n in args.strategies.split(",") if n]
+    for index, name in enumerate(names):
+        share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
+        overhead(name, runs[name], model, args.rounds, time.monotonic() + share)
+
+
+if __name__ == "__main__":
+    main()
