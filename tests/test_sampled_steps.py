@@ -134,17 +134,17 @@ def test_the_widest_gap_is_the_records_widest_among_the_work_the_samples_see(run
         assert widest == pytest.approx(max(every), rel=0.10)
 
 
-def test_the_p99_gap_against_the_records_of_the_work_the_samples_see(run: Run) -> None:
-    """Within 10% (or 2 us) on five strategies. Two differ, and are held here so that a change is seen: in
-    no_cache's long kernels a partly active sample between active ones reads as a short gap of its own (more gaps,
-    a lower p99); static_compiled's graph kernels follow each other closer than a microsecond, where the engine
-    reads active (fewer gaps, a higher p99), as cuda_graph's do against all records."""
+def test_gaps_and_their_percentiles_are_the_records_among_the_work_the_samples_see(run: Run) -> None:
+    """Against the records of visible work, the eager loops' gaps agree in number (within 1%: 937 / 936 in no_cache)
+    and their p50, p90 and p99 within 5% (or 2 us). The graph loops' kernels follow each other closer than a
+    microsecond, where the engine reads active: the samples show a third or less of their gaps (323 / 1107 in
+    static_compiled, 562 / 1996 in cuda_graph), and stand over the longer ones; held here so that a change is seen."""
     _, visible = union([op for op in run.ops if run.seen(op)])
-    found, truth = run.timeline.gap_stat("p99"), gaps.gap_stat(visible, "p99")
-    count = len(run.timeline.gaps_us)
-    if run.name == "no_cache":
-        assert count > 1.3 * len(visible) and found < 0.9 * truth
-    elif run.name == "static_compiled":
-        assert count < 0.5 * len(visible) and found > 1.1 * truth
-    else:
-        assert found == pytest.approx(truth, rel=0.10, abs=2.0)
+    found = run.timeline.gaps_us
+    if run.timeline.steps_from == gaps.GRAPH_STEPS:
+        assert len(found) < 0.35 * len(visible)
+        assert run.timeline.gap_stat("p50") > gaps.gap_stat(visible, "p50")
+        return
+    assert len(found) == pytest.approx(len(visible), rel=0.01)
+    for stat in ("p50", "p90", "p99"):
+        assert run.timeline.gap_stat(stat) == pytest.approx(gaps.gap_stat(visible, stat), rel=0.05, abs=2.0), stat

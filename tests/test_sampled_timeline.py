@@ -12,6 +12,7 @@ window around each run's widest gap).
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 from dataclasses import replace
@@ -106,33 +107,43 @@ def test_samples_agree_with_the_kernels_of_the_same_run(name: str) -> None:
     (within 20%: 194 / 166 and 12 / 10; a sampled gap is known to a sample at each end, so it can reach 50 us where
     the kernels' own gap is 46 to 50 us).
 
-    An eager loop (kv_cache, kernels of 8 us on average): the number of gaps and every percentile agree within 10%
-    (1646 / 1717 gaps, p99 143.4 / 134.0 us, p50 13.9 / 14.0). A graph loop (cuda_graph) replays kernels whose gaps are mostly
-    under a microsecond (6281 of its 8133 gaps): the engine stays active across them, the samples cannot show
-    them, and the sampled percentiles stand over the gaps of a microsecond or more (p99 33.3 us against 6.7 over
-    all the records' gaps): that limit is held here, so that a change to it is seen."""
+    The samples read the compute engine: a copy or memset that no kernel overlaps reads idle. Against the records
+    of the work they can see (under a sample of any activity), an eager loop's gaps (kv_cache, kernels of 8 us on
+    average) agree in number and percentiles within 2% (1519 / 1519 gaps, p99 154.5 / 154.9 us, p50 16.0 / 16.2);
+    against all records there are fewer (1717: a copy splits a gap in two) and the p99 reads higher (134.0). A
+    graph loop (cuda_graph) replays kernels whose gaps are mostly under a microsecond (6281 of its 8133 gaps): the
+    engine stays active across them, the samples cannot show them, and the sampled percentiles stand over the gaps
+    of a microsecond or more (p99 40.8 us against 8.5 over the visible records' gaps): that limit is held here, so
+    that a change to it is seen."""
     data = _load(name)
-    ops = data["device_ops_ns"]
+    ops = sorted(data["device_ops_ns"])
     busy, truth = _device_truth(ops)
-    window = (min(a for a, _ in ops), max(b for _, b in ops))
+    window = (ops[0][0], max(b for _, b in ops))
     fractions = sampled.active_fractions([v[0] for v in data["values"]], [v[1] for v in data["values"]])
     found = sampled.analyze(data["start_ns"], data["end_ns"], fractions, window)
+    starts = data["start_ns"]
+
+    def seen(op: list[int]) -> bool:
+        first = max(bisect.bisect_right(starts, op[0]) - 1, 0)
+        return max(fractions[first : max(bisect.bisect_left(starts, op[1]), first + 1)]) >= sampled.IDLE_BELOW
+
+    _, visible = _device_truth([op for op in ops if seen(op)])
     print(
         f"{name}: busy {busy:.0f} / {found.busy_us:.0f} us; max {max(truth):.1f} / {max(found.gaps_us):.1f}; p99 "
-        f"{gaps.gap_stat(truth, 'p99'):.1f} / {gaps.gap_stat(found.gaps_us, 'p99'):.1f}; gaps {len(truth)} / "
-        f"{len(found.gaps_us)}, under 1 us {sum(g < 1 for g in truth)} / {sum(g < 1 for g in found.gaps_us)}"
+        f"{gaps.gap_stat(truth, 'p99'):.1f} / {gaps.gap_stat(visible, 'p99'):.1f} / "
+        f"{gaps.gap_stat(found.gaps_us, 'p99'):.1f}; gaps {len(truth)} / {len(visible)} / {len(found.gaps_us)}"
     )
     assert 1.0 <= found.busy_us / busy <= 1.10
     assert found.span_us == pytest.approx((window[1] - window[0]) / 1e3, abs=2 * data["interval_ns"] / 1e3)
     assert max(found.gaps_us) == pytest.approx(max(truth), abs=5.0)
     assert sum(g >= 50 for g in found.gaps_us) == pytest.approx(sum(g >= 50 for g in truth), rel=0.2)
     if name == "kv_cache":
-        assert len(found.gaps_us) == pytest.approx(len(truth), rel=0.1)
+        assert len(found.gaps_us) == pytest.approx(len(visible), rel=0.02) and len(truth) > 1.1 * len(visible)
         for stat in ("p50", "p90", "p99"):
-            assert gaps.gap_stat(found.gaps_us, stat) == pytest.approx(gaps.gap_stat(truth, stat), rel=0.1), stat
+            assert gaps.gap_stat(found.gaps_us, stat) == pytest.approx(gaps.gap_stat(visible, stat), rel=0.02), stat
     else:
         assert sum(g < 1 for g in truth) > 0.7 * len(truth) and len(found.gaps_us) < 0.25 * len(truth)
-        assert gaps.gap_stat(found.gaps_us, "p99") > 3 * gaps.gap_stat(truth, "p99")
+        assert gaps.gap_stat(found.gaps_us, "p99") > 3 * gaps.gap_stat(visible, "p99")
 
 
 def test_a_sampled_gap_in_which_a_counted_sync_returned_is_a_host_sync_with_its_call_site() -> None:

@@ -3,7 +3,8 @@
 A sample covers ``[start, end)`` of device time and says what fraction of it the device's compute work was
 active. Busy time is the sum of the active parts. Where inside a partly active sample its idle part lies is not
 known: it is placed next to an idle neighbour (at the sample's end when the next sample is idle, at its start when
-the previous one is, split between both when both are), else in the middle as a gap of its own. Idle parts that
+the previous one is, split between both when both are), else across the boundary with a partly active neighbour
+(one gap that straddles it), else in the middle as a gap of its own. Idle parts that
 touch merge into one gap, so a gap is known to within one sample interval at each end. A sample below
 :data:`IDLE_BELOW` is idle: its stray cycles are no busy time, so busy time is the span less the gaps. A region's
 timeline runs from its first active sample to its last, as a trace's runs from its first device op to its last.
@@ -288,19 +289,17 @@ def _busy_per_run(rows: Sequence[tuple[int, int, float]], runs: Sequence[tuple[f
 
 def _gaps(rows: Sequence[tuple[int, int, float]]) -> list[tuple[float, float]]:
     """The idle gaps (start, length; ns) of samples that begin and end active."""
-    idle = [fraction < IDLE_BELOW for _, _, fraction in rows]
+    placed = _placements(rows)
     blocks: list[tuple[float, float]] = []  # idle (start, end), in order
-    for i, (start, end, fraction) in enumerate(rows):
-        if idle[i]:
-            blocks.append((start, end))
-            continue
+    for (start, end, fraction), place in zip(rows, placed, strict=True):
         missing = (end - start) * (1.0 - fraction)
-        before, after = i > 0 and idle[i - 1], i + 1 < len(rows) and idle[i + 1]
-        if before and after:
+        if place == _IDLE:
+            blocks.append((start, end))
+        elif place == _SPLIT:
             blocks += [(start, start + missing / 2), (end - missing / 2, end)]
-        elif before:
+        elif place == _START:
             blocks.append((start, start + missing))
-        elif after:
+        elif place == _END:
             blocks.append((end - missing, end))
         elif missing > 0:
             middle = (start + end) / 2
@@ -314,3 +313,24 @@ def _gaps(rows: Sequence[tuple[int, int, float]]) -> list[tuple[float, float]]:
         else:
             gaps.append((begin, finish - begin))
     return gaps
+
+
+_IDLE, _SPLIT, _START, _END, _MIDDLE = "idle", "split", "start", "end", "middle"
+
+
+def _placements(rows: Sequence[tuple[int, int, float]]) -> list[str]:
+    """Where each sample's idle part lies: all of an idle sample; next to an idle neighbour (split when both are);
+    else, for two partly active samples side by side, at the boundary between them (one gap that straddles it:
+    a gap between kernels longer than a sample reads so, and splitting it into two mid-sample gaps doubled the
+    eager loops' gap counts against the records of the same runs); else in the middle of the sample."""
+    idle = [fraction < IDLE_BELOW for _, _, fraction in rows]
+    placed = []
+    for i in range(len(rows)):
+        before, after = i > 0 and idle[i - 1], i + 1 < len(rows) and idle[i + 1]
+        place = _IDLE if idle[i] else _SPLIT if before and after else _START if before else _END if after else _MIDDLE
+        placed.append(place)
+    for i in range(len(rows) - 1):
+        partly = rows[i][2] < 1.0 and rows[i + 1][2] < 1.0
+        if placed[i] == placed[i + 1] == _MIDDLE and partly:
+            placed[i], placed[i + 1] = _END, _START
+    return placed
