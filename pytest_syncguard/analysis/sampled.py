@@ -4,10 +4,11 @@ A sample covers ``[start, end)`` of device time and says what fraction of it the
 active. Busy time is the sum of the active parts. Where inside a partly active sample its idle part lies is not
 known: it is placed next to an idle neighbour (at the sample's end when the next sample is idle, at its start when
 the previous one is, split between both when both are), else across the boundary with a partly active neighbour
-(one gap that straddles it), else in the middle as a gap of its own. Idle parts that
-touch merge into one gap, so a gap is known to within one sample interval at each end. A sample below
-:data:`IDLE_BELOW` is idle: its stray cycles are no busy time, so busy time is the span less the gaps. A region's
-timeline runs from its first active sample to its last, as a trace's runs from its first device op to its last.
+(one gap that straddles it), else in the middle as a gap of its own. Idle parts that touch merge into one gap, so
+a gap is known to within one sample interval at each end. A sample below :data:`IDLE_BELOW` is idle: its stray
+cycles are no busy time, so busy time is the span less the gaps. A region's timeline runs from the device's first
+busy moment to its last, as a trace's runs from its first device op to its last. The samples read the compute
+engine: a copy or memset that no kernel overlaps reads idle (docs/explanation/timeline.md).
 
 Decode steps are placed on the samples' clock by CUDA events (:class:`StepEvents`): the probe records an anchor
 event, launches a short marker kernel and records a second event when the region begins, then one event per step.
