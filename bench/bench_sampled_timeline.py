@@ -38,11 +38,9 @@ from bench.bench_pm_sampling import DeviceRecords, truth
 from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interval, timed
 from examples import models
 from examples.strategies import STRATEGIES
-from pytest_syncguard.analysis import gaps, sampled
-from pytest_syncguard.analysis.counts import RegionCounts
+from pytest_syncguard.analysis import gaps
 from pytest_syncguard.budgets import GuardOptions
-from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.capture import judge_sampled_region
 from pytest_syncguard.probes.pm_sampling import load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
 from pytest_syncguard.probes.timeline import cupti_library
@@ -62,24 +60,6 @@ def forward_steps(model: torch.nn.Module, name: str) -> Iterator[None]:
             handle.remove()
 
 
-def judged(region: SampledRegion, warmup_steps: int) -> tuple[gaps.Timeline | None, str | None, int]:
-    """The plugin's timeline of one sampled region, why it is unreliable, and where its judged part begins (ns)."""
-    guard = SyncGuard("bench", device="cuda")
-    capture = CallCapture("bench", guard, [], GuardOptions(warmup_steps=warmup_steps), timeline=True, memory=False,
-                          sampled=True)  # fmt: skip
-    capture.sampled_regions = {1: region}
-    measurement = Measurement("cuda", NEW_TOKENS, (), region_numbers=(1,), region_counts={1: RegionCounts()},
-                              count_parts=((1,),))  # fmt: skip
-    found = capture.with_timelines(measurement)
-    samples = region.samples
-    fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
-    assert region.events is not None
-    placed = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window, region.events)
-    begin = placed.judged_from(warmup_steps) if isinstance(placed, sampled.PlacedSteps) else region.window[0]
-    timeline = found.gpu_timelines[0] if found.gpu_timelines else None
-    return timeline, found.unreliable_timeline, begin
-
-
 def agreement(
     name: str, fn: Callable[[], object], model: Any, records: DeviceRecords, args: argparse.Namespace
 ) -> None:
@@ -89,10 +69,12 @@ def agreement(
         print(f"{name:<16} not sampled: {SAMPLER.problem}", flush=True)
         return
     region = regions[1]
-    timeline, unreliable, begin = judged(region, args.warmup_steps)
+    judged = judge_sampled_region(region, args.warmup_steps)
+    timeline = judged.timeline
+    begin = judged.steps.judged_from(args.warmup_steps) if judged.steps is not None else region.window[0]
     ops = sorted((a, b) for a, b in records.ops if begin <= a <= region.window[1])
     if timeline is None or not ops:
-        print(f"{name:<16} no timeline: {unreliable}", flush=True)
+        print(f"{name:<16} no timeline: {judged.problem}", flush=True)
         return
     busy, true_gaps = truth(ops)
     stat = gaps.gap_stat

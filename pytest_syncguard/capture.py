@@ -307,18 +307,11 @@ class CallCapture:
                     f"the PM sampler lost samples of region #{n} (its buffer filled, or the region outlasted "
                     f"{MAX_SAMPLES} samples)"
                 )
-            fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
-            warmup, placed, judged = self.options.warmup_steps, None, region.window
-            if region.events is not None:
-                found_steps = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window,
-                                                  region.events)  # fmt: skip
-                if isinstance(found_steps, str):
-                    unreliable = unreliable or f"region #{n}: {found_steps}"
-                    continue
-                placed = found_steps
-                judged = (placed.judged_from(warmup), region.window[1])  # its syncs, as a trace keeps them
-            found = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup)
-            timelines.append(found.timeline(syncs=self.sync_stamps, window=judged) if found.span_us > 0 else None)
+            judged = judge_sampled_region(region, self.options.warmup_steps, self.sync_stamps)
+            if judged.problem is not None:
+                unreliable = unreliable or f"region #{n}: {judged.problem}"
+                continue
+            timelines.append(judged.timeline)
         if unreliable is not None:
             return replace(measurement, timelines=(), unreliable_timeline=unreliable)
         return replace(measurement, timelines=tuple(timelines))
@@ -355,6 +348,34 @@ class CallCapture:
             for path in [*self.trace_files, *self.snapshots]:
                 path.unlink(missing_ok=True)
         return kept, problem
+
+
+@dataclass(frozen=True)
+class SampledJudgement:
+    """One sampled region as the plugin judges it: its timeline (None: no device work in its judged part), why its
+    steps could not be placed, and where they were placed."""
+
+    timeline: Timeline | None
+    problem: str | None = None
+    steps: sampled.PlacedSteps | None = None
+
+
+def judge_sampled_region(
+    region: SampledRegion, warmup_steps: int, syncs: Sequence[tuple[int, str]] = ()
+) -> SampledJudgement:
+    """The timeline of a sampled region's judged steps, its steps placed by its events, with the counted ``syncs``
+    (ns on the samples' clock, call site) that the host made in its judged part, as a trace keeps them."""
+    samples = region.samples
+    fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
+    placed, judged = None, region.window
+    if region.events is not None:
+        found = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window, region.events)
+        if isinstance(found, str):
+            return SampledJudgement(None, found)
+        placed, judged = found, (found.judged_from(warmup_steps), region.window[1])
+    timeline = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup_steps)
+    return SampledJudgement(timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None,
+                            steps=placed)  # fmt: skip
 
 
 def _all_regions(measurement: Measurement) -> list[int]:

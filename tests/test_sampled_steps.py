@@ -7,8 +7,8 @@ static_compiled) while CUPTI recorded every kernel, memcpy and memset on the sam
 ``python -m bench.bench_sampled_timeline --keep DIR --keep-ms 60``, then ``python devtools/trim_sampled_steps.py
 DIR/NAME.json.gz OUT --ms 30``: the region's start (its marker) and the first 30 ms of its judged part.
 
-Each is analysed here as the plugin analyses a sampled region (:class:`~pytest_syncguard.capture.CallCapture`, 2
-warm-up steps) and compared with the union of the records that start in the judged part. What the samples read is
+Each is analysed here as the plugin analyses a sampled region (:func:`~pytest_syncguard.capture.judge_sampled_region`,
+2 warm-up steps) and compared with the union of the records that start in the judged part. What the samples read is
 the compute engine's activity (``gr__compute_cycles_active``): a copy or memset that the copy engines run while no
 kernel does reads idle (5-9% of the records here: the graph loops' memset nodes, the eager loops' copies and
 memsets). Against the records of the work that the samples can see (those under a sample of any activity), the
@@ -28,11 +28,8 @@ from typing import Any
 import pytest
 
 from pytest_syncguard.analysis import gaps, sampled
-from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.trace_file import GpuOp
-from pytest_syncguard.budgets import GuardOptions
-from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.capture import judge_sampled_region
 from pytest_syncguard.probes.pm_sampling import Samples
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion
 
@@ -60,17 +57,12 @@ class Run:
                           tuple(zip(map(float, data["active"]), map(float, data["elapsed"]), strict=True)), False)  # fmt: skip
         events = sampled.StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
         window = (data["window_ns"][0], data["window_ns"][1])
-        capture = CallCapture(name, SyncGuard(name, device="cuda"), [], GuardOptions(warmup_steps=WARMUP),
-                              timeline=True, memory=False, sampled=True)  # fmt: skip
-        capture.sampled_regions = {1: SampledRegion(samples, window, events)}
-        measurement = Measurement("cuda", 100, (), region_numbers=(1,), region_counts={1: RegionCounts()},
-                                  count_parts=((1,),))  # fmt: skip
-        (self.timeline,) = capture.with_timelines(measurement).gpu_timelines
+        judged = judge_sampled_region(SampledRegion(samples, window, events), WARMUP)
+        assert judged.timeline is not None and judged.steps is not None, judged.problem
+        self.timeline, self.steps_ns = judged.timeline, judged.steps.steps_ns
+        self.begin = judged.steps.judged_from(WARMUP)
         self.fractions = sampled.active_fractions(data["active"], data["elapsed"])
         self.starts = starts
-        placed = sampled.place_steps(starts, ends, self.fractions, window, events)
-        assert isinstance(placed, sampled.PlacedSteps)
-        self.begin, self.steps_ns = placed.judged_from(WARMUP), placed.steps_ns
         self.ops = sorted((a, b) for a, b in data["device_ops_ns"] if self.begin <= a <= window[1])
 
     def seen(self, op: tuple[int, int]) -> bool:
