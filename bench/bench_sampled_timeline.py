@@ -1,6 +1,6 @@
 """The sampled timeline as a test takes it (the plugin's probe: PM samples, the marker kernel and a CUDA event per
-step; analysed by :class:`~pytest_syncguard.capture.CallCapture`), on the suite's strategies (GPT-2 124M, batch 32,
-prompt 16, 100 new tokens). Needs CUDA.
+step; judged by :func:`~pytest_syncguard.capture.judge_sampled_region`), on the suite's strategies (GPT-2 124M,
+batch 32, prompt 16, 100 new tokens). Needs CUDA.
 
 Steps are the loop's graph replays (cuda_graph, static_compiled) or its model's forward calls (the other
 strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=...)`` does); the first
@@ -14,7 +14,8 @@ strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=
    (tests/data/sampled_steps, checked by tests/test_sampled_steps.py).
 2. ``--rounds``: per strategy, a sampled run (the probe, marks included) and a second bare run, each next to a bare
    run (which goes first alternates): wall-time ratios of the region's block, medians with 90% signed-rank
-   intervals. ``--budget SECONDS`` stops adding rounds once spent (the rounds run so far are reported).
+   intervals. ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy (the rounds
+   run so far are reported).
 
 Run from the repository root: ``python -m bench.bench_sampled_timeline [--agreement a,b] [--strategies a,b]
 [--rounds N] [--keep DIR]``.
