@@ -28,8 +28,10 @@ import gzip
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,10 @@ from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interv
 from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps
+from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import judge_sampled_region
-from pytest_syncguard.probes.pm_sampling import load_cupti
+from pytest_syncguard.probes.pm_sampling import Samples, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
 from pytest_syncguard.probes.timeline import cupti_library
 
@@ -95,28 +98,54 @@ def agreement(
 
 
 def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int]], until: int) -> None:
-    """The region's samples up to ``until`` (ns; each sample's start as a step from the one before, its length,
-    active and elapsed cycles), its step events and the device records in that stretch."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The region's samples up to ``until`` (ns), its step events and the device records that start before it."""
     samples = region.samples
     rows = [i for i, start in enumerate(samples.start_ns) if region.window[0] <= start < until]
-    active, elapsed = samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES)
+    kept = replace(region, samples=sample_rows(samples, rows), window=(region.window[0], min(until, region.window[1])))
+    write_kept(path, kept, [(a, b) for a, b in ops if a < until])
+    print(f"    kept {path} ({len(rows)} samples)", flush=True)
+
+
+def sample_rows(samples: Samples, rows: Sequence[int]) -> Samples:
+    """The samples at ``rows`` (indices in time order)."""
+    pick = [samples.start_ns[i] for i in rows], [samples.end_ns[i] for i in rows], [samples.values[i] for i in rows]
+    return replace(samples, completed=len(rows), start_ns=tuple(pick[0]), end_ns=tuple(pick[1]), values=tuple(pick[2]))
+
+
+def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int]]) -> None:
+    """A kept run as gzipped JSON: each sample's start as a step from the one before, its length, its active and
+    elapsed cycles; the region's window and step events; the device records (ns, sorted)."""
+    samples = region.samples
     assert region.events is not None
+    starts = samples.start_ns
     data = {
-        "window_ns": [region.window[0], min(until, region.window[1])],
-        "first_ns": samples.start_ns[rows[0]],
-        "start_step_ns": [samples.start_ns[i] - samples.start_ns[max(i - 1, rows[0])] for i in rows],
-        "length_ns": [samples.end_ns[i] - samples.start_ns[i] for i in rows],
-        "active": [int(active[i]) for i in rows],
-        "elapsed": [int(elapsed[i]) for i in rows],
+        "window_ns": list(region.window),
+        "first_ns": starts[0],
+        "start_step_ns": [b - a for a, b in zip((starts[0], *starts[:-1]), starts, strict=True)],
+        "length_ns": [b - a for a, b in zip(starts, samples.end_ns, strict=True)],
+        "active": [int(v) for v in samples.column(ACTIVE_CYCLES)],
+        "elapsed": [int(v) for v in samples.column(ELAPSED_CYCLES)],
         "marker_end_us": region.events.marker_end_us,
         "steps_us": list(region.events.steps_us),
         "steps_from": region.events.steps_from,
-        "device_ops_ns": [(a, b) for a, b in sorted(ops) if a < until],
+        "device_ops_ns": sorted(ops),
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", compresslevel=9) as sink:
         json.dump(data, sink, separators=(",", ":"))
-    print(f"    kept {path} ({len(rows)} samples)", flush=True)
+
+
+def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int]]]:
+    """A run written by :func:`write_kept`: the sampled region, as the probe left it, and the device records."""
+    with gzip.open(path, "rt") as source:
+        data = json.load(source)
+    starts = tuple(accumulate(data["start_step_ns"], initial=data["first_ns"]))[1:]
+    ends = tuple(start + length for start, length in zip(starts, data["length_ns"], strict=True))
+    values = tuple(zip(map(float, data["active"]), map(float, data["elapsed"]), strict=True))
+    samples = Samples((ACTIVE_CYCLES, ELAPSED_CYCLES), len(starts), starts, ends, values, False)
+    events = StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
+    region = SampledRegion(samples, (data["window_ns"][0], data["window_ns"][1]), events)
+    return region, [(a, b) for a, b in data["device_ops_ns"]]
 
 
 def overhead(name: str, fn: Callable[[], object], model: Any, rounds: int, deadline: float) -> None:

@@ -4,7 +4,7 @@ tests/data/sampled_steps/h100_*.json.gz: one run of each strategy of the suite (
 100 new tokens) on an H100 80GB HBM3 (GPU-1597f8e1, torch 2.11.0+cu130, driver 580.159.04), sampled by the
 plugin's probe (its marker kernel and a CUDA event per step: forward calls, or graph replays for cuda_graph and
 static_compiled) while CUPTI recorded every kernel, memcpy and memset on the same GPU clock:
-``python -m bench.bench_sampled_timeline --keep DIR --keep-ms 60``, then ``python devtools/trim_sampled_steps.py
+``python -m bench.bench_sampled_timeline --keep DIR --keep-ms 60``, then ``python -m devtools.trim_sampled_steps
 DIR/NAME.json.gz OUT --ms 30``: the region's start (its marker) and the first 30 ms of its judged part.
 
 Each is analysed here as the plugin analyses a sampled region (:func:`~pytest_syncguard.capture.judge_sampled_region`,
@@ -19,19 +19,15 @@ widest gap, the samples' gap is wider.
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
-from itertools import accumulate
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from bench.bench_sampled_timeline import read_kept
 from pytest_syncguard.analysis import gaps, sampled
 from pytest_syncguard.analysis.trace_file import GpuOp
 from pytest_syncguard.capture import judge_sampled_region
-from pytest_syncguard.probes.pm_sampling import Samples
-from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion
+from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES
 
 DATA = Path(__file__).parent / "data" / "sampled_steps"
 STRATEGIES = ("no_cache", "kv_cache", "static_cache", "static_compiled", "stream_pingpong", "cuda_graph", "hf_generate")
@@ -49,21 +45,15 @@ class Run:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        with gzip.open(DATA / f"h100_{name}.json.gz", "rt") as source:
-            data: dict[str, Any] = json.load(source)
-        starts = list(accumulate(data["start_step_ns"], initial=data["first_ns"]))[1:]
-        ends = [start + length for start, length in zip(starts, data["length_ns"], strict=True)]
-        samples = Samples((ACTIVE_CYCLES, ELAPSED_CYCLES), len(starts), tuple(starts), tuple(ends),
-                          tuple(zip(map(float, data["active"]), map(float, data["elapsed"]), strict=True)), False)  # fmt: skip
-        events = sampled.StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
-        window = (data["window_ns"][0], data["window_ns"][1])
-        judged = judge_sampled_region(SampledRegion(samples, window, events), WARMUP)
+        region, ops = read_kept(DATA / f"h100_{name}.json.gz")
+        judged = judge_sampled_region(region, WARMUP)
         assert judged.timeline is not None and judged.steps is not None, judged.problem
         self.timeline, self.steps_ns = judged.timeline, judged.steps.steps_ns
         self.begin = judged.steps.judged_from(WARMUP)
-        self.fractions = sampled.active_fractions(data["active"], data["elapsed"])
-        self.starts = starts
-        self.ops = sorted((a, b) for a, b in data["device_ops_ns"] if self.begin <= a <= window[1])
+        samples = region.samples
+        self.fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
+        self.starts = samples.start_ns
+        self.ops = sorted((a, b) for a, b in ops if self.begin <= a <= region.window[1])
 
     def seen(self, op: tuple[int, int]) -> bool:
         """Whether a sample under the op read any activity."""
