@@ -12,13 +12,15 @@ strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=
    event to the region's end): its busy time, p99 and widest gap against the plugin's. ``--keep DIR`` writes each
    run's samples, step events and records from the region's start to ``--keep-ms`` into the judged part
    (tests/data/sampled_steps, checked by tests/test_sampled_steps.py).
-2. ``--rounds``: per strategy, a sampled run (the probe, marks included) and a second bare run, each next to a bare
+2. ``--traced``: per strategy, one run under the plugin's own trace capture (as a counting run is taken): its
+   judged steps, gap count per step, p99 and widest gap, to set beside the records of (1).
+3. ``--rounds``: per strategy, a sampled run (the probe, marks included) and a second bare run, each next to a bare
    run (which goes first alternates): wall-time ratios of the region's block, medians with 90% signed-rank
    intervals. ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy (the rounds
    run so far are reported).
 
 Run from the repository root: ``python -m bench.bench_sampled_timeline [--agreement a,b] [--strategies a,b]
-[--rounds N] [--keep DIR]``.
+[--traced a,b] [--rounds N] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ from bench.bench_pm_sampling import DeviceRecords, truth
 from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interval, timed
 from examples import models
 from examples.strategies import STRATEGIES
-from pytest_syncguard.analysis import gaps
+from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import judge_sampled_region
 from pytest_syncguard.probes.pm_sampling import Samples, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
-from pytest_syncguard.probes.timeline import cupti_library
+from pytest_syncguard.probes.timeline import TIMELINE, cupti_library
 
 #: Strategies whose steps are graph replays; the others' are forward calls.
 GRAPH_LOOPS = ("cuda_graph", "static_compiled")
@@ -95,6 +97,33 @@ def agreement(
     )
     if args.keep is not None:
         keep(args.keep / f"{name}.json.gz", region, records.ops, begin + int(args.keep_ms * 1e6))
+
+
+def traced(name: str, fn: Callable[[], object], model: Any, warmup_steps: int) -> None:
+    """One run under the plugin's trace capture (a counting run's timeline): its judged steps and gaps."""
+    hooks = [] if name in GRAPH_LOOPS else TIMELINE.step_hooks(model)
+    try:
+        with TIMELINE.capturing() as files, TIMELINE.region(1):
+            fn()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    try:
+        trace = trace_file.load(files[0])
+        timeline = gaps.analyze(trace, window=gaps.regions(trace)[1], warmup_steps=warmup_steps)
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+    if timeline is None:
+        print(f"{name:<16} traced: no device work", flush=True)
+        return
+    count = len(timeline.gaps_us)
+    print(
+        f"{name:<16} traced: {timeline.judged_steps} steps judged after {timeline.warmup_steps} "
+        f"({timeline.steps_from}); gaps {count} ({count / max(timeline.judged_steps, 1):.1f} per step); p99 gap "
+        f"{timeline.gap_stat('p99'):.1f} us; max gap {timeline.gap_stat('max'):.1f} us; busy {timeline.busy_us:.0f} us",
+        flush=True,
+    )
 
 
 def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int]], until: int) -> None:
@@ -192,6 +221,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which no round is started")
     parser.add_argument("--warmup-steps", type=int, default=GuardOptions().warmup_steps)
+    parser.add_argument("--traced", default="", help="strategies run once under the plugin's trace capture, last")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--keep-ms", type=float, default=60.0)
     args = parser.parse_args()
@@ -212,6 +242,9 @@ def main() -> None:
     for index, name in enumerate(names):
         share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
         overhead(name, runs[name], model, args.rounds, time.monotonic() + share)
+    for name in [n for n in args.traced.split(",") if n]:  # last: a capture detaches CUPTI when it stops
+        runs[name]()
+        traced(name, runs[name], model, args.warmup_steps)
 
 
 if __name__ == "__main__":
