@@ -393,7 +393,7 @@ class SyncguardSession:
             if not self.interrupted:
                 terminalreporter.write_line("no test was measured (none uses the syncguard fixture or a budget marker)")
             return
-        for line in summary_lines(self.results.values()):
+        for line in summary_lines(self.results.values(), "sampled" if self.sampled else "trace"):
             terminalreporter.write_line(line)
         notes = [*self.notes, *self.store.notes(by_workers=self.distributing)]
         for line in baseline_lines(self.results.values(), self.store.updating, notes):

@@ -24,7 +24,7 @@ from pytest_syncguard.comparison import compare
 from pytest_syncguard.guard import Measurement
 from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.report.junit import read_cases
-from pytest_syncguard.report.terminal import failure_text, summary_lines
+from pytest_syncguard.report.terminal import TIMELINE_SOURCE_LINES, failure_text, summary_lines
 from pytest_syncguard.result import MeasuredTest
 from pytest_syncguard.results_file import from_record, record
 
@@ -106,6 +106,20 @@ def test_every_rendering_reads_the_same_median_of_the_regions() -> None:
     assert "baseline nvidia-h100: syncs 4 -> 8" in text  # the regression, from the typed comparison
     (row,) = summary_lines([result])[2:3]
     assert f"{median:.1f}" in row.split()
+
+
+def test_the_summary_says_which_source_gave_the_gpu_timelines_it_shows() -> None:
+    result = _measured((Budget("max_gpu_idle_us", 1.0),))
+    for source in ("trace", "sampled"):
+        lines = summary_lines([result], source)
+        assert lines.count(TIMELINE_SOURCE_LINES[source]) == 1
+        assert f"--syncguard-timeline={source}" in TIMELINE_SOURCE_LINES[source]
+    guard = SyncGuard("test_x.py::test_untimed", device="cpu")
+    with guard.generation(tokens=2):
+        torch.ones(2).sum().item()
+    untimed = MeasuredTest.of("test_x.py::test_untimed", guard.measurements[0], ())
+    assert "max_gap_us" not in untimed.metrics
+    assert not any(line.startswith("GPU timelines") for line in summary_lines([untimed], "sampled"))
 
 
 def test_the_xdist_and_json_round_trip_gives_back_the_same_result() -> None:

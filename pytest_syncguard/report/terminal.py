@@ -176,9 +176,21 @@ def _metric(result: MeasuredTest, name: str, digits: int) -> str:
 _COUNTER_COLUMNS = tuple((m.name, m.column) for m in METRICS.values() if m.column is not None)
 
 
-def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
+#: What the summary says of the GPU timelines' source (--syncguard-timeline), under a table that shows them.
+TIMELINE_SOURCE_LINES = {
+    "trace": "GPU timelines from the trace (--syncguard-timeline=trace): CUPTI's kernel records of each test's call, "
+    "which slow each launch, so an eager loop's gaps are those of a slower program; --syncguard-timeline=sampled "
+    "adds nothing to a launch (docs/explanation/timeline.md)",
+    "sampled": "GPU timelines sampled (--syncguard-timeline=sampled): CUPTI's PM sampler over each timed run, which "
+    "adds nothing to a launch; copy-engine work of a microsecond or two reads idle and a CUDA graph's "
+    "sub-microsecond gaps busy (docs/explanation/timeline.md)",
+}
+
+
+def summary_lines(results: Iterable[MeasuredTest], timeline_source: str = "trace") -> list[str]:
     """The summary table: test, device, tokens, syncs, syncs per token, the exact counters measured, timings,
-    GPU timeline and memory where measured, budget, verdict."""
+    GPU timeline and memory where measured, budget, verdict; under it, where the GPU timelines came from
+    (``timeline_source``: :data:`TIMELINE_SOURCE_LINES`) when the table shows them."""
     results = list(results)
     timeline = any("max_gap_us" in r.metrics for r in results)
     memory = any("fragmentation" in r.metrics for r in results)
@@ -226,6 +238,8 @@ def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
         ).rstrip()
 
     lines = [fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, rows)]
+    if timeline:
+        lines.append(TIMELINE_SOURCE_LINES[timeline_source])
     if any(r.device == "cpu" for r in results):
         lines.append(
             "cpu rows count scalar reads and data-dependent shapes; device<->host copies and explicit "
