@@ -236,7 +236,8 @@ class SyncguardSession:
         judge = config.getoption("syncguard_judge_host_timings")
         host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
         self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
-        self.sampled = _timeline_source(config) == "sampled"
+        self.timeline_source = _timeline_source(config)
+        self.sampled = self.timeline_source == "sampled"
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
         keep = config.getoption("syncguard_keep_timelines")
@@ -393,7 +394,7 @@ class SyncguardSession:
             if not self.interrupted:
                 terminalreporter.write_line("no test was measured (none uses the syncguard fixture or a budget marker)")
             return
-        for line in summary_lines(self.results.values(), "sampled" if self.sampled else "trace"):
+        for line in summary_lines(self.results.values(), self.timeline_source):
             terminalreporter.write_line(line)
         notes = [*self.notes, *self.store.notes(by_workers=self.distributing)]
         for line in baseline_lines(self.results.values(), self.store.updating, notes):
