@@ -175,8 +175,9 @@ def explore(candidates: list[str], group: int, records: KindRecords, out: Path) 
             if all(shares.get(k, 0) >= 0.8 for k in ("memcpy", "memset")):
                 seeing.append(metric)
         if interesting:  # the raw samples of groups in which a metric saw copies or memsets
-            kept.append({"metrics": metrics, "start_ns": samples.start_ns, "end_ns": samples.end_ns,
-                         "values": samples.values, "records": found, "labels": labels})  # fmt: skip
+            rows = [list(row) for row in zip(*samples.columns, strict=True)]
+            kept.append({"metrics": metrics, "start_ns": list(samples.start_ns), "end_ns": list(samples.end_ns),
+                         "values": rows, "records": found, "labels": labels})  # fmt: skip
         compute = judge(samples, ACTIVE_CYCLES, found)
         print(f"  ({ACTIVE_CYCLES}: idle <= {compute[0]:.4g}; {compute[1]})", flush=True)
     with gzip.open(out / "isolated.json.gz", "wt") as sink:
@@ -205,7 +206,7 @@ def loops(names: list[str], metrics: tuple[str, ...], records: KindRecords, args
             "metrics": metrics,
             "start_ns": [samples.start_ns[i] for i in rows],
             "end_ns": [samples.end_ns[i] for i in rows],
-            "values": [samples.values[i] for i in rows],
+            "values": [[column[i] for column in samples.columns] for i in rows],
             "records": [r for r in found if r[2] > begin and r[1] < until],
         }
         with gzip.open(args.out / f"loop_{name}.json.gz", "wt") as sink:

@@ -229,7 +229,7 @@ def agreement(
             json.dump(
                 {"metrics": samples.metrics, "interval_ns": interval_ns,
                  "start_ns": [samples.start_ns[i] for i in inside], "end_ns": [samples.end_ns[i] for i in inside],
-                 "values": [samples.values[i] for i in inside], "device_ops_ns": ops},
+                 "values": [[column[i] for column in samples.columns] for i in inside], "device_ops_ns": ops},
                 sink,
             )  # fmt: skip
 

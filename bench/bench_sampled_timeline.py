@@ -130,15 +130,9 @@ def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int]], until: i
     """The region's samples up to ``until`` (ns), its step events and the device records that start before it."""
     samples = region.samples
     rows = [i for i, start in enumerate(samples.start_ns) if region.window[0] <= start < until]
-    kept = replace(region, samples=sample_rows(samples, rows), window=(region.window[0], min(until, region.window[1])))
+    kept = replace(region, samples=samples.picked(rows), window=(region.window[0], min(until, region.window[1])))
     write_kept(path, kept, [(a, b) for a, b in ops if a < until])
     print(f"    kept {path} ({len(rows)} samples)", flush=True)
-
-
-def sample_rows(samples: Samples, rows: Sequence[int]) -> Samples:
-    """The samples at ``rows`` (indices in time order)."""
-    pick = [samples.start_ns[i] for i in rows], [samples.end_ns[i] for i in rows], [samples.values[i] for i in rows]
-    return replace(samples, completed=len(rows), start_ns=tuple(pick[0]), end_ns=tuple(pick[1]), values=tuple(pick[2]))
 
 
 def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int]]) -> None:
@@ -170,8 +164,8 @@ def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int]]]:
         data = json.load(source)
     starts = tuple(accumulate(data["start_step_ns"], initial=data["first_ns"]))[1:]
     ends = tuple(start + length for start, length in zip(starts, data["length_ns"], strict=True))
-    values = tuple(zip(map(float, data["active"]), map(float, data["elapsed"]), strict=True))
-    samples = Samples((ACTIVE_CYCLES, ELAPSED_CYCLES), len(starts), starts, ends, values, False)
+    values = tuple(zip(data["active"], data["elapsed"], strict=True))
+    samples = Samples.of_rows((ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, values)
     events = StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
     region = SampledRegion(samples, (data["window_ns"][0], data["window_ns"][1]), events)
     return region, [(a, b) for a, b in data["device_ops_ns"]]

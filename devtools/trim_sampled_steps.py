@@ -10,7 +10,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from bench.bench_sampled_timeline import read_kept, sample_rows, write_kept
+from bench.bench_sampled_timeline import read_kept, write_kept
 from pytest_syncguard.analysis import sampled
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES
@@ -36,7 +36,7 @@ def main() -> None:
     marker = [i for i, (start, _) in enumerate(spans) if start <= placed.begin_ns + 10_000]  # and 10 us of idle after
     judged = [i for i, (start, end) in enumerate(spans) if end > begin and start < until]
     rows = sorted(set(marker) | set(judged))
-    kept = replace(region, samples=sample_rows(samples, rows), window=(region.window[0], until))
+    kept = replace(region, samples=samples.picked(rows), window=(region.window[0], until))
     kept_ops = [op for op in ops if op[1] <= placed.begin_ns or begin <= op[0] < until]
     write_kept(Path(args.out), kept, kept_ops)
     print(f"{args.out}: {len(rows)} samples, {len(kept_ops)} device ops, {args.ms} ms judged")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -159,20 +160,40 @@ def _c_names(names: Sequence[str]) -> Any:
 
 @dataclass(frozen=True)
 class Samples:
-    """Decoded samples: per sample its start and end (ns, the GPU's timer) and one value per metric."""
+    """Decoded samples: per sample its start and end (ns, the GPU's timer) and one value per metric, held as
+    arrays (one column per metric): one object each to the garbage collector. As a tuple per sample, the first
+    collection after a region's decode visited each of its million tuples: on H100 hosts such collections took
+    112-151 ms, inside the next timed run, and became its widest gap (docs/explanation/timeline.md)."""
 
     metrics: tuple[str, ...]
     completed: int
     """Samples completed (those below are empty when they were not evaluated)."""
-    start_ns: tuple[int, ...]
-    end_ns: tuple[int, ...]
-    values: tuple[tuple[float, ...], ...]
+    start_ns: Sequence[int]
+    end_ns: Sequence[int]
+    columns: tuple[Sequence[float], ...]
+    """One column of values per metric, in the order of :attr:`metrics`."""
     overflow: bool
     """The hardware buffer filled up: samples after that point were lost."""
 
-    def column(self, metric: str) -> list[float]:
-        index = self.metrics.index(metric)
-        return [row[index] for row in self.values]
+    @classmethod
+    def of_rows(
+        cls, metrics: Sequence[str], start_ns: Sequence[int], end_ns: Sequence[int],
+        rows: Sequence[Sequence[float]], overflow: bool = False,
+    ) -> Samples:  # fmt: skip
+        """Samples given as one row of values per sample (recorded data, tests)."""
+        columns = tuple(array("d", (row[i] for row in rows)) for i in range(len(metrics)))
+        return cls(tuple(metrics), len(start_ns), array("q", start_ns), array("q", end_ns), columns, overflow)
+
+    def column(self, metric: str) -> Sequence[float]:
+        return self.columns[self.metrics.index(metric)]
+
+    def picked(self, indices: Sequence[int]) -> Samples:
+        """The samples at ``indices`` (in time order)."""
+        return Samples(
+            self.metrics, len(indices), array("q", (self.start_ns[i] for i in indices)),
+            array("q", (self.end_ns[i] for i in indices)),
+            tuple(array("d", (column[i] for i in indices)) for column in self.columns), self.overflow,
+        )  # fmt: skip
 
 
 class PmSampler:
@@ -301,7 +322,8 @@ class PmSampler:
         self._call("cuptiPmSamplingDecodeData", decode)
         info = _DataInfo(pCounterDataImage=address, counterDataImageSize=length)
         self._call("cuptiPmSamplingGetCounterDataInfo", info)
-        starts, ends, rows = [], [], []
+        starts, ends = array("q"), array("q")
+        columns = tuple(array("d") for _ in self.metrics)
         sample = _SampleInfo(pPmSamplingObject=self._object, pCounterDataImage=address, counterDataImageSize=length)
         values = (ctypes.c_double * len(self.metrics))()
         evaluation = _Evaluate(
@@ -318,10 +340,11 @@ class PmSampler:
             self._call("cuptiProfilerHostEvaluateToGpuValues", evaluation)
             starts.append(sample.startTimestamp)
             ends.append(sample.endTimestamp)
-            rows.append(tuple(values))
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
         full = decode.decodeStopReason == _COUNTER_DATA_FULL
         overflow = bool(decode.overflow) or full
-        return Samples(self.metrics, info.numCompletedSamples, tuple(starts), tuple(ends), tuple(rows), overflow)
+        return Samples(self.metrics, info.numCompletedSamples, starts, ends, columns, overflow)
 
 
 def base_metrics(device: int = 0) -> list[str]:
