@@ -183,7 +183,7 @@ def overhead(name: str, fn: Callable[[], object], model: Any, rounds: int, deadl
             return
         with forward_steps(model, name), SAMPLER.region(next(regions)):
             walls[variant].append(timed(fn))
-        sampled_regions.clear()  # a second of samples is hundreds of MB of Python objects
+        sampled_regions.clear()  # a second of samples is tens of MB of arrays
 
     with SAMPLER.arming() as sampled_regions:
         for variant in walls:
