@@ -5,7 +5,7 @@ metric (``gr__compute_cycles_active``) reads as idle. Needs CUDA.
 2. Runs a sequence of isolated device ops (each between a device sync and a host pause): a sleep kernel, copies
    device to device, host to device and back (pinned and pageable, large and small), memsets through the driver
    (``cuMemsetD8Async``) and torch's ``zero_``, while CUPTI records every kernel, memcpy and memset with its kind
-   on the samples' clock (:class:`KindRecords`). Candidate metrics (those of :data:`UNITS`) are sampled beside the
+   on the samples' clock (:class:`DeviceRecords`). Candidate metrics (those of :data:`UNITS`) are sampled beside the
    compute pair, several per configuration where one pass holds them. Per candidate it prints the largest value
    of an idle sample and, per op kind, the share of the samples inside that op's records reading above it.
 3. ``--loops``: the strategies run sampled with the candidates that saw every copy and memset (at most
@@ -29,17 +29,16 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.bench_pm_sampling import DEVICE_KINDS, DeviceRecords
+from bench.bench_pm_sampling import DeviceRecords, disable_all, sampling
 from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT
 from examples import models
 from examples.strategies import STRATEGIES
-from pytest_syncguard.probes.pm_sampling import PmSampler, PmSamplingError, Samples, base_metrics, load_cupti
+from pytest_syncguard.probes.pm_sampling import PmSamplingError, Samples, base_metrics, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES
 from pytest_syncguard.probes.timeline import cupti_library
 
@@ -49,29 +48,6 @@ KIND_NAMES = {1: "memcpy", 2: "memset", 10: "kernel"}
 UNITS = ("pcie", "ce", "lce", "pce", "copy", "host", "hub", "dram", "fbpa", "fbp", "fe", "lts", "ltc", "nvlrx",
          "nvltx", "nvl", "sys", "gr", "xbar", "mmu", "pda", "gpu")  # fmt: skip
 PAUSE_S = 3e-4
-
-
-class KindRecords(DeviceRecords):
-    """Device records with their kind: (kind, start, end), ns on the samples' clock."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        super().__init__(library)
-        self.kinds: list[tuple[int, int, int]] = []
-
-    def recording(self) -> AbstractContextManager[None]:
-        self.kinds.clear()
-        return super().recording()
-
-    def _completed(self, context: Any, stream: Any, buffer: int, size: int, valid: int) -> None:
-        record = ctypes.c_void_p()
-        while self.cupti.cuptiActivityGetNextRecord(ctypes.c_void_p(buffer), ctypes.c_size_t(valid),
-                                                    ctypes.byref(record)) == 0:  # fmt: skip
-            kind = ctypes.c_uint32.from_address(record.value).value
-            if kind in DEVICE_KINDS:
-                times = (ctypes.c_uint64 * 2).from_address(record.value + 16)
-                self.kinds.append((kind, times[0], times[1]))
-                self.ops.append((times[0], times[1]))
-        self.buffers.pop(buffer, None)
 
 
 def isolated_ops() -> list[tuple[str, Callable[[], object]]]:
@@ -113,16 +89,12 @@ def run_isolated(ops: list[tuple[str, Callable[[], object]]], repeats: int) -> l
     return labels
 
 
-def sample(metrics: tuple[str, ...], block: Callable[[], object], max_samples: int) -> Samples:
-    sampler = PmSampler(metrics, interval_ns=1000, buffer_bytes=3 << 30)
-    sampler.enable()
-    try:
-        collected: list[Samples] = []
-        with sampler.sampling(collected, max_samples=max_samples):
-            block()
-        return collected[0]
-    finally:
-        sampler.disable()
+def sample(metrics: tuple[str, ...], block: Callable[[], object]) -> Samples:
+    """The block sampled every microsecond with ``metrics`` (bench_pm_sampling's sampler, kept enabled for them)."""
+    collected: list[Samples] = []
+    with sampling(metrics, 1000, collected):
+        block()
+    return collected[0]
 
 
 def overlapping(samples: Samples, start: int, end: int) -> list[int]:
@@ -145,7 +117,7 @@ def judge(samples: Samples, metric: str, records: list[tuple[int, int, int]]) ->
     return ceiling, {k: sum(v) / len(v) for k, v in seen.items() if v}
 
 
-def explore(candidates: list[str], group: int, records: KindRecords, out: Path) -> list[str]:
+def explore(candidates: list[str], group: int, records: DeviceRecords, out: Path) -> list[str]:
     """Sample the isolated ops with each group of candidates; returns the candidates that saw every copy and
     memset sample (and the raw samples of groups where one saw them, as JSON under ``out``)."""
     ops = isolated_ops()
@@ -158,7 +130,7 @@ def explore(candidates: list[str], group: int, records: KindRecords, out: Path) 
         labels: list[str] = []
         try:
             with records.recording():
-                samples = sample(metrics, lambda seen=labels: seen.extend(run_isolated(ops, 3)), 200_000)
+                samples = sample(metrics, lambda seen=labels: seen.extend(run_isolated(ops, 3)))
         except PmSamplingError as exc:
             if len(names) > 1:
                 pending[:0] = [[n] for n in names]
@@ -185,7 +157,7 @@ def explore(candidates: list[str], group: int, records: KindRecords, out: Path) 
     return seeing
 
 
-def loops(names: list[str], metrics: tuple[str, ...], records: KindRecords, args: argparse.Namespace) -> None:
+def loops(names: list[str], metrics: tuple[str, ...], records: DeviceRecords, args: argparse.Namespace) -> None:
     model = models.gpt2("cuda", tiny=False)
     prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
     prompt, eos = prompt.to("cuda"), model.config.vocab_size
@@ -193,7 +165,7 @@ def loops(names: list[str], metrics: tuple[str, ...], records: KindRecords, args
         STRATEGIES[name](model, prompt, NEW_TOKENS, eos)  # warm-up
         torch.cuda.synchronize()
         with records.recording():
-            samples = sample(metrics, lambda n=name: STRATEGIES[n](model, prompt, NEW_TOKENS, eos), 2_000_000)
+            samples = sample(metrics, lambda n=name: STRATEGIES[n](model, prompt, NEW_TOKENS, eos))
         found = sorted(records.kinds, key=lambda r: r[1])
         begin = found[0][1] + int(args.skip_ms * 1e6)
         until = begin + int(args.keep_ms * 1e6)
@@ -272,12 +244,13 @@ def main() -> None:
     unit = {n: n.split("__")[0] for n in names}
     candidates = sorted((n for n in names if unit[n] in UNITS), key=lambda n: (UNITS.index(unit[n]), n))
     print(f"base metrics: {len(names)}; candidates: {len(candidates)} (trying {min(len(candidates), args.most)})")
-    records = KindRecords(cupti_library() or load_cupti())
+    records = DeviceRecords(cupti_library() or load_cupti())
     seeing = explore(candidates[: args.most], args.group, records, args.out)
     print(f"seeing every copy and memset sample: {', '.join(seeing) or 'none'}", flush=True)
     chosen = seeing[: args.take] + [m for m in args.extra.split(",") if m]
     if args.loops:
         loops(args.loops.split(","), (ACTIVE_CYCLES, ELAPSED_CYCLES, *chosen), records, args)
+    disable_all()
 
 
 if __name__ == "__main__":

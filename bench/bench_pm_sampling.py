@@ -163,24 +163,30 @@ def clock_check(metrics: tuple[str, ...], interval_ns: int) -> None:
 
 class DeviceRecords(CuptiTracer):
     """The tracer of bench_cupti_floor keeping each device op's (start, end), GPU timestamps (ns), which the
-    sampler's clock shares; CUPTI is not finalized afterwards (that would end the sampler's profiler too)."""
+    sampler's clock shares, and in :attr:`kinds` its activity kind too; CUPTI is not finalized afterwards (that
+    would end the sampler's profiler too)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         super().__init__(library)
         self.ops: list[tuple[int, int]] = []
+        self.kinds: list[tuple[int, int, int]] = []
+        """(kind, start, end) of each device op: ``DEVICE_KINDS``."""
 
     def _completed(self, context: Any, stream: Any, buffer: int, size: int, valid: int) -> None:
         record = ctypes.c_void_p()
         while self.cupti.cuptiActivityGetNextRecord(ctypes.c_void_p(buffer), ctypes.c_size_t(valid),
                                                     ctypes.byref(record)) == 0:  # fmt: skip
-            if ctypes.c_uint32.from_address(record.value).value in DEVICE_KINDS:  # start at 16, end at 24 in all
+            kind = ctypes.c_uint32.from_address(record.value).value
+            if kind in DEVICE_KINDS:  # start at 16, end at 24 in all
                 times = (ctypes.c_uint64 * 2).from_address(record.value + 16)
                 self.ops.append((times[0], times[1]))
+                self.kinds.append((kind, times[0], times[1]))
         self.buffers.pop(buffer, None)
 
     def recording(self) -> AbstractContextManager[None]:
         """Device ops of the block; CUPTI stays attached (finalizing it would end the sampler's profiler too)."""
         self.ops.clear()
+        self.kinds.clear()
         return self.tracing(DEVICE_KINDS, detach=False)
 
 
