@@ -8,8 +8,12 @@
 #                                                     cuda_graph and static_compiled, recorded into DIR
 #   bash devtools/gate_evidence.sh plant-judge DIR P  the same tests with P% of device time planted per step,
 #                                                     against DIR
-#   bash devtools/gate_evidence.sh plant-ab P SECONDS syncguard ab of the planted base against P%, on
-#                                                     cuda_graph's speed test, within SECONDS
+#   bash devtools/gate_evidence.sh plant-ab P SECONDS [STRATEGIES] [AB_OPTIONS...]
+#                                                     syncguard ab of the planted base against P%, on the speed
+#                                                     tests of STRATEGIES (a -k expression, default cuda_graph),
+#                                                     within SECONDS
+#   bash devtools/gate_evidence.sh plant-aa SECONDS [STRATEGIES] [AB_OPTIONS...]
+#                                                     the same, of the planted base against a copy of itself
 #
 # A planted copy of the checkout is made under WORK (default OUT; devtools/plant_gpu_work.py); nothing here changes
 # the checkout.
@@ -22,8 +26,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 plugin=(-p pytest_syncguard.plugin -p no:cacheprovider)
 planted_tests=(examples/test_strategies.py -k "test_speed and (cuda_graph or static_compiled)")
 
-planted_copy() {  # a copy of the checkout with PERCENT planted: prints its folder
-    local percent="$1" folder="$work/planted-$1"
+planted_copy() {  # a copy of the checkout with PERCENT planted, in planted-NAME (default PERCENT): prints it
+    local percent="$1" folder="$work/planted-${2:-$1}"
     rm -rf "$folder" && mkdir -p "$folder"
     cp -r pytest_syncguard examples baselines pyproject.toml "$folder"/
     python devtools/plant_gpu_work.py "$folder" --percent "$percent" >&2 || exit 1
@@ -52,15 +56,18 @@ plant-judge)
     (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" "${planted_tests[@]}" --syncguard \
         --syncguard-require-gpu --syncguard-baselines "$baselines" --syncguard-json "$out/plant-$3.json" -q)
     ;;
-plant-ab)
+plant-ab | plant-aa)
+    if [ "$1" = plant-ab ]; then percent="$2" && shift 2; else percent=0 && shift 1; fi
+    seconds="$1" strategies="${2:-cuda_graph}"
+    shift $(($# < 2 ? $# : 2))
     base="$(planted_copy 0)"
-    head="$(planted_copy "$2")"
+    head="$(planted_copy "$percent" "$percent-head")"
     (cd "$head" && PYTHONPATH="$PWD" python -m pytest_syncguard.cli ab --base-dir "$(realpath "$base")" \
-        --time-budget "$3" --out "$out/ab-$2" --json "$out/ab-$2.json" -- -p pytest_syncguard.plugin \
-        examples/test_strategies.py -k "test_speed and cuda_graph")
+        --time-budget "$seconds" --out "$out/ab-$percent" --json "$out/ab-$percent.json" "$@" -- \
+        -p pytest_syncguard.plugin examples/test_strategies.py -k "test_speed and ($strategies)")
     ;;
 *)
-    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab ..." >&2
+    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab|plant-aa ..." >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,8 @@
 """``syncguard ab``: base and head of a change measured on one runner, in interleaved rounds, and judged.
 
-Each round runs the same pytest command once in a checkout of the base (a git worktree of ``--base``) and once in
-the head (the working directory), in alternating order (base first in odd rounds), each with ``--syncguard`` and its
-own JSON results, JUnit file and log under the output folder; each side imports its own code first (its root, and
-its ``src/`` if there is one, lead ``PYTHONPATH``). Then, per test measured on both sides:
+Each round runs the same pytest command's tests once in a checkout of the base (a git worktree of ``--base``) and
+once in the head (the working directory), in alternating order (base first in odd rounds), each side in one pytest
+kept warm across the rounds, or in a new one per round (:mod:`.ab_sides`). Then, per test measured on both sides:
 
 - counts (syncs, operators, launches, ...) are compared exactly, head against base, with what changed (sync sites
   that appeared or grew, the counters' contributors that moved);
@@ -14,25 +13,24 @@ its ``src/`` if there is one, lead ``PYTHONPATH``). Then, per test measured on b
 The rounds go where they matter (:class:`Plan`): once a test's verdict is settled it is left out of the next
 rounds, and the A/B ends when every test is settled, or its rounds or time are spent.
 
-No torch here: the rounds are separate pytest processes."""
+No torch here: the sides are pytest processes of their own."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from . import results_file, upgrades
+from . import upgrades
+from .ab_sides import ABError, Side, fresh_sides, warm_sides
 from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
 from .analysis.explain import Explanation, explain
 from .codec import CodecError, decode, encode, read_document
@@ -49,18 +47,10 @@ DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
 DERIVED = frozenset({"tokens_per_second"})
-#: Exit statuses of a round's pytest that still measured: all passed, or some test failed (a budget, say).
-MEASURED_EXITS = (0, 1)
 
 
 #: The signals that stop an A/B at once: Ctrl-C in its terminal, and a CI system cancelling its job.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-#: How long a round's pytest gets to end after it is told to (SIGINT), before its process group is killed.
-STOP_GRACE_S = 10.0
-
-
-class ABError(Exception):
-    """An A/B run that cannot go on; the message names the side, round, ref or file at fault."""
 
 
 class ABInterrupted(Exception):
@@ -162,6 +152,11 @@ class ABReport:
     """Tests measured on one side only ("base" or "head")."""
     stopped: str = ""
     """Why the rounds ended: every test settled, the most rounds run, or the time budget."""
+    warm_sides: bool = False
+    """Each side was one pytest kept warm across the rounds; False: a pytest per side per round (as every A/B
+    before there were warm sides)."""
+    elapsed_s: float | None = None
+    """Seconds from the A/B's start to the end of its last round (None in reports written before it was kept)."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
@@ -184,18 +179,6 @@ def read_report(path: Path) -> ABReport:
         return decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
     except CodecError as exc:
         raise ValueError(f"A/B report is malformed: {exc}") from exc
-
-
-# -- reading one side's results ---------------------------------------------------------------------------------
-
-
-def read_results(path: Path) -> dict[str, MeasuredTest]:
-    """The measured tests of a round's results file whose call did not raise, by node id."""
-    try:
-        tests = results_file.read(path)
-    except results_file.ResultsError as exc:
-        raise ABError(str(exc)) from exc
-    return {t.nodeid: t for t in tests if t.error is None and t.outcome is None}
 
 
 # -- comparing the two sides --------------------------------------------------------------------------------------
@@ -305,76 +288,25 @@ def describe_checkout(directory: Path) -> str:
     return commit[:12] + (" +changes" if dirty else "")
 
 
-def side_environment(directory: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a side's pytest: its own code first on ``PYTHONPATH``."""
-    first = [str(directory)] + ([str(directory / "src")] if (directory / "src").is_dir() else [])
-    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
-
-
-def run_side(
-    directory: Path, pytest_args: Sequence[str], out: Path, label: str, timeout: float, settled: Sequence[str] = ()
-) -> Path:
-    """One side's pytest run of one round, the ``settled`` tests deselected; returns its JSON results."""
-    results, log, junit = out / f"{label}.json", out / f"{label}.log", out / f"{label}.xml"
-    empty = out / "no-baselines"
-    empty.mkdir(exist_ok=True)
-    command = [
-        sys.executable, "-m", "pytest", *pytest_args, "--syncguard", "--syncguard-json", str(results),
-        "--syncguard-baselines", str(empty), "-p", "no:cacheprovider", "--rootdir", str(directory),
-        "--junitxml", str(junit), *(f"--deselect={nodeid}" for nodeid in settled),
-    ]  # fmt: skip
-    with log.open("w", encoding="utf-8") as sink:
-        # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this run itself
-        # (run_until_done), instead of the run ending half-way while the A/B goes on to the next one.
-        process = subprocess.Popen(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
-                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            returncode = run_until_done(process, timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise ABError(f"{label}: pytest ran over {timeout:.0f} s (log: {log})") from exc
-    if returncode not in MEASURED_EXITS:
-        raise ABError(f"{label}: pytest exited {returncode} in {directory} (log: {log})")
-    if not results.is_file():
-        raise ABError(f"{label}: pytest wrote no results (log: {log})")
-    return results
-
-
-def run_until_done(process: subprocess.Popen[bytes], timeout: float) -> int:
-    """Wait for a round's pytest (the leader of its own process group); on a timeout or an interrupt, end its
-    whole group first (SIGINT, then SIGKILL after :data:`STOP_GRACE_S`) and re-raise."""
-    try:
-        return process.wait(timeout=timeout)
-    except BaseException:
-        end_group(process)
-        raise
-
-
-def end_group(process: subprocess.Popen[bytes]) -> None:
-    """End a process and everything it started in its group: SIGINT first (pytest finishes its teardowns), SIGKILL
-    after :data:`STOP_GRACE_S`, and SIGKILL to what is left of the group once the leader is gone."""
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGINT)
-    with suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=STOP_GRACE_S)
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 @dataclass
 class Progress:
-    """Rounds done of the most planned, the tests still running and the time spent, as a line before each run."""
+    """Rounds done of the most planned, the tests still running and the time spent, as a line before each run. The
+    time counts from ``started``; the pace of the runs, from the first run's start (not the sides' start-up)."""
 
     rounds: int
     say: Callable[[str], object]
     started: float = field(default_factory=time.monotonic)
     finished: list[str] = field(default_factory=list)
+    first_run: float | None = None
+    """When the first run started (time.monotonic)."""
 
     def starting(self, index: int, side: str, running: str) -> None:
         done = len(self.finished)
-        elapsed = time.monotonic() - self.started
-        pace = f", {_duration(elapsed / done)} a run" if done else ""
+        now = time.monotonic()
+        if self.first_run is None:
+            self.first_run = now
+        elapsed = now - self.started
+        pace = f", {_duration(self.per_run())} a run" if done else ""
         self.say(
             f"syncguard ab: round {index} of at most {self.rounds}, {side}, {running} ({done} runs done, "
             f"{_duration(elapsed)} elapsed{pace})"
@@ -382,6 +314,12 @@ class Progress:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def per_run(self) -> float:
+        """The mean time of a finished run, so far."""
+        if not self.finished or self.first_run is None:
+            return 0.0
+        return (time.monotonic() - self.first_run) / len(self.finished)
 
 
 def _duration(seconds: float) -> str:
@@ -411,21 +349,21 @@ class Plan:
 
 
 def run_rounds(
-    base: Path, head: Path, pytest_args: Sequence[str], plan: Plan, out: Path, *, timeout: float, progress: Any
+    sides: Mapping[str, Side], plan: Plan, out: Path, *, timeout: float, progress: Any, started: float | None = None
 ) -> tuple[list[dict[str, MeasuredTest]], list[dict[str, MeasuredTest]], list[str]]:
     """Interleaved rounds (base first in odd ones), each without the tests already settled, until every test is
-    settled or the plan's rounds or time are spent; each side's results per round, and why it stopped. An
+    settled or the plan's rounds or time are spent; each side's results per round, and why it stopped. The time
+    counts from ``started`` (the A/B's start: the sides' start-up is spent time, but not a round's pace). An
     interrupt (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
-    sides: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
-    folders = {"base": base, "head": head}
-    pace = Progress(plan.rounds, progress)
+    measured: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
+    pace = Progress(plan.rounds, progress, time.monotonic() if started is None else started)
     done: list[str] = []
     label = None
     stopped = [f"ran the most rounds ({plan.rounds})"]
     try:
         for index in range(1, plan.rounds + 1):
             if index > 1 and plan.time_budget is not None:
-                per_round = pace.elapsed() / (index - 1)
+                per_round = 2 * pace.per_run()
                 if pace.elapsed() + per_round > plan.time_budget:
                     stopped = [f"another round ({_duration(per_round)}) would pass the time budget "
                                f"({_duration(plan.time_budget)})"]  # fmt: skip
@@ -435,14 +373,14 @@ def run_rounds(
                 label = f"round{index}-{side}"
                 running = f"{len(done)} tests settled" if done else "every test"
                 pace.starting(index, side, running)
-                results = read_results(run_side(folders[side], pytest_args, out, label, timeout, done))
+                results = sides[side].run(label, done, timeout)
                 if not results:
-                    raise ABError(f"{label}: no measured test in its results (log: {out / (label + '.log')})")
-                sides[side].append(results)
+                    raise ABError(f"{label}: no measured test in its results (logs: {out})")
+                measured[side].append(results)
                 pace.finished.append(label)
                 label = None
             if index >= plan.min_rounds:
-                tests, _ = compare_sides(sides["base"], sides["head"], min_effect=plan.min_effect,
+                tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
                                          confidence=plan.confidence)  # fmt: skip
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
                 done.extend(newly)
@@ -457,7 +395,7 @@ def run_rounds(
                 (out / f"{label}{suffix}").unlink(missing_ok=True)
         raise ABInterrupted(exc.signum, label, pace.finished, out) from None
     progress(f"syncguard ab: {stopped[0]}, {_duration(pace.elapsed())}")
-    return sides["base"], sides["head"], stopped
+    return measured["base"], measured["head"], stopped
 
 
 def run(
@@ -469,47 +407,42 @@ def run(
     plan: Plan,
     out: Path,
     timeout: float = 3600.0,
+    fresh_processes: bool = False,
     progress: Any = print,
 ) -> ABReport:
-    """The whole A/B: the base's checkout, the rounds the ``plan`` allows, the comparison. SIGINT or SIGTERM stops
-    it at once (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    """The whole A/B: the base's checkout, its sides (one warm pytest each, or ``fresh_processes``: one per side
+    per round), the rounds the ``plan`` allows, the comparison. SIGINT or SIGTERM stops it at once
+    (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    started = time.monotonic()
     with stopping_on_signals():
-        return _run(base_ref, base_dir, head, pytest_args, plan, out, timeout, progress)
-
-
-def _run(
-    base_ref: str | None,
-    base_dir: Path | None,
-    head: Path,
-    pytest_args: Sequence[str],
-    plan: Plan,
-    out: Path,
-    timeout: float,
-    progress: Any,
-) -> ABReport:
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    if plan.rounds < rounds_needed(plan.confidence):
-        progress(
-            f"syncguard ab: {plan.rounds} rounds cannot give a {plan.confidence:.0%} interval (needs "
-            f"{rounds_needed(plan.confidence)}): every timing will be inconclusive"
-        )
-    if base_dir is not None:
-        base_dir = base_dir.resolve()
-        base_name = describe_checkout(base_dir)
-        base_side, head_side, stopped = run_rounds(base_dir, head, pytest_args, plan, out, timeout=timeout,
-                                                   progress=progress)  # fmt: skip
-    else:
-        assert base_ref is not None
-        with worktree(head, base_ref) as (folder, commit):
-            base_name = commit[:12]
-            base_side, head_side, stopped = run_rounds(folder, head, pytest_args, plan, out, timeout=timeout,
-                                                       progress=progress)  # fmt: skip
+        out = out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        if plan.rounds < rounds_needed(plan.confidence):
+            progress(
+                f"syncguard ab: {plan.rounds} rounds cannot give a {plan.confidence:.0%} interval (needs "
+                f"{rounds_needed(plan.confidence)}): every timing will be inconclusive"
+            )
+        with ExitStack() as stack:
+            if base_dir is not None:
+                base, base_name = base_dir.resolve(), describe_checkout(base_dir.resolve())
+            else:
+                assert base_ref is not None
+                base, commit = stack.enter_context(worktree(head, base_ref))
+                base_name = commit[:12]
+            folders = {"base": base, "head": head}
+            sides = stack.enter_context(
+                fresh_sides(folders, pytest_args, out)
+                if fresh_processes
+                else warm_sides(folders, pytest_args, out, timeout, progress)
+            )
+            base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
+                                                       started=started)  # fmt: skip
+            elapsed = time.monotonic() - started
     tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence)
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
-        tuple(pytest_args), tuple(tests), only_in, stopped[0],
+        tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
     )  # fmt: skip
 
 
@@ -520,8 +453,8 @@ def summary_lines(report: ABReport) -> list[str]:
         "each metric's own minimum effect" if report.min_effect is None else f"minimum effect {report.min_effect:.0%}"
     )
     lines = [
-        f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {report.rounds} rounds "
-        f"interleaved ({report.stopped or 'as asked'}), {report.confidence:.0%} intervals, {effect}",
+        f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {rounds_text(report)}, "
+        f"{report.confidence:.0%} intervals, {effect}",
     ]
     for test in report.tests:
         lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
@@ -537,6 +470,14 @@ def summary_lines(report: ABReport) -> list[str]:
         f"syncguard ab: {len(report.tests)} tests, " + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
     )
     return lines
+
+
+def rounds_text(report: ABReport) -> str:
+    """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
+    side)``."""
+    processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
+    took = f", {_duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
+    return f"{report.rounds} rounds interleaved ({report.stopped or 'as asked'}{took}; {processes})"
 
 
 def verdict_note(v: RatioVerdict) -> str:

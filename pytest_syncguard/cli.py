@@ -129,7 +129,8 @@ def _cuda() -> bool:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABError, ABInterrupted, Plan, document, run, summary_lines
+    from .ab import ABInterrupted, Plan, document, run, summary_lines
+    from .ab_sides import ABError
     from .report.markdown import ab_lines
 
     if not args.pytest_args:
@@ -139,7 +140,8 @@ def _ab(args: argparse.Namespace) -> int:
         report = run(
             base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
             pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget),
-            out=Path(args.out), timeout=args.timeout, progress=lambda line: print(line, file=sys.stderr, flush=True),
+            out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
         )  # fmt: skip
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
@@ -435,8 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "syncguard-ab/)")  # fmt: skip
     ab.add_argument("--json", metavar="OUT", help="write the A/B report as JSON (for syncguard report --ab)")
     ab.add_argument("--markdown", metavar="OUT", help="write the A/B report as Markdown")
-    ab.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS", help="give up a round's pytest "
-                    "run that takes longer (default 3600)")  # fmt: skip
+    ab.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS", help="give up a side's start or a "
+                    "round's run that takes longer (default 3600)")  # fmt: skip
+    ab.add_argument("--fresh-processes", action="store_true", help="a new pytest for each side in each round, "
+                    "instead of one per side kept warm across the rounds: for a change whose effect is once per "
+                    "process (import, compilation, the first run) or sides that cannot share the device")  # fmt: skip
     ab.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
     ab.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="what each round runs")
     ab.set_defaults(run=_ab)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .ab_channel import WORKER_OPTION, Channel
 from .baselines import BaselineStore
 from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
 from .comparison import DEFAULT_TOLERANCE
@@ -112,6 +113,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="keep the judged GPU timeline of every test as a Perfetto file (by default only a test that broke a "
         "GPU timeline budget keeps one), in --syncguard-artifacts or else under pytest's temporary directory",
     )
+    group.addoption(
+        WORKER_OPTION,
+        metavar="READ,WRITE",
+        default=None,
+        help="internal, for syncguard ab: run the selected tests once per turn that file descriptor READ asks for, "
+        "and answer on WRITE",
+    )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
     parser.addini("syncguard_timeline", type="string", default="trace", help="as --syncguard-timeline")
     parser.addini("syncguard_gap_ops", type="bool", default=False, help="as --syncguard-gap-ops")
@@ -123,7 +131,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in marker_lines():
         config.addinivalue_line("markers", line)
-    config.pluginmanager.register(SyncguardSession(config), "syncguard-session")
+    session = SyncguardSession(config)
+    config.pluginmanager.register(session, "syncguard-session")
+    worker = config.getoption("syncguard_ab_worker")
+    if worker:
+        from .ab_worker import ABWorker
+
+        try:
+            channel = Channel.of_option(str(worker))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.pluginmanager.register(ABWorker(config, channel, session), "syncguard-ab-worker")
 
 
 def _baselines_dir(config: pytest.Config) -> Path:
@@ -278,6 +296,11 @@ class SyncguardSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # A test run again (syncguard ab's warm sides, a rerun) starts afresh.
+        if _GUARD in item.stash:
+            del item.stash[_GUARD]
+        if _RESULT in item.stash:
+            del item.stash[_RESULT]
         try:
             item.stash[_BUDGETS] = budgets_for(item)
             item.stash[_OPTIONS] = options_for(item)
@@ -350,9 +373,11 @@ class SyncguardSession:
 
             setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
-            from .report.junit import properties
+            from .report.junit import PREFIX, properties
 
-            # --junitxml writes the properties of the teardown report, which pytest builds from the item's.
+            # --junitxml writes the properties of the teardown report, which pytest builds from the item's; a test
+            # run again has only its last run's.
+            item.user_properties[:] = [p for p in item.user_properties if not str(p[0]).startswith(PREFIX)]
             item.user_properties.extend(properties(result))
         if result.failed:
             text = failure_text(result)

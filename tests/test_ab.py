@@ -14,11 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.ab import read_report, read_results
+from pytest_syncguard.ab import read_report
+from pytest_syncguard.ab_sides import read_results
 from pytest_syncguard.analysis.ab_stats import (
     IMPROVEMENT,
     INCONCLUSIVE,
@@ -231,14 +233,14 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert len(list((repo / "syncguard-ab").glob("round*-*.json"))) == (6 if third.exists() else 4)
     # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
     (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
-    junit = repo / "syncguard-ab" / "round1-head.xml"
-    rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--ab", "ab.json"],
+    head_results = repo / "syncguard-ab" / "round1-head.json"
+    rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(head_results), "--ab", "ab.json"],
                               cwd=repo, capture_output=True, text=True)  # fmt: skip
     # test_steady's timing may come out a regression too: two rounds at 50% confidence cannot rule out noise.
     regressed = len(report.with_verdict(REGRESSION))
     assert regressed in (1, 2)
     assert rendered.returncode == 0 and f"A/B on one runner: {regressed} regressions in 2 tests" in rendered.stdout
-    refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--ab", "bad.json"],
+    refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(head_results), "--ab", "bad.json"],
                              cwd=repo, capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
 
@@ -301,6 +303,17 @@ def test_step(syncguard):
     if len(runs.read_text().split()) >= int(os.environ["AB_SLOW_FROM"]):
         time.sleep(300)
 """
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's processes that hold ``text`` (Linux's /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with suppress(OSError):
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in line:
+                found.append(line)
+    return found
 
 
 def _worktrees(repo: Path) -> list[str]:
@@ -371,16 +384,17 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
             "round1-head.json",
         ]
     assert "syncguard ab: " not in out  # no report of a run that did not finish
-    # The stopped run's pytest is gone, the worktree is neither listed nor on disk.
+    # The stopped run's pytest is gone, and so is the other side's; the worktree is neither listed nor on disk.
     last_pid = int(runs.read_text().split()[-1])
     with pytest.raises(ProcessLookupError):
         os.kill(last_pid, 0)
+    assert _processes_naming(str(tmp_path)) == []
     assert _worktrees(repo) == [str(repo)]
     assert not Path(base_worktree).exists() and not Path(base_worktree).parent.exists()
 
 
 def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tmp_path: Path) -> None:
-    from pytest_syncguard.ab import read_results
+    from pytest_syncguard.ab_sides import read_results
 
     # A results file of schema version 1 (written by the plugin before every result carried its slug), its one
     # record made into a CPU test, a CUDA test compared with no baseline and one compared with an H100's.

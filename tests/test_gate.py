@@ -285,3 +285,23 @@ def test_the_ab_of_planted_device_time_settled_in_the_fewest_rounds() -> None:
     assert test.verdict == REGRESSION and test.timings[DEVICE_TIME].verdict == REGRESSION
     low = test.timings[DEVICE_TIME].low
     assert low is not None and low > 1.01
+
+
+def test_with_warm_sides_the_planted_3_percent_settles_in_6_rounds_and_the_unchanged_code_does_not_regress() -> None:
+    """One warm pytest per side (fa20e4f6): the +3% planted in cuda_graph alone, and in cuda_graph and
+    static_compiled at once, are device-time regressions after the 6 rounds a 95% interval needs; the unchanged code
+    against a copy of itself, over 7 rounds, keeps every count and every device time within 1%."""
+    from pytest_syncguard.ab import read_report
+
+    for name, strategies in (("ab-plant-3-fa20e4f6", 1), ("ab-plant-3-two-fa20e4f6", 2)):
+        report = read_report(EVIDENCE / f"{name}.json")
+        assert report.warm_sides and report.rounds == 6 and report.stopped == "every test settled after 6 rounds"
+        assert len(report.tests) == strategies
+        for test in report.tests:
+            device = test.timings[DEVICE_TIME]
+            assert test.counts == () and device.verdict == REGRESSION
+            assert device.low is not None and device.low > 1.01 and device.ratio is not None and device.ratio < 1.04
+    unchanged = read_report(EVIDENCE / "ab-unchanged-fa20e4f6.json")
+    assert unchanged.warm_sides and unchanged.rounds == 7 and unchanged.regressions == 0
+    for test in unchanged.tests:
+        assert test.counts == () and test.timings[DEVICE_TIME].verdict == "unchanged"

@@ -133,7 +133,7 @@ def headline(run: RunComparison) -> str:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
-    from ..ab import ratio_text, verdict_note
+    from ..ab import ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
     mark = "❌" if regressed else "✅"
@@ -141,7 +141,7 @@ def ab_lines(report: ABReport) -> list[str]:
         f"### {mark} A/B on one runner: {len(regressed)} regressions in {len(report.tests)} tests",
         "",
         f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
-        f"{report.rounds} rounds, interleaved ({escape(report.stopped or 'as asked')}); head/base with "
+        f"{escape(rounds_text(report))}; head/base with "
         f"{report.confidence:.0%} intervals (exact signed-rank); a regression or improvement lies wholly beyond "
         + (
             f"±{report.min_effect:.0%}."

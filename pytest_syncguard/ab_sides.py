@@ -1,0 +1,217 @@
+"""How ``syncguard ab`` runs one side (base or head) of a round: a turn of its warm pytest (:class:`WarmSide`, the
+default: one process per side for the whole A/B, started once), or a pytest process of its own
+(:class:`FreshSide`, ``--fresh-processes``). Each side imports its own code first (its root, and its ``src/`` if
+there is one, lead ``PYTHONPATH``), runs in a process group of its own and writes its results and log under the
+A/B's output folder.
+
+No torch here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Protocol
+
+from . import results_file
+from .ab_channel import WORKER_OPTION, Channel, ChannelClosed
+from .result import MeasuredTest
+
+#: Exit statuses of a round's pytest that still measured: all passed, or some test failed (a budget, say).
+MEASURED_EXITS = (0, 1)
+#: How long a side's pytest gets to end after it is told to (SIGINT), before its process group is killed.
+STOP_GRACE_S = 10.0
+#: How long a warm side gets to tear its fixtures down and exit once the A/B is done with it.
+FINISH_S = 120.0
+
+
+class ABError(Exception):
+    """An A/B run that cannot go on; the message names the side, round, ref or file at fault."""
+
+
+class Side(Protocol):
+    """One side of the A/B, run once per round."""
+
+    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
+        """The tests measured by the round's run ``label`` (``round3-base``), the ``settled`` ones left out."""
+        ...
+
+
+def read_results(path: Path) -> dict[str, MeasuredTest]:
+    """The measured tests of a round's results file whose call did not raise, by node id."""
+    try:
+        tests = results_file.read(path)
+    except results_file.ResultsError as exc:
+        raise ABError(str(exc)) from exc
+    return {t.nodeid: t for t in tests if t.error is None and t.outcome is None}
+
+
+def side_environment(directory: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a side's pytest: its own code first on ``PYTHONPATH``."""
+    first = [str(directory)] + ([str(directory / "src")] if (directory / "src").is_dir() else [])
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
+
+
+def _pytest_command(directory: Path, pytest_args: Sequence[str], out: Path, *extra: str) -> list[str]:
+    empty = out / "no-baselines"
+    empty.mkdir(exist_ok=True)
+    return [
+        sys.executable, "-m", "pytest", *pytest_args, "--syncguard", "--syncguard-baselines", str(empty),
+        "-p", "no:cacheprovider", "--rootdir", str(directory), *extra,
+    ]  # fmt: skip
+
+
+def _start(command: list[str], directory: Path, log: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    with log.open("w", encoding="utf-8") as sink:
+        # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this pytest
+        # itself (end_group), instead of the pytest ending half-way while the A/B goes on.
+        return subprocess.Popen(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds))  # fmt: skip
+
+
+def run_until_done(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """Wait for a side's pytest (the leader of its own process group); on a timeout or an interrupt, end its
+    whole group first (SIGINT, then SIGKILL after :data:`STOP_GRACE_S`) and re-raise."""
+    try:
+        return process.wait(timeout=timeout)
+    except BaseException:
+        end_group(process)
+        raise
+
+
+def end_group(process: subprocess.Popen[bytes]) -> None:
+    """End a process and everything it started in its group: SIGINT first (pytest finishes its teardowns), SIGKILL
+    after :data:`STOP_GRACE_S`, and SIGKILL to what is left of the group once the leader is gone."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    with suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STOP_GRACE_S)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+class FreshSide:
+    """A pytest process per round, with its own JSON results, JUnit file and log (``round3-base.json``, ...)."""
+
+    def __init__(self, directory: Path, pytest_args: Sequence[str], out: Path) -> None:
+        self.directory, self.pytest_args, self.out = directory, tuple(pytest_args), out
+
+    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
+        results, log, junit = (self.out / f"{label}{suffix}" for suffix in (".json", ".log", ".xml"))
+        deselected = (f"--deselect={nodeid}" for nodeid in settled)
+        command = _pytest_command(self.directory, self.pytest_args, self.out, "--syncguard-json", str(results),
+                                  "--junitxml", str(junit), *deselected)  # fmt: skip
+        process = _start(command, self.directory, log)
+        try:
+            returncode = run_until_done(process, timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise ABError(f"{label}: pytest ran over {timeout:.0f} s (log: {log})") from exc
+        if returncode not in MEASURED_EXITS:
+            raise ABError(f"{label}: pytest exited {returncode} in {self.directory} (log: {log})")
+        if not results.is_file():
+            raise ABError(f"{label}: pytest wrote no results (log: {log})")
+        return read_results(results)
+
+
+class WarmSide:
+    """One pytest process for all of a side's rounds (:mod:`.ab_worker`): started, its imports done and its tests
+    collected once; each round is a turn of it, whose results it writes to ``round3-base.json`` (its log, of every
+    turn, is ``base.log``)."""
+
+    def __init__(self, name: str, directory: Path, pytest_args: Sequence[str], out: Path) -> None:
+        self.name, self.directory, self.out = name, directory, out
+        self.log = out / f"{name}.log"
+        to_worker, from_worker = os.pipe(), os.pipe()
+        fds = f"{to_worker[0]},{from_worker[1]}"
+        command = _pytest_command(directory, pytest_args, out, f"{WORKER_OPTION}={fds}")
+        try:
+            self.process = _start(command, directory, self.log, pass_fds=(to_worker[0], from_worker[1]))
+        except BaseException:
+            for fd in (*to_worker, *from_worker):
+                os.close(fd)
+            raise
+        os.close(to_worker[0])
+        os.close(from_worker[1])
+        self.channel = Channel(from_worker[0], to_worker[1])
+
+    def ready(self, timeout: float) -> list[str]:
+        """The node ids its pytest collected, once it has (ABError if none, or if it ended first)."""
+        collected = self._receive("start", timeout).get("ready")
+        if not isinstance(collected, list) or not collected:
+            raise ABError(f"{self.name}: pytest collected no test in {self.directory} (log: {self.log})")
+        return [str(nodeid) for nodeid in collected]
+
+    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
+        results = self.out / f"{label}.json"
+        try:
+            self.channel.send({"turn": label, "skip": list(settled), "results": str(results)})
+        except ChannelClosed:
+            raise ABError(f"{label}: the {self.name}'s pytest has ended ({self._ended()}; log: {self.log})") from None
+        answer = self._receive(label, timeout)
+        if answer.get("stopped"):
+            raise ABError(f"{label}: pytest stopped: {answer['stopped']} (log: {self.log})")
+        return read_results(results)
+
+    def _receive(self, label: str, timeout: float) -> dict[str, object]:
+        try:
+            return self.channel.receive(timeout)
+        except TimeoutError:
+            raise ABError(f"{label}: the {self.name}'s pytest ran over {timeout:.0f} s (log: {self.log})") from None
+        except ChannelClosed as exc:
+            raise ABError(f"{label}: the {self.name}'s pytest {self._ended()} ({exc}; log: {self.log})") from None
+
+    def _ended(self) -> str:
+        with suppress(subprocess.TimeoutExpired):
+            return f"exited {self.process.wait(timeout=STOP_GRACE_S)}"
+        return "stopped answering"
+
+    def finish(self) -> None:
+        """Tell it to stop, and give it :data:`FINISH_S` to tear down and exit before its group is ended."""
+        with suppress(ChannelClosed):
+            self.channel.send({"stop": True})
+        with suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=FINISH_S)
+        self.end()
+
+    def end(self) -> None:
+        """End its process group now (what is left of it), and close the channel."""
+        if self.process.poll() is None:
+            end_group(self.process)
+        else:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.channel.close()
+
+
+@contextmanager
+def warm_sides(
+    folders: Mapping[str, Path], pytest_args: Sequence[str], out: Path, timeout: float, say: Callable[[str], object]
+) -> Iterator[dict[str, Side]]:
+    """A warm pytest for each side (``{"base": folder, "head": folder}``), started at once and collected within
+    ``timeout`` each; told to finish on the way out, ended at once on an error or interrupt."""
+    sides: dict[str, WarmSide] = {}
+    try:
+        for name, folder in folders.items():
+            sides[name] = WarmSide(name, folder, pytest_args, out)
+        collected = {name: set(side.ready(timeout)) for name, side in sides.items()}
+        counts = ", ".join(f"{len(ids)} tests on the {name}" for name, ids in collected.items())
+        say(f"syncguard ab: one pytest per side, kept warm across rounds ({counts})")
+        yield dict(sides)
+    except BaseException:
+        for side in sides.values():
+            side.end()
+        raise
+    for side in sides.values():
+        side.finish()
+
+
+@contextmanager
+def fresh_sides(folders: Mapping[str, Path], pytest_args: Sequence[str], out: Path) -> Iterator[dict[str, Side]]:
+    """A new pytest process for each side in each round."""
+    yield {name: FreshSide(folder, pytest_args, out) for name, folder in folders.items()}

@@ -1,0 +1,122 @@
+"""A warm side of ``syncguard ab``: one real pytest process, run turn after turn through its channel."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.ab_sides import ABError, WarmSide
+
+CONFTEST = """
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def note(line):
+    with Path(os.environ["AB_FIXTURES"]).open("a") as log:
+        log.write(line + "\\n")
+
+
+@pytest.fixture(scope="session")
+def weights():
+    note("session up")
+    yield torch.ones(4)
+    note("session down")
+"""
+
+MODULE = """
+import pytest
+
+from conftest import note
+
+
+@pytest.fixture(scope="module")
+def table(weights):
+    note("module up")
+    yield weights * 2
+    note("module down")
+
+
+@pytest.fixture
+def scratch():
+    note("function up")
+    yield
+    note("function down")
+
+
+def test_reads(syncguard, table, scratch):
+    syncguard.measure(lambda: [float(table.sum()) for _ in range(3)], tokens=3, repeat=2)
+
+
+def test_free(syncguard, table):
+    syncguard.measure(lambda: table + 1, tokens=1, repeat=2)
+"""
+
+OTHER = """
+def test_other(syncguard, weights):
+    syncguard.measure(lambda: weights.sum().item(), tokens=1, repeat=2)
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "side"
+    folder.mkdir()
+    (folder / "test_mod.py").write_text(MODULE)
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "test_other.py").write_text(OTHER)
+    monkeypatch.setenv("AB_FIXTURES", str(tmp_path / "fixtures.log"))
+    monkeypatch.setenv("SYNCGUARD_NATIVE", "0")
+    return folder
+
+
+def test_a_warm_side_runs_each_turn_afresh_in_one_process_and_keeps_its_session(checkout: Path, tmp_path: Path) -> None:
+    """Three turns, the second without one test: each turn's results hold what it ran, measured afresh (the same
+    syncs each time, not added up); the session fixture is set up once for all, the function fixture once per run,
+    every fixture torn down by the end; --junitxml gives each run its own properties."""
+    out, junit = tmp_path / "out", tmp_path / "side.xml"
+    out.mkdir()
+    side = WarmSide("head", checkout, ["-q", "--junitxml", str(junit)], out)
+    try:
+        collected = side.ready(120)
+        first = side.run("round1-head", [], 120)
+        second = side.run("round2-head", ["test_other.py::test_other"], 120)
+        third = side.run("round3-head", [], 120)
+    finally:
+        side.finish()
+    assert side.process.returncode == 0
+    assert collected == ["test_mod.py::test_reads", "test_mod.py::test_free", "test_other.py::test_other"]
+    assert set(first) == set(third) == set(collected)
+    assert set(second) == {"test_mod.py::test_reads", "test_mod.py::test_free"}
+    assert [turn["test_mod.py::test_reads"].syncs for turn in (first, second, third)] == [3, 3, 3]
+    assert first["test_other.py::test_other"].syncs == third["test_other.py::test_other"].syncs == 1
+    notes = (tmp_path / "fixtures.log").read_text().split("\n")
+    assert notes.count("session up") == notes.count("session down") == 1
+    assert notes.count("function up") == notes.count("function down") == 3
+    assert notes.count("module up") == notes.count("module down") >= 1
+    cases = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "test_reads"]
+    assert len(cases) == 3
+    for case in cases:
+        names = [p.get("name") for p in case.iter("property")]
+        assert names.count("syncguard.nodeid") == 1, names
+
+
+def test_a_warm_side_that_cannot_collect_names_itself_and_its_log(checkout: Path, tmp_path: Path) -> None:
+    (checkout / "test_broken.py").write_text("def test_(:\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    side = WarmSide("base", checkout, ["-q"], out)
+    try:
+        with pytest.raises(ABError, match=r"start: the base's pytest exited 2 .*log: .*base\.log"):
+            side.ready(120)
+    finally:
+        side.end()
+    assert "SyntaxError" in (out / "base.log").read_text()
+    with pytest.raises(ProcessLookupError):
+        os.kill(side.process.pid, 0)
