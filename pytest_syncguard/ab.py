@@ -119,6 +119,8 @@ class HeadAgainstBase:
     counts: tuple[CountChange, ...]
     timings: Mapping[str, RatioVerdict]
     explanation: Explanation = field(default_factory=Explanation)
+    unmeasured: Mapping[str, str] = field(default_factory=dict)
+    """Metrics that were not judged over every round it ran, and why (a side did not measure them)."""
 
     DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
 
@@ -202,10 +204,12 @@ def compare_sides(
     }  # fmt: skip
     tests = []
     for nodeid in sorted(seen_base & seen_head):
-        paired = [(b[nodeid], h[nodeid]) for b, h in zip(base, head, strict=True) if nodeid in b and nodeid in h]
-        if not paired:  # measured on each side, never in the same round
+        rounds = [(i, b[nodeid], h[nodeid]) for i, (b, h) in enumerate(zip(base, head, strict=True), 1)
+                  if nodeid in b and nodeid in h]  # fmt: skip
+        if not rounds:  # measured on each side, never in the same round
             continue
-        tests.append(_head_against_base(nodeid, paired, min_effect, confidence))
+        paired = [(x, y) for _, x, y in rounds]
+        tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds]))
     return tests, only_in
 
 
@@ -219,30 +223,57 @@ def min_effect_of(name: str, asked: float | None) -> float:
 
 
 def _head_against_base(
-    nodeid: str, paired: Sequence[tuple[MeasuredTest, MeasuredTest]], min_effect: float | None, confidence: float
+    nodeid: str,
+    paired: Sequence[tuple[MeasuredTest, MeasuredTest]],
+    min_effect: float | None,
+    confidence: float,
+    numbers: Sequence[int] | None = None,
 ) -> HeadAgainstBase:
+    """One test over its paired rounds (numbered ``numbers``, default 1, 2, ...): each metric over the rounds that
+    measured it on both sides, and why a metric was not, or not in every round."""
+    numbers = list(numbers) if numbers is not None else list(range(1, len(paired) + 1))
     b, h = [x for x, _ in paired], [y for _, y in paired]
     counts: list[CountChange] = []
     timings: dict[str, RatioVerdict] = {}
-    for name in sorted(set(b[0].metrics.values) & set(h[0].metrics.values)):
+    unmeasured: dict[str, str] = {}
+    for name in sorted(set().union(*(m.metrics.values for m in (*b, *h)))):
         spec = metric(name)
-        if spec is None or name in DERIVED or not all(name in m.metrics for m in (*b, *h)):
+        if spec is None or name in DERIVED:
+            continue
+        both = [(x, y) for x, y in paired if name in x.metrics and name in y.metrics]
+        if len(both) < len(paired):
+            unmeasured[name] = _unmeasured(name, paired, numbers, len(both))
+        if not both:
             continue
         if spec.counted:
-            old = {m.metrics[name] for m in b}
-            new = {m.metrics[name] for m in h}
+            old = {x.metrics[name] for x, _ in both}
+            new = {y.metrics[name] for _, y in both}
             if len(old) > 1 or len(new) > 1:
                 counts.append(CountChange(name, max(old), max(new), "varies"))
             elif new != old:
                 (was,), (now,) = old, new
                 counts.append(CountChange(name, was, now, count_status(name, was, now)))
         else:
-            pairs = [(x.metrics[name], y.metrics[name]) for x, y in paired]
+            pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
             timings[name] = judge(pairs, higher_is_better=spec.higher_is_better,
                                   min_effect=min_effect_of(name, min_effect), confidence=confidence)  # fmt: skip
     moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
     explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
-    return HeadAgainstBase(nodeid, tuple(counts), timings, explanation)
+    return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
+
+
+def _unmeasured(name: str, paired: Sequence[tuple[MeasuredTest, MeasuredTest]], numbers: Sequence[int],
+                judged: int) -> str:  # fmt: skip
+    """Why a metric was not judged over every round: ``measured on the head only``, or the rounds that lacked it."""
+    on_base = any(name in x.metrics for x, _ in paired)
+    on_head = any(name in y.metrics for _, y in paired)
+    if not (on_base and on_head):
+        return "measured on the base only" if on_base else "measured on the head only"
+    if not judged:
+        return "never measured by both sides in the same round"
+    missing = [n for n, (x, y) in zip(numbers, paired, strict=True) if name not in x.metrics or name not in y.metrics]
+    rounds = f"round{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+    return f"not measured by a side in {rounds}: judged over the other {judged}"
 
 
 # -- running the rounds --------------------------------------------------------------------------------------------
@@ -463,6 +494,7 @@ def summary_lines(report: ABReport) -> list[str]:
         lines.extend(f"    {line}" for line in test.explanation.lines())
         for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0])):
             lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v)}")
+        lines.extend(f"    {name}: {why}" for name, why in sorted(test.unmeasured.items()))
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}

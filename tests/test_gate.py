@@ -305,3 +305,29 @@ def test_with_warm_sides_the_planted_3_percent_settles_in_6_rounds_and_the_uncha
     assert unchanged.warm_sides and unchanged.rounds == 7 and unchanged.regressions == 0
     for test in unchanged.tests:
         assert test.counts == () and test.timings[DEVICE_TIME].verdict == "unchanged"
+
+
+def test_a_metric_a_round_did_not_measure_is_judged_over_the_others_and_the_report_says_so(tmp_path: Path) -> None:
+    """Device time that one side's trace lost in two rounds is judged over the other six, not dropped; a metric
+    that only the head measures is named, not judged; both survive the A/B file and reach the Markdown."""
+    from pytest_syncguard.ab import document, read_report
+    from pytest_syncguard.report.markdown import ab_lines
+
+    base = [{"t::a": _measured("t::a", {DEVICE_TIME: 2000.0 + i, "seconds": 1.0})} for i in range(8)]
+    head = [{"t::a": _measured("t::a", {DEVICE_TIME: 2100.0 + i, "seconds": 1.0, "launches": 300})} for i in range(8)]
+    for lost in (2, 6):
+        base[lost]["t::a"] = _measured("t::a", {"seconds": 1.0})
+    ((test,), _) = compare_sides(base, head, min_effect=None, confidence=0.95)
+    device = test.timings[DEVICE_TIME]
+    assert device.rounds == 6 and device.verdict == REGRESSION
+    assert test.unmeasured == {
+        DEVICE_TIME: "not measured by a side in rounds 3, 7: judged over the other 6",
+        "launches": "measured on the head only",
+    }
+    report = ABReport("base", "head", 8, None, 0.95, H100, ("x",), (test,), stopped="every test settled")
+    assert f"    {DEVICE_TIME}: not measured by a side in rounds 3, 7: judged over the other 6" in summary_lines(report)
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps(document(report)))
+    assert read_report(path).tests[0].unmeasured == test.unmeasured
+    markdown = "\n".join(ab_lines(report))
+    assert "| launches | | | measured on the head only |" in markdown

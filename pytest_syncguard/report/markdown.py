@@ -165,7 +165,9 @@ def ab_lines(report: ABReport) -> list[str]:
             for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
             if v.verdict != "unchanged"
         ]
-        if test.verdict == "unchanged" or not rows:
+        rows += [f"| {escape(test.nodeid)} | {escape(name)} | | | {escape(why)} |" for name, why in
+                 sorted(test.unmeasured.items())]  # fmt: skip
+        if not rows or (test.verdict == "unchanged" and not test.unmeasured):
             quiet.append(test.nodeid)
             continue
         lines.extend(rows)
