@@ -21,17 +21,18 @@ import pytest
 from .ab_channel import Channel, ChannelClosed
 
 if TYPE_CHECKING:
-    from .plugin import SyncguardSession
+    from .result import MeasuredTest
 
 
 class ABWorker:
     """The pytest plugin of a warm side: it takes over the run loop."""
 
-    def __init__(self, config: pytest.Config, channel: Channel, session: SyncguardSession) -> None:
+    def __init__(self, config: pytest.Config, channel: Channel, results: dict[str, MeasuredTest]) -> None:
+        """``results``: the session's measured tests by node id, which each test's report fills in."""
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("syncguard ab runs each side in one process: leave out -n (pytest-xdist)")
         self.channel = channel
-        self.session = session
+        self.results = results
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -58,7 +59,7 @@ class ABWorker:
         stopped early or "")."""
         from . import results_file
 
-        results = self.session.results
+        results = self.results
         for item in turn:
             results.pop(item.nodeid, None)
         stopped = ""

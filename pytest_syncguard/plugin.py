@@ -141,7 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
             channel = Channel.of_option(str(worker))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config.pluginmanager.register(ABWorker(config, channel, session), "syncguard-ab-worker")
+        config.pluginmanager.register(ABWorker(config, channel, session.results), "syncguard-ab-worker")
 
 
 def _baselines_dir(config: pytest.Config) -> Path:
