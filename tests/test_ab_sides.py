@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -120,3 +122,16 @@ def test_a_warm_side_that_cannot_collect_names_itself_and_its_log(checkout: Path
     assert "SyntaxError" in (out / "base.log").read_text()
     with pytest.raises(ProcessLookupError):
         os.kill(side.process.pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("abc", "give two file descriptors, READ,WRITE"), ("97,98", "file descriptor 97 is not open")],
+)
+def test_a_side_option_that_names_no_channel_is_a_usage_error_naming_it(
+    checkout: Path, value: str, message: str
+) -> None:
+    done = subprocess.run([sys.executable, "-m", "pytest", f"--syncguard-ab-worker={value}", "-q", "-p",
+                           "no:cacheprovider"], cwd=checkout, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert f"--syncguard-ab-worker {value!r}: {message}" in done.stderr
