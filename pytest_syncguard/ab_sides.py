@@ -180,12 +180,9 @@ class WarmSide:
         self.end()
 
     def end(self) -> None:
-        """End its process group now (what is left of it), and close the channel."""
-        if self.process.poll() is None:
-            end_group(self.process)
-        else:
-            with suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+        """End its process group now (what is left of it: end_group copes with a leader that has exited), and close
+        the channel."""
+        end_group(self.process)
         self.channel.close()
 
 
@@ -199,8 +196,7 @@ def warm_sides(
     try:
         for name, folder in folders.items():
             sides[name] = WarmSide(name, folder, pytest_args, out)
-        collected = {name: set(side.ready(timeout)) for name, side in sides.items()}
-        counts = ", ".join(f"{len(ids)} tests on the {name}" for name, ids in collected.items())
+        counts = ", ".join(f"{len(side.ready(timeout))} tests on the {name}" for name, side in sides.items())
         say(f"syncguard ab: one pytest per side, kept warm across rounds ({counts})")
         yield dict(sides)
     except BaseException:
