@@ -28,7 +28,7 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,17 @@ MAX_SAMPLES = 2_000_000
 BUFFER_BYTES = 3 << 30
 #: CUPTI activity kinds whose records are device work (cupti_activity.h): memcpy, memset, concurrent kernel.
 DEVICE_KINDS = (1, 2, 10)
+#: ``CUPTI_ACTIVITY_MEMCPY_KIND_DTOD``: a memcpy record's ``copyKind`` (the byte after its kind) for a copy
+#: between two places in device memory, which the runtime runs as a kernel.
+MEMCPY_DTOD = 8
+#: How a device record is labelled (:attr:`DeviceRecords.ops`), and the trace event each label stands for, so that
+#: the one definition of busy (:func:`pytest_syncguard.analysis.gaps.occupies`) reads records as it reads traces.
+RECORD_LABELS = {
+    "kernel": ("kernel", "kernel"),
+    "dtod": ("gpu_memcpy", "Memcpy DtoD (Device -> Device)"),
+    "copy": ("gpu_memcpy", "Memcpy"),
+    "memset": ("gpu_memset", "Memset"),
+}
 
 
 @contextmanager
@@ -162,13 +173,14 @@ def clock_check(metrics: tuple[str, ...], interval_ns: int) -> None:
 
 
 class DeviceRecords(CuptiTracer):
-    """The tracer of bench_cupti_floor keeping each device op's (start, end), GPU timestamps (ns), which the
+    """The tracer of bench_cupti_floor keeping each device op's (start, end, label), GPU timestamps (ns), which the
     sampler's clock shares, and in :attr:`kinds` its activity kind too; CUPTI is not finalized afterwards (that
     would end the sampler's profiler too)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         super().__init__(library)
-        self.ops: list[tuple[int, int]] = []
+        self.ops: list[tuple[int, int, str]] = []
+        """(start, end, label) of each device op: a :data:`RECORD_LABELS` key."""
         self.kinds: list[tuple[int, int, int]] = []
         """(kind, start, end) of each device op: ``DEVICE_KINDS``."""
 
@@ -179,7 +191,7 @@ class DeviceRecords(CuptiTracer):
             kind = ctypes.c_uint32.from_address(record.value).value
             if kind in DEVICE_KINDS:  # start at 16, end at 24 in all
                 times = (ctypes.c_uint64 * 2).from_address(record.value + 16)
-                self.ops.append((times[0], times[1]))
+                self.ops.append((times[0], times[1], _label(kind, record.value)))
                 self.kinds.append((kind, times[0], times[1]))
         self.buffers.pop(buffer, None)
 
@@ -190,9 +202,24 @@ class DeviceRecords(CuptiTracer):
         return self.tracing(DEVICE_KINDS, detach=False)
 
 
-def truth(ops: list[tuple[int, int]]) -> tuple[float, list[float]]:
-    """Busy time and gaps (us) of the union of device ops (ns)."""
-    busy, found = gaps.merge([GpuOp(a / 1e3, b / 1e3, 0, "", "kernel", None) for a, b in sorted(ops)])
+def _label(kind: int, address: int) -> str:
+    if kind == 10:
+        return "kernel"
+    if kind == 2:
+        return "memset"
+    return "dtod" if ctypes.c_uint8.from_address(address + 4).value == MEMCPY_DTOD else "copy"
+
+
+def as_gpu_op(start_ns: int, end_ns: int, label: str) -> GpuOp:
+    """A device record as the trace analysis reads an op (µs)."""
+    category, name = RECORD_LABELS[label]
+    return GpuOp(start_ns / 1e3, end_ns / 1e3, 0, name, category, None)
+
+
+def truth(ops: Sequence[tuple[int, int, str]]) -> tuple[float, list[float]]:
+    """Busy time and gaps (us) of device records (ns), by the one definition: the union of the records that occupy
+    the GPU (kernels, device-to-device copies), idle stretches under a microsecond busy."""
+    busy, found = gaps.merge([op for op in (as_gpu_op(*record) for record in sorted(ops)) if gaps.occupies(op)])
     return busy, [g.duration for g in found]
 
 
@@ -208,7 +235,7 @@ def agreement(
         torch.cuda.synchronize()
     ops = sorted(records.ops)
     busy, true_gaps = truth(ops)
-    window = (ops[0][0], max(e for _, e in ops))
+    window = (ops[0][0], max(op[1] for op in ops))
     samples = collected[0]
     stat = gaps.gap_stat
     print(

@@ -8,9 +8,11 @@ strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=
 
 1. ``--agreement``: per strategy, one run sampled while CUPTI records every kernel, memcpy and memset of the same
    run on the same GPU clock (bench_pm_sampling.DeviceRecords, which slows each launch: both numbers are of that
-   slower run). The truth is the union of the records that start in the judged part (from the first judged step's
-   event to the region's end): its busy time, p99 and widest gap against the plugin's. ``--keep DIR`` writes each
-   run's samples, step events and records from the region's start to ``--keep-ms`` into the judged part
+   slower run). The truth is the records that start in the judged part (from the first judged step's event to the
+   region's end) under the one definition of the timeline (``gaps.occupies``: kernels and device-to-device copies;
+   an idle stretch under a microsecond is busy): its busy time, p99 and widest gap against the plugin's.
+   ``--keep DIR`` writes each run's samples, step events and labelled records from the region's start to
+   ``--keep-ms`` into the judged part
    (tests/data/sampled_steps, checked by tests/test_sampled_steps.py).
 2. ``--traced``: per strategy, one run under the plugin's own trace capture (as a counting run is taken): its
    judged steps, gap count per step, p99 and widest gap, to set beside the records of (1).
@@ -78,7 +80,7 @@ def agreement(
     judged = judge_sampled_region(region, args.warmup_steps)
     timeline = judged.timeline
     begin = judged.steps.judged_from(args.warmup_steps) if judged.steps is not None else region.window[0]
-    ops = sorted((a, b) for a, b in records.ops if begin <= a <= region.window[1])
+    ops = sorted(op for op in records.ops if begin <= op[0] <= region.window[1])
     if timeline is None or not ops:
         print(f"{name:<16} no timeline: {judged.problem}", flush=True)
         return
@@ -126,18 +128,19 @@ def traced(name: str, fn: Callable[[], object], model: Any, warmup_steps: int) -
     )
 
 
-def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int]], until: int) -> None:
+def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int, str]], until: int) -> None:
     """The region's samples up to ``until`` (ns), its step events and the device records that start before it."""
     samples = region.samples
     rows = [i for i, start in enumerate(samples.start_ns) if region.window[0] <= start < until]
     kept = replace(region, samples=samples.picked(rows), window=(region.window[0], min(until, region.window[1])))
-    write_kept(path, kept, [(a, b) for a, b in ops if a < until])
+    write_kept(path, kept, [op for op in ops if op[0] < until])
     print(f"    kept {path} ({len(rows)} samples)", flush=True)
 
 
-def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int]]) -> None:
+def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int, str]]) -> None:
     """A kept run as gzipped JSON: each sample's start as a step from the one before, its length, its active and
-    elapsed cycles; the region's window and step events; the device records (ns, sorted)."""
+    elapsed cycles; the region's window and step events; the device records (ns, sorted; each with its label,
+    ``bench_pm_sampling.RECORD_LABELS``)."""
     samples = region.samples
     assert region.events is not None
     starts = samples.start_ns
@@ -151,14 +154,15 @@ def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int]]
         "marker_end_us": region.events.marker_end_us,
         "steps_us": list(region.events.steps_us),
         "steps_from": region.events.steps_from,
-        "device_ops_ns": sorted(ops),
+        "device_ops_ns": [[a, b] for a, b, _ in sorted(ops)],
+        "device_ops_label": [label for _, _, label in sorted(ops)],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", compresslevel=9) as sink:
         json.dump(data, sink, separators=(",", ":"))
 
 
-def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int]]]:
+def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int, str]]]:
     """A run written by :func:`write_kept`: the sampled region, as the probe left it, and the device records."""
     with gzip.open(path, "rt") as source:
         data = json.load(source)
@@ -168,7 +172,8 @@ def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int]]]:
     samples = Samples.of_rows((ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, values)
     events = StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
     region = SampledRegion(samples, (data["window_ns"][0], data["window_ns"][1]), events)
-    return region, [(a, b) for a, b in data["device_ops_ns"]]
+    ops = zip(data["device_ops_ns"], data["device_ops_label"], strict=True)
+    return region, [(a, b, label) for (a, b), label in ops]
 
 
 def overhead(name: str, fn: Callable[[], object], model: Any, rounds: int, deadline: float) -> None:

@@ -34,6 +34,7 @@ from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER,
 from .probes.timeline import TIMELINE
 from .report import perfetto
 from .result import MeasuredTest
+from .timeline_source import SAMPLED, TRACE, TimelineSource
 
 
 def artifact_stem(nodeid: str) -> str:
@@ -97,8 +98,10 @@ class CallCapture:
     timeline: bool
     memory: bool
     sampled: bool = False
-    """Sample the timed runs' timeline with the PM sampler (``--syncguard-timeline=sampled``) instead of capturing
-    the whole call; a counting run's trace still gives the exact device-work counts."""
+    """Sample the timed runs' timeline with the PM sampler instead of capturing the whole call; a counting run's
+    trace still gives the exact device-work counts."""
+    source: TimelineSource | None = None
+    """Where the test's GPU timelines come from and why (None: it has none on CUDA)."""
     device_time: bool = False
     """On CUDA: trace each ``measure()``'s counting run (the whole call when its timeline is captured) for the
     device's own time per token and the exact device-work counts; the timed runs are not traced."""
@@ -128,16 +131,22 @@ class CallCapture:
         *,
         default_checks: bool = False,
         sampled: bool = False,
+        source: Callable[[], TimelineSource] | None = None,
     ) -> CallCapture:
         """The capture a test's budgets need; ``default_checks`` (--syncguard) adds the checks that are on by
-        default (:func:`.budgets.with_default_checks`); ``sampled``: the timeline is sampled."""
+        default (:func:`.budgets.with_default_checks`). A timeline on CUDA comes from ``source()`` (the run's
+        choice, asked only then), else from the sampler if ``sampled``, else from the trace."""
         device = guard.default_device()
         cuda = device != "cpu" and torch.cuda.is_available()
         if default_checks:
             budgets = with_default_checks(tuple(budgets), cuda)
         signals = {b.signal for b in budgets}
         timeline, memory = cuda and "timeline" in signals, cuda and "memory" in signals
-        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=sampled, device_time=cuda)
+        chosen = None
+        if timeline:
+            chosen = source() if source is not None else TimelineSource(SAMPLED if sampled else TRACE, "the caller's")
+        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=chosen is not None and chosen.sampled,
+                   source=chosen, device_time=cuda)  # fmt: skip
 
     @property
     def races(self) -> bool:
@@ -232,7 +241,7 @@ class CallCapture:
         slug = slug_for(measurement.device)
         result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
         fallback = _python_kernel_note()
-        result = replace(result, notes=(*notes, *([fallback] if fallback else [])))
+        result = replace(result, notes=(*notes, *([fallback] if fallback else [])), timeline_source=self.source)
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.
         if store is not None and self.options.baseline and result.error is None and not measurement.unmeasured:
             try:

@@ -22,6 +22,7 @@ from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_line
 from .comparison import DEFAULT_TOLERANCE
 from .files import file_problem, folder_problem
 from .report.perfetto import TimelineFiles
+from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
     from .guard import SyncGuard
@@ -33,8 +34,6 @@ _GUARD = pytest.StashKey["SyncGuard"]()
 _RESULT = pytest.StashKey["MeasuredTest"]()
 #: On an xdist worker's call report: the test's results document record (results_file.record), for the controller.
 REPORT_ATTRIBUTE = "syncguard_result"
-#: The ways a GPU timeline is recorded (--syncguard-timeline).
-TIMELINE_SOURCES = ("trace", "sampled")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,12 +98,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--syncguard-timeline",
-        choices=TIMELINE_SOURCES,
+        choices=REQUESTS,
         default=None,
-        help="how a GPU timeline is recorded: 'trace' (default: the test's call captured with CUPTI's kernel "
-        "records, which slow each launch) or 'sampled' (CUPTI's PM sampler over each timed run, which adds "
-        "nothing to a launch: steps placed by a CUDA event each; a gap's cause only where a counted sync returned in "
-        "it; device work counted from measure()'s counting run)",
+        help="how a GPU timeline is recorded: 'auto' (default: sampled where this process can read the GPU's "
+        "counters, else the trace, and the summary says why), 'sampled' (CUPTI's PM sampler over each timed run, "
+        "which adds nothing to a launch; a usage error where it cannot run) or 'trace' (the test's call captured "
+        "with CUPTI's kernel records, which slow each launch)",
     )
     group.addoption(
         "--syncguard-keep-timelines",
@@ -121,7 +120,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "and answer on WRITE",
     )
     parser.addini("syncguard", type="bool", default=False, help="as --syncguard")
-    parser.addini("syncguard_timeline", type="string", default="trace", help="as --syncguard-timeline")
+    parser.addini("syncguard_timeline", type="string", default=AUTO, help="as --syncguard-timeline")
     parser.addini("syncguard_gap_ops", type="bool", default=False, help="as --syncguard-gap-ops")
     parser.addini("syncguard_baselines", type="string", default="baselines", help="as --syncguard-baselines")
     parser.addini("syncguard_judge_host_timings", type="bool", default=False, help="as --syncguard-judge-host-timings")
@@ -168,8 +167,8 @@ def _timeline_source(config: pytest.Config) -> str:
     if option is not None:
         return str(option)
     value = str(config.getini("syncguard_timeline")).strip()
-    if value not in TIMELINE_SOURCES:
-        raise pytest.UsageError(f"ini syncguard_timeline = {value!r}: must be one of {', '.join(TIMELINE_SOURCES)}")
+    if value not in REQUESTS:
+        raise pytest.UsageError(f"ini syncguard_timeline = {value!r}: must be one of {', '.join(REQUESTS)}")
     return value
 
 
@@ -254,8 +253,8 @@ class SyncguardSession:
         judge = config.getoption("syncguard_judge_host_timings")
         host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
         self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
-        self.timeline_source = _timeline_source(config)
-        self.sampled = self.timeline_source == "sampled"
+        self.timeline_request = _timeline_source(config)
+        self._timeline_source: TimelineSource | None = None
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
         keep = config.getoption("syncguard_keep_timelines")
@@ -288,6 +287,23 @@ class SyncguardSession:
         _, warning = assign_worker_gpu(str(workerinput.get("workerid", "")), int(workerinput.get("workercount", 1)))
         if warning:
             self.notes.append(warning)
+
+    def timeline_source(self) -> TimelineSource:
+        """The source of this process's GPU timelines, chosen when a test first needs one (the sampler is tried
+        then, on the device the test runs on)."""
+        if self._timeline_source is None:
+            from .probes.sampler import SAMPLER
+
+            try:
+                self._timeline_source = choose(self.timeline_request, SAMPLER.unavailable)
+            except SamplerUnavailable as exc:
+                raise pytest.UsageError(str(exc)) from None
+        return self._timeline_source
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """A forced sampled timeline where the sampler cannot run is a usage error before any test runs."""
+        if self.timeline_request == SAMPLED and not self.distributing:
+            self.timeline_source()
 
     @property
     def distributing(self) -> bool:
@@ -324,7 +340,7 @@ class SyncguardSession:
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
-            item.nodeid, guard, budgets, options, default_checks=self.enabled, sampled=self.sampled
+            item.nodeid, guard, budgets, options, default_checks=self.enabled, source=self.timeline_source
         )
         guard.check_races = capture.races
         raised: BaseException | None = None
@@ -419,7 +435,7 @@ class SyncguardSession:
             if not self.interrupted:
                 terminalreporter.write_line("no test was measured (none uses the syncguard fixture or a budget marker)")
             return
-        for line in summary_lines(self.results.values(), self.timeline_source):
+        for line in summary_lines(self.results.values()):
             terminalreporter.write_line(line)
         notes = [*self.notes, *self.store.notes(by_workers=self.distributing)]
         for line in baseline_lines(self.results.values(), self.store.updating, notes):

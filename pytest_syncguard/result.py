@@ -21,6 +21,7 @@ from .analysis.snapshot import AllocationSite
 from .budgets import BudgetCheck, closest_run
 from .comparison import Comparison
 from .metrics import Metrics
+from .timeline_source import TimelineSource
 
 if TYPE_CHECKING:
     from .guard import Measurement
@@ -147,6 +148,8 @@ class MeasuredTest:
     """The GPU model (or "cpu") whose baseline file the test belongs to (:func:`.environment.slug_for`)."""
     host: str = ""
     """The device it ran on (:func:`.environment.host_id`): a baseline's recordings say which GPUs made them."""
+    timeline_source: TimelineSource | None = None
+    """Where its GPU timelines came from, and why (None: it had none on CUDA)."""
 
     @property
     def syncs(self) -> int:

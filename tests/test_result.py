@@ -10,6 +10,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,12 @@ from pytest_syncguard.budgets import KINDS, Budget, check_budgets
 from pytest_syncguard.comparison import compare
 from pytest_syncguard.guard import Measurement
 from pytest_syncguard.metrics import Metrics, metric
+from pytest_syncguard.probes.sampler import SAMPLER
 from pytest_syncguard.report.junit import read_cases
-from pytest_syncguard.report.terminal import TIMELINE_SOURCE_LINES, failure_text, summary_lines
+from pytest_syncguard.report.terminal import failure_text, summary_lines
 from pytest_syncguard.result import MeasuredTest
 from pytest_syncguard.results_file import from_record, record
+from pytest_syncguard.timeline_source import AUTO, SAMPLED, TRACE, SamplerUnavailable, choose
 
 DATA = Path(__file__).parent / "data"
 
@@ -108,18 +111,43 @@ def test_every_rendering_reads_the_same_median_of_the_regions() -> None:
     assert f"{median:.1f}" in row.split()
 
 
-def test_the_summary_says_which_source_gave_the_gpu_timelines_it_shows() -> None:
-    result = _measured((Budget("max_gpu_idle_us", 1.0),))
-    for source in ("trace", "sampled"):
-        lines = summary_lines([result], source)
-        assert lines.count(TIMELINE_SOURCE_LINES[source]) == 1
-        assert f"--syncguard-timeline={source}" in TIMELINE_SOURCE_LINES[source]
+def test_the_summary_and_the_failure_say_which_source_gave_the_gpu_timelines_and_why() -> None:
+    budget = Budget("max_gpu_idle_us", 1.0)
+    measured = _measured((budget,))
+    sampled = choose(AUTO, lambda: None)
+    fallback = choose(AUTO, lambda: "insufficient privileges to read GPU performance counters (ERR_NVGPUCTRPERM)")
+    assert (sampled.name, fallback.name) == ("sampled", "trace") and fallback.fallback and not sampled.fallback
+    results = [replace(measured, nodeid=f"t{i}", timeline_source=s) for i, s in enumerate((sampled, fallback))]
+    lines = summary_lines(results)
+    assert lines.count(sampled.describe()) == lines.count(fallback.describe()) == 1
+    assert "the default where the GPU's counters can be read" in sampled.describe()
+    assert "the trace stands in: the PM sampler cannot run here: insufficient privileges" in fallback.describe()
+    assert "docs/howto/ci-gpu-runner.md" in fallback.describe()
+    # A failing timeline budget says which source judged it; the results document keeps it.
+    assert results[1].failed and f"syncguard: {fallback.describe()}" in failure_text(results[1])
+    assert from_record(json.loads(json.dumps(record(results[1])))).timeline_source == fallback
     guard = SyncGuard("test_x.py::test_untimed", device="cpu")
     with guard.generation(tokens=2):
         torch.ones(2).sum().item()
     untimed = MeasuredTest.of("test_x.py::test_untimed", guard.measurements[0], ())
     assert "max_gap_us" not in untimed.metrics
-    assert not any(line.startswith("GPU timelines") for line in summary_lines([untimed], "sampled"))
+    assert not any(line.startswith("GPU timelines") for line in summary_lines([untimed]))
+
+
+def test_forcing_the_sampler_where_it_cannot_run_is_an_error_and_the_trace_is_never_asked() -> None:
+    with pytest.raises(SamplerUnavailable, match="--syncguard-timeline=sampled: the PM sampler cannot run here: x"):
+        choose(SAMPLED, lambda: "x")
+    asked: list[bool] = []
+    assert choose(TRACE, lambda: asked.append(True) or None).why == "--syncguard-timeline=trace" and not asked
+
+
+def test_the_real_samplers_error_path_gives_the_fallback_its_reason() -> None:
+    """On a machine without CUDA's CUPTI (CI), the sampler's own loader fails, and that reason is what the fallback
+    says; on a CUDA machine the sampler is tried on the device."""
+    source = choose(AUTO, SAMPLER.unavailable)
+    if torch.cuda.is_available():
+        pytest.skip("the error path is taken where the sampler cannot run")
+    assert source.fallback and "no libcupti in this process or beside torch" in source.why
 
 
 def test_the_xdist_and_json_round_trip_gives_back_the_same_result() -> None:

@@ -58,7 +58,7 @@ def test_warmup_steps_leave_out_early_ops() -> None:
 
 # -- hand-built traces ----------------------------------------------------------------------------------
 def kernel(
-    start: float, end: float, stream: int = 7, correlation: int | None = None, cat: str = "kernel"
+    start: float, end: float, stream: int = 7, correlation: int | None = None, cat: str = "kernel", name: str = ""
 ) -> dict[str, Any]:
     args: dict[str, Any] = {"stream": stream}
     if correlation is not None:
@@ -66,7 +66,7 @@ def kernel(
     return {
         "ph": "X",
         "cat": cat,
-        "name": f"{cat}@{start}",
+        "name": name or f"{cat}@{start}",
         "pid": 0,
         "tid": stream,
         "ts": start,
@@ -110,12 +110,31 @@ def test_overlapping_streams_are_merged_and_viewed_per_stream() -> None:
     assert views[7].max_gap_us == 20 and views[8].max_gap_us == 15
 
 
-def test_memcpy_and_memset_count_as_busy() -> None:
+def test_only_kernels_and_device_copies_end_an_idle_stretch() -> None:
+    """One definition in every source: host copies and memsets (copy engines) leave the GPU idle; a device-to-device
+    copy, which the runtime runs as a kernel, keeps it busy."""
     timeline = analyze(
         [kernel(0, 10), kernel(10, 25, cat="gpu_memcpy"), kernel(27, 30, cat="gpu_memset"), kernel(40, 50)]
     )
-    assert timeline.gaps_us == (2.0, 10.0)
-    assert timeline.gap_stat("max") == 10 and timeline.busy_us == 38
+    assert timeline.gaps_us == (30.0,)
+    assert timeline.busy_us == 20 and timeline.span_us == 50
+    device_copy = kernel(12, 25, cat="gpu_memcpy", name="Memcpy DtoD (Device -> Device)")
+    timeline = analyze([kernel(0, 10), device_copy, kernel(40, 50)])
+    assert timeline.gaps_us == (2.0, 15.0) and timeline.busy_us == 33
+
+
+def test_an_idle_stretch_under_a_microsecond_is_busy() -> None:
+    """A CUDA graph's kernels follow each other closer than the sampler resolves: no gap, busy time, in every source."""
+    timeline = analyze([kernel(0, 10), kernel(10.9, 20), kernel(21.0, 30)])
+    assert timeline.gaps_us == (1.0,)
+    assert timeline.busy_us == pytest.approx(29.0)
+
+
+def test_a_region_of_copies_alone_has_no_timeline() -> None:
+    assert (
+        gaps.analyze(trace_file.from_events([kernel(0, 10, cat="gpu_memcpy"), kernel(20, 30, cat="gpu_memset")]))
+        is None
+    )
 
 
 def test_region_without_gpu_work_is_none() -> None:

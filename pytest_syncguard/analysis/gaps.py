@@ -1,11 +1,14 @@
 """Device idle gaps and busy time over a trace, and the cause of each gap (pure functions, no torch).
 
-The device timeline merges kernels, memcpys and memsets of all streams: the GPU is idle when nothing runs on
-any stream. Each op belongs to the decode step in which the host launched it; warm-up steps are left out. Steps come,
-in this order of preference, from the loop's own marks (``region.step()``: ``syncguard.step.marked``), from the
-forward calls of the region's model (``syncguard.step``) or a profiler schedule (``ProfilerStep#N``), else from
-the launches of CUDA graphs (a loop that replays one graph per step marks its steps by replaying it). A gap is
-attributed from the host side of the op that ended it:
+One definition for every timeline source (trace, PM samples, a saved timeline file): the GPU is idle when no
+kernel runs on any stream (:func:`occupies`). Copies between host and device and memsets, which the copy engines
+run, do not end an idle stretch; a device-to-device copy does (the runtime runs it as a kernel). An idle stretch
+shorter than :data:`MIN_GAP_US` is no gap and counts as busy. Each op belongs to the decode step in which the
+host launched it; warm-up steps are left out. Steps come, in this order of preference, from the loop's own
+marks (``region.step()``: ``syncguard.step.marked``), from the forward calls of the region's model
+(``syncguard.step``) or a profiler schedule (``ProfilerStep#N``), else from the launches of CUDA graphs (a loop
+that replays one graph per step marks its steps by replaying it). A gap is attributed from the host side of the
+kernel that ended it:
 
 - ``host sync``: a blocking call (``cudaStreamSynchronize``, ...) returned on the launching thread after the
   device went idle and before the launch: the host waited for the device, then had to refill its queue;
@@ -32,6 +35,11 @@ REGION_ANNOTATION = "syncguard.region"
 SYNC_ANNOTATION = "syncguard.sync"
 #: Host and device clocks are aligned by the profiler to about a microsecond.
 SLACK_US = 1.0
+#: The shortest idle stretch that is a gap (µs), in every source: the PM sampler's resolution. A shorter one (a
+#: CUDA graph's kernels follow each other closer) counts as busy.
+MIN_GAP_US = 1.0
+#: The device-to-device copies of a trace (``Memcpy DtoD (Device -> Device)``): the runtime runs them as kernels.
+DEVICE_COPY = "DtoD"
 HOST_SYNC, LAUNCH_BOUND, OTHER = "host sync", "launch-bound", "other"
 NO_LAUNCH_RECORD = (
     "no launch record for this op (a launch through the CUDA driver API, as Triton's are: the capture does not "
@@ -70,7 +78,7 @@ class AttributedGap:
 
 class BusyRun(NamedTuple):
     """A stretch of the device timeline from the end of one gap to the start of the next (µs), and how much of it
-    the device was busy: all of it on a trace's merged ops; a sampled timeline's short idle parts stay inside."""
+    the device was busy: all of it, in every source (an idle stretch inside it is shorter than a gap)."""
 
     start: float
     end: float
@@ -212,15 +220,21 @@ def gap_stat(gaps: Sequence[float], stat: str) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def occupies(op: GpuOp) -> bool:
+    """Whether ``op`` keeps the GPU busy: a kernel, or a device-to-device copy (not a host copy or a memset)."""
+    return op.category == "kernel" or (op.category == "gpu_memcpy" and DEVICE_COPY in op.name)
+
+
 def merge(ops: Sequence[GpuOp]) -> tuple[float, list[Gap]]:
-    """Busy time of ``ops`` (sorted by start) with overlaps merged, and the idle gaps between them."""
+    """Busy time of ``ops`` (sorted by start) with overlaps merged, and the idle gaps between them; an idle
+    stretch under :data:`MIN_GAP_US` is busy."""
     busy = 0.0
     gaps: list[Gap] = []
     if not ops:
         return busy, gaps
     run_start, run_end = ops[0].start, ops[0].end
     for op in ops[1:]:
-        if op.start > run_end:
+        if op.start - run_end >= MIN_GAP_US:
             busy += run_end - run_start
             gaps.append(Gap(run_end, op.start, None, op))
             run_start = op.start
@@ -404,18 +418,19 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
             continue
         step_of[id(op)] = step
         judged.append(op)
-    if not judged:
+    busy_ops = [op for op in judged if occupies(op)]
+    if not busy_ops:
         return None
     first = judged[0].start if not starts or warmup_steps >= len(starts) else starts[warmup_steps]
     launches = [c for c in trace.host_calls if c.start >= first and (window is None or c.start <= window[1])]
     unreliable = graph_problem(launches, trace.gpu_ops)
-    busy, gaps = merge(judged)
+    busy, gaps = merge(busy_ops)
     gaps = [g._replace(step=step_of[id(g.next_op)]) for g in gaps]
-    last_end = max(o.end for o in judged)
-    runs = tuple(BusyRun(a, b, b - a) for a, b in runs_between([(g.start, g.end) for g in gaps], judged[0].start,
+    last_end = max(o.end for o in busy_ops)
+    runs = tuple(BusyRun(a, b, b - a) for a, b in runs_between([(g.start, g.end) for g in gaps], busy_ops[0].start,
                                                                last_end))  # fmt: skip
     spans: dict[int, list[float]] = {}
-    for op in judged:
+    for op in busy_ops:
         step = step_of[id(op)]
         if step is not None:
             extent = spans.setdefault(step, [op.start, op.end])
@@ -432,17 +447,20 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
         by_stream.setdefault(op.stream, []).append(op)
     streams = []
     for stream, ops in sorted(by_stream.items()):
-        stream_busy, stream_gaps = merge(ops)
         unreliable = unreliable or overlap_problem(stream, ops)
-        span = max(o.end for o in ops) - ops[0].start
+        kernels = [op for op in ops if occupies(op)]
+        if not kernels:
+            continue
+        stream_busy, stream_gaps = merge(kernels)
+        span = max(o.end for o in kernels) - kernels[0].start
         widest = max((g.duration for g in stream_gaps), default=0.0)
-        streams.append(StreamView(stream, len(ops), stream_busy, span, widest))
+        streams.append(StreamView(stream, len(kernels), stream_busy, span, widest))
     return Timeline(
         steps=len(starts),
         warmup_steps=min(warmup_steps, len(starts)) if starts else 0,
         judged_steps=max(len(starts) - warmup_steps, 0) if starts else 0,
         gpu_ops=len(judged),
-        span_us=last_end - judged[0].start,
+        span_us=last_end - busy_ops[0].start,
         busy_us=busy,
         gaps_us=tuple(g.duration for g in gaps),
         top_gaps=tuple(attribute(g, host) for g in largest),

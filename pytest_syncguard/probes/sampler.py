@@ -87,6 +87,8 @@ class SamplerProbe:
         self._clock: _StepClock | None = None
         self.problem: str | None = None
         """Why the sampler could not run in the armed call, if it could not."""
+        self._unavailable: str | None = None
+        """:meth:`unavailable`'s answer once found ("" when the sampler can run)."""
 
     @property
     def sampling(self) -> bool:
@@ -175,22 +177,52 @@ class SamplerProbe:
     def _enabled(self) -> bool:
         if self._sampler is not None:
             return True
-        sampler = PmSampler((ACTIVE_CYCLES, ELAPSED_CYCLES), interval_ns=INTERVAL_NS,
-                            device=torch.cuda.current_device(), buffer_bytes=BUFFER_BYTES)  # fmt: skip
         try:
-            try:
-                sampler.enable()
-            except PmSamplingError as exc:
-                if exc.status != NOT_INITIALIZED:
-                    raise
-                # A capture that stopped finalized CUPTI (TEARDOWN_CUPTI): an activity call attaches it again.
-                load_cupti().cuptiActivityFlushAll(0)
-                sampler.enable()
+            self._sampler = _enabled_sampler()
         except PmSamplingError as exc:
             self.problem = f"the PM sampler could not run: {exc}"
             return False
-        self._sampler = sampler
         return True
+
+    def unavailable(self) -> str | None:
+        """Why the sampler cannot run in this process (None: it can), found once by enabling and disabling it: no
+        libcupti with the sampler, no CUDA device, counters restricted to admin users, a GPU without it."""
+        if self._unavailable is None:
+            self._unavailable = _unavailable()
+        return self._unavailable or None
+
+
+def _enabled_sampler() -> PmSampler:
+    """The sampler of the timeline's metrics on the current device, enabled; :class:`PmSamplingError` says why not."""
+    sampler = PmSampler((ACTIVE_CYCLES, ELAPSED_CYCLES), interval_ns=INTERVAL_NS,
+                        device=torch.cuda.current_device(), buffer_bytes=BUFFER_BYTES)  # fmt: skip
+    try:
+        sampler.enable()
+    except PmSamplingError as exc:
+        if exc.status != NOT_INITIALIZED:
+            raise
+        # A capture that stopped finalized CUPTI (TEARDOWN_CUPTI): an activity call attaches it again.
+        load_cupti().cuptiActivityFlushAll(0)
+        sampler.enable()
+    return sampler
+
+
+def _unavailable() -> str:
+    """Why the PM sampler cannot run here, in words ("" when it can): the library first (so that a machine without
+    CUDA says what it lacks for it), then the device, then enabling it once."""
+    try:
+        load_cupti()
+    except PmSamplingError as exc:
+        return exc.message
+    except OSError as exc:
+        return f"libcupti could not be loaded: {exc}"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        _enabled_sampler().disable()
+    except PmSamplingError as exc:
+        return exc.message
+    return ""
 
 
 SAMPLER = SamplerProbe()

@@ -36,6 +36,8 @@ def failure_text(result: MeasuredTest) -> str:
     if result.comparison is not None:  # a counter that regressed against the baseline
         counters += [c.metric.removesuffix("_per_token") for c in result.comparison.of("regression")]
     lines.extend(count_lines(result, counters))
+    if result.timeline_source is not None and "timeline" in signals:
+        lines.append(f"syncguard: {result.timeline_source.describe()}")
     if result.timeline is not None and "timeline" in signals:
         lines.extend(timeline_lines(result))
     if result.gap_diagnosis is not None:
@@ -176,21 +178,10 @@ def _metric(result: MeasuredTest, name: str, digits: int) -> str:
 _COUNTER_COLUMNS = tuple((m.name, m.column) for m in METRICS.values() if m.column is not None)
 
 
-#: What the summary says of the GPU timelines' source (--syncguard-timeline), under a table that shows them.
-TIMELINE_SOURCE_LINES = {
-    "trace": "GPU timelines from the trace (--syncguard-timeline=trace): CUPTI's kernel records of each test's call, "
-    "which slow each launch, so an eager loop's gaps are those of a slower program; --syncguard-timeline=sampled "
-    "adds nothing to a launch (docs/explanation/timeline.md)",
-    "sampled": "GPU timelines sampled (--syncguard-timeline=sampled): CUPTI's PM sampler over each timed run, which "
-    "adds nothing to a launch; copy-engine work of a microsecond or two reads idle and a CUDA graph's "
-    "sub-microsecond gaps busy (docs/explanation/timeline.md)",
-}
-
-
-def summary_lines(results: Iterable[MeasuredTest], timeline_source: str = "trace") -> list[str]:
+def summary_lines(results: Iterable[MeasuredTest]) -> list[str]:
     """The summary table: test, device, tokens, syncs, syncs per token, the exact counters measured, timings,
-    GPU timeline and memory where measured, budget, verdict; under it, where the GPU timelines came from
-    (``timeline_source``: :data:`TIMELINE_SOURCE_LINES`) when the table shows them."""
+    GPU timeline and memory where measured, budget, verdict; under it, where the GPU timelines came from and why
+    (each source the tests' timelines had, :meth:`.TimelineSource.describe`)."""
     results = list(results)
     timeline = any("max_gap_us" in r.metrics for r in results)
     memory = any("fragmentation" in r.metrics for r in results)
@@ -238,8 +229,8 @@ def summary_lines(results: Iterable[MeasuredTest], timeline_source: str = "trace
         ).rstrip()
 
     lines = [fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, rows)]
-    if timeline:
-        lines.append(TIMELINE_SOURCE_LINES[timeline_source])
+    sources = dict.fromkeys(r.timeline_source for r in results if r.timeline_source and "max_gap_us" in r.metrics)
+    lines.extend(source.describe() for source in sources if source is not None)
     if any(r.device == "cpu" for r in results):
         lines.append(
             "cpu rows count scalar reads and data-dependent shapes; device<->host copies and explicit "
