@@ -74,7 +74,7 @@ def test_a_region_runs_from_its_first_active_sample_to_its_last_and_every_gap_co
     # between busy ones are busy time; the 3 us gap is the one gap.
     short = sampled.analyze(list(range(0, 9000, 1000)), list(range(1000, 10_000, 1000)),
                             [1.0, 0.5, 1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0])  # fmt: skip
-    assert short.gaps_us == (3.0 + LEAD,) and short.busy_us == pytest.approx(9.0 - 3.0 - LEAD)
+    assert short.gaps_us == pytest.approx((3.0 + LEAD,)) and short.busy_us == pytest.approx(9.0 - 3.0 - LEAD)
 
 
 def test_the_busy_of_a_sampled_timeline_is_the_sum_of_its_runs_and_every_sample_counts_once() -> None:
