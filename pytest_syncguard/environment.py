@@ -111,7 +111,7 @@ def fingerprint_changes(recorded: dict[str, str | None], current: dict[str, str 
     }
 
 
-def _visible_gpus() -> list[str]:
+def visible_gpus() -> list[str]:
     """The GPUs this process may use, without initializing CUDA (which would freeze CUDA_VISIBLE_DEVICES)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -135,7 +135,7 @@ def assign_worker_gpu(worker_id: str, workers: int) -> tuple[str | None, str | N
         return None, None
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return None, f"syncguard: worker {worker_id}: CUDA was initialized before the plugin could assign a GPU"
-    gpus = _visible_gpus()
+    gpus = visible_gpus()
     if len(gpus) == 0:
         return None, None
     chosen = gpus[int(match.group(1)) % len(gpus)]

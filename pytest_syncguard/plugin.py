@@ -261,6 +261,8 @@ class SyncguardSession:
         self.timeline_files = TimelineFiles(
             self._timeline_dir, every=bool(config.getini("syncguard_keep_timelines") if keep is None else keep)
         )
+        self.sampler_obstacle: str | None = None
+        """Why this process's GPU cannot be sampled before the sampler is tried (xdist workers share it)."""
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
         self.notes: list[str] = []
@@ -280,13 +282,19 @@ class SyncguardSession:
         return Path(factory.getbasetemp()) / "syncguard-timelines"
 
     def _assign_gpu(self) -> None:
-        """Before any test initializes CUDA: worker gwN takes GPU N modulo the visible ones."""
-        from .environment import assign_worker_gpu
+        """Before any test initializes CUDA: worker gwN takes GPU N modulo the visible ones. Where workers share a
+        GPU, its PM sampler (one process at a time) cannot serve them: their timelines come from the trace."""
+        from .environment import assign_worker_gpu, visible_gpus
 
         workerinput = getattr(self.config, "workerinput", {})
-        _, warning = assign_worker_gpu(str(workerinput.get("workerid", "")), int(workerinput.get("workercount", 1)))
+        workers, gpus = int(workerinput.get("workercount", 1)), len(visible_gpus())
+        _, warning = assign_worker_gpu(str(workerinput.get("workerid", "")), workers)
         if warning:
             self.notes.append(warning)
+        if 0 < gpus < workers:
+            self.sampler_obstacle = (
+                f"{workers} xdist workers share {gpus} GPU(s), and a GPU's PM sampler serves one process at a time"
+            )
 
     def timeline_source(self) -> TimelineSource:
         """The source of this process's GPU timelines, chosen when a test first needs one (the sampler is tried
@@ -294,8 +302,9 @@ class SyncguardSession:
         if self._timeline_source is None:
             from .probes.sampler import SAMPLER
 
+            obstacle = self.sampler_obstacle
             try:
-                self._timeline_source = choose(self.timeline_request, SAMPLER.unavailable)
+                self._timeline_source = choose(self.timeline_request, lambda: obstacle or SAMPLER.unavailable())
             except SamplerUnavailable as exc:
                 raise pytest.UsageError(str(exc)) from None
         return self._timeline_source

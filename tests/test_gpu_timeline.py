@@ -94,8 +94,9 @@ def test_graph_without_host_read(syncguard, step):
 def test_host_read_gap_fails_with_its_line_and_the_graph_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_loops=LOOPS)
     artifacts = pytester.path / "artifacts"
+    # The trace's own causes (launch records, the kept trace file): the sampled default has neither.
     result = pytester.runpytest_subprocess(
-        "--syncguard", f"--syncguard-artifacts={artifacts}", "--syncguard-gap-ops", "-v"
+        "--syncguard", "--syncguard-timeline=trace", f"--syncguard-artifacts={artifacts}", "--syncguard-gap-ops", "-v"
     )
     print(result.stdout.str())
     result.assert_outcomes(passed=1, failed=2)

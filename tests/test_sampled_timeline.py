@@ -358,3 +358,34 @@ def test_samples_are_held_as_one_object_each_to_the_garbage_collector() -> None:
             assert not any(isinstance(x, int | float | tuple) for x in gc.get_referents(part))
     assert list(built.picked([0, 2]).column(ACTIVE_CYCLES)) == [500.0, 1000.0]
     assert list(built.picked([0, 2]).end_ns) == [1000, 3000] and built.picked([0, 2]).completed == 2
+
+
+WORKER_SOURCE = """
+import os
+from pathlib import Path
+
+
+def pytest_sessionfinish(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        source = session.config.pluginmanager.get_plugin("syncguard-session").timeline_source()
+        Path(f"source-{worker}.txt").write_text(f"{source.name}: {source.why}")
+"""
+
+
+def test_xdist_workers_that_share_a_gpu_take_the_trace_and_say_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU's PM sampler serves one process at a time: workers sharing a GPU cannot all sample it, so their
+    timelines come from the trace, with the reason (never a region that fails because another worker sampled)."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest(WORKER_SOURCE)
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    result = pytester.runpytest_subprocess("-n", "2", "--syncguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    for worker in ("gw0", "gw1"):
+        assert (pytester.path / f"source-{worker}.txt").read_text() == (
+            "trace: the trace stands in: the PM sampler cannot run here: 2 xdist workers share 1 GPU(s), and a "
+            "GPU's PM sampler serves one process at a time; docs/howto/ci-gpu-runner.md says what a runner needs"
+        )
