@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .codec import encode
 from .comment import GH_TIMEOUT_S
-from .files import write_atomically
+from .files import MAX_UNPACKED_BYTES, write_atomically
 
 if TYPE_CHECKING:
     from .ab import ABReport
@@ -28,7 +28,7 @@ def _timeline_file(args: argparse.Namespace) -> int:
     from .report.terminal import gap_lines
 
     try:
-        meta, regions = load(Path(args.file))
+        meta, regions = load(Path(args.file), args.max_unpacked_mb << 20, "--max-unpacked-mb")
     except TimelineFileError as exc:
         print(f"syncguard trace: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +65,7 @@ def _trace(args: argparse.Namespace) -> int:
     if is_timeline_file(Path(args.file)):
         return _timeline_file(args)
     try:
-        trace = trace_file.load(args.file)
+        trace = trace_file.load(args.file, args.max_unpacked_mb << 20, "--max-unpacked-mb")
     except trace_file.TraceError as exc:
         print(f"syncguard trace: {exc}", file=sys.stderr)
         return 2
@@ -389,6 +389,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _megabytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of megabytes > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``syncguard`` command's parser: every subcommand and option (docs/reference/cli.md is made from it)."""
     parser = argparse.ArgumentParser(prog="syncguard", description=__doc__)
@@ -463,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--json", action="store_true", help="print the analysis as JSON")
     trace.add_argument("--warmup-steps", type=int, default=0, help="leave out the first N steps (default 0)")
     trace.add_argument("--top", type=int, default=10, help="how many of the largest gaps to attribute")
+    trace.add_argument("--max-unpacked-mb", type=_megabytes, default=MAX_UNPACKED_BYTES >> 20, metavar="MB",
+                       help=f"refuse a file that unpacks to more (default {MAX_UNPACKED_BYTES >> 20})")  # fmt: skip
     trace.set_defaults(run=_trace)
 
     baselines = commands.add_parser(

@@ -67,3 +67,29 @@ def file_problem(path: Path) -> str | None:
     if path.is_dir():
         return f"{path} is a folder"
     return _writable_folder(path.parent)
+
+
+#: The most bytes a file is unpacked to by default (1 GiB): a trace of a 100-step GPT-2 decode is about 60 MB, and
+#: a 2 MB gzip can unpack to 2 GiB.
+MAX_UNPACKED_BYTES = 1 << 30
+
+
+class TooLarge(Exception):
+    """A file that unpacks to more than the limit; the message names the file, the limit and how to raise it."""
+
+
+def read_unpacked(path: Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> bytes:
+    """The bytes of ``path``, gunzipped when it is gzip, never more than ``limit`` of them: a file that unpacks to
+    more raises :class:`TooLarge` naming ``raise_with`` (how to raise the limit) before it is held in memory."""
+    import gzip
+
+    with path.open("rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gzipped else open
+    with opener(path, "rb") as source:
+        data = source.read(limit + 1)
+    if len(data) > limit:
+        how = f" ({raise_with} raises the limit)" if raise_with else ""
+        what = "unpacks to" if gzipped else "holds"
+        raise TooLarge(f"{path}: {what} more than {limit >> 20} MB{how}")
+    return data

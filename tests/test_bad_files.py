@@ -87,17 +87,76 @@ TRACE_EVENTS = [
 ]
 
 
-def test_a_trace_with_duplicate_and_absurd_events_gives_finite_json(
+def test_a_trace_with_duplicate_and_absurd_events_gives_finite_json_or_names_the_event(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "odd.json"
     path.write_text(json.dumps({"traceEvents": TRACE_EVENTS}))
+    # An event whose times are past what a timeline can hold is an error naming the file and the event.
+    assert main(["trace", str(path), "--json"]) == 2
+    assert f"syncguard trace: {path}: event 2 ('kernel' 'far'): ts 1e+300 and dur 1.0 must be finite" in (
+        capsys.readouterr().err
+    )
+    path.write_text(json.dumps({"traceEvents": TRACE_EVENTS[:2] + TRACE_EVENTS[4:]}))
     assert main(["trace", str(path), "--json"]) == 0
     timeline = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))[
         "timeline"
     ]
-    # The absurd events are skipped; the two identical kernels merge into one busy microsecond.
+    # The two identical kernels merge into one busy microsecond.
     assert (timeline["busy_fraction"], timeline["max_gap_us"]) == (pytest.approx(3 / 12), 9.0)
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        ({"tid": [1, 2]}, "tid must be a number or a name, got [1, 2]"),
+        ({"ts": "soon"}, "ts 'soon' and dur 1.0 must be finite numbers"),
+        ({"dur": -1.0}, "ts 0.0 and dur -1.0 must be finite numbers, dur not negative"),
+        ({"args": [1]}, "args must be an object, got list"),
+    ],
+)
+def test_a_malformed_event_is_an_error_naming_the_file_and_the_event(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], event: dict[str, object], why: str
+) -> None:
+    bad = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0.0, "dur": 1.0, "tid": 1, **event}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": [TRACE_EVENTS[0], bad]}))
+    assert main(["trace", str(path)]) == 2
+    assert f"syncguard trace: {path}: event 1 ('cuda_runtime' 'cudaLaunchKernel'): {why}" in capsys.readouterr().err
+
+
+def test_a_gzip_that_unpacks_past_the_limit_is_refused_before_it_is_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2 MB gzip can unpack to 2 GiB: it is read no further than the limit, which the error names with the
+    option that raises it. A timeline file is bounded the same way."""
+    path = tmp_path / "bomb.json.gz"
+    with gzip.open(path, "wb") as sink:
+        sink.write(b'{"traceEvents": [' + b" " * (3 << 20) + b"]}")
+    assert path.stat().st_size < 64 << 10
+    assert main(["trace", str(path), "--max-unpacked-mb", "2"]) == 2
+    assert f"syncguard trace: {path}: unpacks to more than 2 MB (--max-unpacked-mb raises the limit)" in (
+        capsys.readouterr().err
+    )
+    assert main(["trace", str(path), "--max-unpacked-mb", "4"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["trace", str(path), "--max-unpacked-mb", "0"])
+    assert exit_.value.code == 2
+    assert "expected a whole number of megabytes > 0, got '0'" in capsys.readouterr().err
+
+
+def test_a_timeline_file_with_a_number_past_a_float_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_syncguard.report.perfetto import KEY, SCHEMA, SCHEMA_VERSION
+
+    meta = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "origin_us": 0, "nodeid": "t", "source": "trace"}
+    path = tmp_path / "t.timeline.json"
+    path.write_text(json.dumps({KEY: {**meta, "regions": [{"region": 1}]}, "traceEvents": []}).replace(
+        '"region": 1', '"region": 1e400'))  # fmt: skip
+    assert main(["trace", str(path)]) == 2
+    assert f"syncguard trace: {path}: not a readable syncguard timeline (OverflowError(" in capsys.readouterr().err
 
 
 def test_a_gzip_with_corrupt_data_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -184,7 +184,6 @@ def test_trace_of_another_tool_version_still_reads(tmp_path: Path) -> None:
         {"ph": "X", "cat": "Kernel", "name": "k", "ts": 0, "dur": 5},  # unknown category: ignored
         {"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": "stream 7", "ts": 0, "dur": 5},
         {"ph": "X", "cat": "kernel", "name": "b", "pid": 0, "tid": "stream 7", "ts": 9, "dur": 1, "args": None},
-        {"ph": "X", "cat": "kernel", "name": "bad", "ts": "soon", "dur": 1},  # malformed time: skipped
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 3},
         "not an event",
     ]

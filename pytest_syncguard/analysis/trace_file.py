@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..files import MAX_UNPACKED_BYTES, TooLarge, read_unpacked
+
 try:
     import orjson
 
@@ -131,12 +133,18 @@ def _number(value: Any) -> float | None:
     return None
 
 
+def _malformed(index: int, event: dict[str, Any], why: str) -> TraceError:
+    name = str(event.get("name", ""))[:80]
+    return TraceError(f"event {index} ({event.get('cat')!r} {name!r}): {why}")
+
+
 def from_events(events: Iterable[Any]) -> Trace:
-    """Sort the trace events into the kinds the analysis uses; malformed entries are skipped."""
+    """Sort the trace events into the kinds the analysis uses (complete events of those categories); one of them
+    that is malformed is a :class:`TraceError` naming it by its index. Other entries are not read."""
     trace = Trace()
     gpu, host, ranges = trace.gpu_ops, trace.host_calls, trace.ranges
     count = 0
-    for event in events:
+    for index, event in enumerate(events):
         count += 1
         if type(event) is not dict or event.get("ph") != "X":
             continue
@@ -151,10 +159,11 @@ def from_events(events: Iterable[Any]) -> Trace:
             continue
         start, duration = _number(event.get("ts")), _number(event.get("dur"))
         if start is None or duration is None or duration < 0:
-            continue
-        args = event.get("args")
+            why = f"ts {event.get('ts')!r} and dur {event.get('dur')!r} must be finite numbers, dur not negative"
+            raise _malformed(index, event, why)
+        args = event.get("args") or {}
         if type(args) is not dict:
-            args = {}
+            raise _malformed(index, event, f"args must be an object, got {type(args).__name__}")
         name = str(event.get("name", ""))
         if kind == 0:
             stream = args.get("stream", event.get("tid", 0))
@@ -165,7 +174,10 @@ def from_events(events: Iterable[Any]) -> Trace:
                              size if type(size) is int and size >= 0 else 0))  # fmt: skip
             continue
         tid = event.get("tid", 0)
-        tid = tid if type(tid) is int else hash(tid)
+        if type(tid) is str:  # some tools name their threads
+            tid = hash(tid)
+        elif type(tid) is not int:
+            raise _malformed(index, event, f"tid must be a number or a name, got {tid!r}")
         if kind == 1:
             correlation = args.get("correlation")
             host.append(HostCall(start, start + duration, name, tid, correlation if type(correlation) is int else None))
@@ -177,14 +189,15 @@ def from_events(events: Iterable[Any]) -> Trace:
     return trace
 
 
-def load(path: str | Path) -> Trace:
-    """Read a trace file (``.json`` or ``.json.gz``); a :class:`TraceError` names the file on bad input."""
+def load(path: str | Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> Trace:
+    """Read a trace file (``.json`` or ``.json.gz``, unpacked to at most ``limit`` bytes; ``raise_with`` says how
+    to raise it); a :class:`TraceError` names the file on bad input, and the event where one is malformed."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
+        raw = read_unpacked(path, limit, raise_with)
+    except TooLarge as exc:
+        raise TraceError(str(exc)) from None
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc}") from None
     with paused_gc():
         try:
@@ -194,4 +207,7 @@ def load(path: str | Path) -> Trace:
         events = data.get("traceEvents") if isinstance(data, dict) else data
         if not isinstance(events, list):
             raise TraceError(f"{path}: no 'traceEvents' list: not a Chrome/PyTorch profiler trace")
-        return from_events(events)
+        try:
+            return from_events(events)
+        except TraceError as exc:
+            raise TraceError(f"{path}: {exc}") from None

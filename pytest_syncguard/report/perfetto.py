@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.gaps import AttributedGap, BusyRun, StepSpan, SyncMark, Timeline
+from ..files import MAX_UNPACKED_BYTES, TooLarge, read_unpacked
 
 KEY = "syncguardTimeline"
 SCHEMA = "pytest-syncguard/timeline"
@@ -150,9 +151,11 @@ def write(path: Path, nodeid: str, source: str, regions: Sequence[Region]) -> Pa
     return path
 
 
-def _text(path: Path) -> str:
-    raw = path.read_bytes()
-    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
+def _text(path: Path, limit: int, raise_with: str) -> str:
+    try:
+        return read_unpacked(path, limit, raise_with).decode("utf-8")
+    except TooLarge as exc:
+        raise TimelineFileError(str(exc)) from None
 
 
 def is_timeline_file(path: Path) -> bool:
@@ -167,11 +170,12 @@ def is_timeline_file(path: Path) -> bool:
         return False
 
 
-def load(path: Path) -> tuple[dict[str, Any], list[Region]]:
+def load(path: Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> tuple[dict[str, Any], list[Region]]:
     """The file's description and its timelines, rebuilt from its events: busy from the counter, the gaps from
-    the gap slices, the steps and syncs from theirs."""
+    the gap slices, the steps and syncs from theirs (unpacked to at most ``limit`` bytes; ``raise_with`` says how
+    to raise it). Anything malformed is a :class:`TimelineFileError` naming the file."""
     try:
-        data = json.loads(_text(path))
+        data = json.loads(_text(path, limit, raise_with))
         meta = data[KEY]
         if meta.get("schema") != SCHEMA or meta.get("schema_version") != SCHEMA_VERSION:
             found = f"{meta.get('schema')!r} version {meta.get('schema_version')!r}"
@@ -181,7 +185,8 @@ def load(path: Path) -> tuple[dict[str, Any], list[Region]]:
             by_pid.setdefault(int(event["pid"]), []).append(event)
         origin = float(meta["origin_us"])
         regions = [_region(entry, by_pid.get(int(entry["region"]), []), origin) for entry in meta["regions"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
+            OverflowError) as exc:  # fmt: skip
         if isinstance(exc, TimelineFileError):
             raise
         raise TimelineFileError(f"{path}: not a readable syncguard timeline ({exc!r})") from exc
