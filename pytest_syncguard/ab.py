@@ -178,9 +178,18 @@ def read_report(path: Path) -> ABReport:
     """The report of an A/B JSON file; ValueError naming what is wrong on anything else (it may be untrusted)."""
     data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard A/B report")
     try:
-        return decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
+        report = decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
     except CodecError as exc:
         raise ValueError(f"A/B report is malformed: {exc}") from exc
+    problems = [
+        f"rounds {report.rounds}: not a number of rounds (0 or more)" if report.rounds < 0 else "",
+        f"confidence {report.confidence}: not a probability between 0 and 1" if not 0 < report.confidence < 1 else "",
+        f"min_effect {report.min_effect}: not a fraction > 0" if report.min_effect is not None
+        and not 0 < report.min_effect < 1e6 else "",
+    ]  # fmt: skip
+    if any(problems):
+        raise ValueError(f"A/B report is malformed: {'; '.join(p for p in problems if p)}")
+    return report
 
 
 # -- comparing the two sides --------------------------------------------------------------------------------------

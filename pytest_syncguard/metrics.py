@@ -13,6 +13,7 @@ says the runner is the baseline's host.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -183,6 +184,22 @@ def timing_order(name: str) -> tuple[int, str]:
     """How timings are listed: device time first, other device-side metrics next, host timings last."""
     spec = metric(name)
     return (0 if name == DEVICE_TIME else 2 if spec is not None and spec.host else 1, name)
+
+
+#: The largest value any metric can have: past it (a 309-digit number) a file holds no measurement.
+LARGEST_VALUE = 1e15
+
+
+def value_problem(name: str, value: float) -> str | None:
+    """Why ``value`` cannot be a measured value of metric ``name`` (None: it can): every metric (counts, times,
+    fractions, sizes) is a finite number from 0 to :data:`LARGEST_VALUE`."""
+    if not math.isfinite(value):
+        return f"{name} = {value!r}: not a finite number"
+    if value < 0:
+        return f"{name} = {value!r}: a measurement cannot be negative"
+    if value > LARGEST_VALUE:
+        return f"{name} = {value!r}: past any measurement (over {LARGEST_VALUE:.0e})"
+    return None
 
 
 def rounded(value: float) -> float:

@@ -14,6 +14,7 @@ from typing import Any
 from . import __version__, upgrades
 from .codec import CodecError, decode, encode, read_document
 from .files import write_atomically
+from .metrics import value_problem
 from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/results"
@@ -31,10 +32,16 @@ def record(result: MeasuredTest) -> dict[str, Any]:
 
 
 def from_record(data: object, version: int = SCHEMA_VERSION, where: str = "test") -> MeasuredTest:
-    """The test that a record of ``version`` holds; :class:`.codec.CodecError` names what is wrong."""
+    """The test that a record of ``version`` holds; :class:`.codec.CodecError` names what is wrong, a metric value
+    no measurement can have (negative, past any measurement) included."""
     if version == 1 and isinstance(data, Mapping):
         data = upgrades.results_v1(data)
-    return decode(MeasuredTest, data, where)
+    result = decode(MeasuredTest, data, where)
+    for name, value in result.metrics.values.items():
+        problem = value_problem(name, value)
+        if problem is not None:
+            raise CodecError(f"{where}.metrics: {problem}")
+    return result
 
 
 def document(results: Iterable[MeasuredTest]) -> dict[str, Any]:
@@ -63,6 +70,12 @@ def read(path: Path) -> list[MeasuredTest]:
         tests = data.get("tests")
         if not isinstance(tests, list):
             raise CodecError("'tests' must be a list")
-        return [from_record(t, version, f"tests[{i}]") for i, t in enumerate(tests)]
+        results = [from_record(t, version, f"tests[{i}]") for i, t in enumerate(tests)]
+        seen: set[str] = set()
+        for i, result in enumerate(results):
+            if result.nodeid in seen:
+                raise CodecError(f"tests[{i}]: test {result.nodeid!r} is in the file twice")
+            seen.add(result.nodeid)
+        return results
     except CodecError as exc:
         raise ResultsError(f"{path}: {exc}") from exc

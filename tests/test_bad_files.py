@@ -165,3 +165,91 @@ def test_a_gzip_with_corrupt_data_names_the_file(tmp_path: Path, capsys: pytest.
     path.write_bytes(good[:10] + bytes(b ^ 0x55 for b in good[10:40]) + good[40:])
     assert main(["trace", str(path)]) == 2
     assert f"syncguard trace: {path}: cannot read the trace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("abc", "property syncguard.syncs = 'abc': not a number"),
+        ("NaN", "property syncguard.syncs: syncs = nan: not a finite number"),
+        ("1e309", "property syncguard.syncs: syncs = inf: not a finite number"),
+        ("-3", "property syncguard.syncs: syncs = -3.0: a measurement cannot be negative"),
+        ("1e308", "property syncguard.syncs: syncs = 1e+308: past any measurement (over 1e+15)"),
+    ],
+)
+def test_a_junit_metric_no_measurement_can_have_is_an_error_not_unchanged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, why: str
+) -> None:
+    """Dropped, it read as "unchanged" and --fail-on-regression passed; a results file with it is refused too."""
+    junit = tmp_path / "run.xml"
+    junit.write_text(
+        JUNIT.format(properties="").replace(
+            'name="syncguard.syncs" value="3"', f'name="syncguard.syncs" value="{value}"'
+        )
+    )
+    assert main(["report", str(junit), "--fail-on-regression", "--json", str(tmp_path / "r.json")]) == 2
+    assert f"{junit}: t.py::test_a: {why}" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_junit_tolerance_that_is_not_a_fraction_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was written into report --json as a bare NaN (invalid JSON)."""
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT.format(properties='<property name="syncguard.tolerance" value="NaN"/>'))
+    assert main(["report", str(junit), "--json", str(tmp_path / "r.json")]) == 2
+    assert "property syncguard.tolerance = 'NaN': not a finite fraction >= 0" in capsys.readouterr().err
+
+
+def _results_file(path: Path, tests: list[dict[str, object]]) -> Path:
+    from pytest_syncguard.results_file import SCHEMA, SCHEMA_VERSION
+
+    path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
+    return path
+
+
+def _record(nodeid: str, syncs: float) -> dict[str, object]:
+    return {"nodeid": nodeid, "device": "cpu", "tokens": 2, "regions": 1, "allowed_syncs": 0, "by_kind": {},
+            "invisible_kinds": [], "metrics": {"values": {"syncs": syncs}, "runs": {"syncs": 1}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tests", "why"),
+    [
+        ([_record("t.py::a", -4)], "tests[0].metrics: syncs = -4.0: a measurement cannot be negative"),
+        ([_record("t.py::a", 1e308)], "tests[0].metrics: syncs = 1e+308: past any measurement"),
+        ([_record("t.py::a", 3), _record("t.py::a", 4)], "tests[1]: test 't.py::a' is in the file twice"),
+    ],
+)
+def test_a_results_file_with_values_no_run_can_have_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tests: list[dict[str, object]], why: str
+) -> None:
+    """A negative count read as an improvement, +-1e308 as a 309-digit number and -inf%, a test twice: the second
+    silently won."""
+    path = _results_file(tmp_path / "results.json", tests)
+    assert main(["report", str(path)]) == 2
+    assert f"{path}: {why}" in capsys.readouterr().err
+    _results_file(path, [_record("t.py::a", 3)])
+    assert main(["report", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"rounds": -5}, "rounds -5: not a number of rounds (0 or more)"),
+        ({"confidence": 7.0}, "confidence 7.0: not a probability between 0 and 1"),
+        ({"min_effect": -0.1}, "min_effect -0.1: not a fraction > 0"),
+    ],
+)
+def test_an_ab_report_with_impossible_settings_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, object], why: str
+) -> None:
+    """A report with confidence=7 printed "700% intervals"."""
+    source = Path(__file__).parent / "data" / "h100_device_time" / "ab-unchanged-fa20e4f6.json"
+    data = json.loads(source.read_text())
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps({**data, **change}))
+    results = _results_file(tmp_path / "results.json", [_record("t.py::a", 3)])
+    assert main(["report", str(results), "--ab", str(path)]) == 2
+    assert f"A/B report is malformed: {why}" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from .. import upgrades
 from ..analysis.explain import Details
 from ..codec import CodecError, decode
 from ..environment import is_slug, unnamed_slug
-from ..metrics import Metrics, metric
+from ..metrics import Metrics, metric, value_problem
 from .cases import RunCase
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ class JUnitError(ValueError):
 
 
 def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
-    """``<prefix><metric>`` properties of metrics this version knows, with a finite number as value."""
+    """``<prefix><metric>`` properties of metrics this version knows; a value that no measurement can have (not a
+    number, not finite, negative, past any measurement) is a ValueError naming the property, as a results file's
+    is: never dropped, which would read as "unchanged"."""
     values = {}
     for key, raw in properties.items():
         name = key[len(prefix) :] if key.startswith(prefix) else None
@@ -68,9 +70,11 @@ def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
             try:
                 value = float(raw)
             except ValueError:
-                continue
-            if math.isfinite(value):
-                values[name] = value
+                raise ValueError(f"property {PREFIX}{key} = {raw!r}: not a number") from None
+            problem = value_problem(name, value)
+            if problem is not None:
+                raise ValueError(f"property {PREFIX}{key}: {problem}")
+            values[name] = value
     return values
 
 
@@ -97,10 +101,15 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:
     for name in metrics:
         raw = found.get(f"{Prop.RUNS}{name}", "1")
         runs[name] = int(raw) if raw.isascii() and raw.isdigit() else 1
-    try:
-        tolerance: float | None = float(found[Prop.TOLERANCE])
-    except (KeyError, ValueError):
-        tolerance = None
+    raw_tolerance = found.get(Prop.TOLERANCE)
+    tolerance: float | None = None
+    if raw_tolerance is not None:
+        try:
+            tolerance = float(raw_tolerance)
+        except ValueError:
+            tolerance = math.nan
+        if not 0 <= tolerance <= 1e6:  # NaN too
+            raise ValueError(f"property {PREFIX}{Prop.TOLERANCE} = {raw_tolerance!r}: not a finite fraction >= 0")
     fingerprint = {str(k): None if v is None else str(v) for k, v in _json_object(found.get(Prop.FINGERPRINT)).items()}
     drift = {
         str(k): [None if x is None else str(x) for x in v]
