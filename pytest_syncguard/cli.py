@@ -128,6 +128,24 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) -> str | None:
+    """Why one of a command's paths cannot be used, checked before any work: (option, value, kind) with kind
+    ``file`` (written), ``folder`` (written into) or ``checkout`` (an existing folder, read)."""
+    from .files import file_problem, folder_problem
+
+    for option, value, kind in outputs:
+        if not value:
+            continue
+        path = Path(value)
+        if kind == "checkout":
+            problem = None if path.is_dir() else f"{path} is not an existing folder"
+        else:
+            problem = file_problem(path) if kind == "file" else folder_problem(path)
+        if problem is not None:
+            return f"syncguard {command}: {option} {value}: {problem}"
+    return None
+
+
 def _ab(args: argparse.Namespace) -> int:
     from .ab import ABInterrupted, Plan, document, run, summary_lines
     from .ab_sides import ABError
@@ -135,6 +153,11 @@ def _ab(args: argparse.Namespace) -> int:
 
     if not args.pytest_args:
         print("syncguard ab: give the pytest arguments after --, e.g. -- tests/test_speed.py", file=sys.stderr)
+        return 2
+    paths = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--out", args.out, "folder"),
+             ("--base-dir", args.base_dir, "checkout")]  # fmt: skip
+    if (problem := _path_problem("ab", paths)) is not None:
+        print(problem, file=sys.stderr)
         return 2
     try:
         report = run(
@@ -177,6 +200,11 @@ def _report(args: argparse.Namespace) -> int:
     from .results_file import ResultsError
 
     paths = [Path(p) for p in args.files]
+    full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
+    outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--markdown", full, "file")]
+    if (problem := _path_problem("report", outputs)) is not None:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         ab = _ab_report(args.ab)
     except ValueError as exc:

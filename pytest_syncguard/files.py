@@ -46,12 +46,20 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def _writable_folder(folder: Path) -> str | None:
-    """Why files cannot be made in ``folder`` (or in the folders that would be made for it), if so."""
+    """Why files cannot be made in ``folder`` (or in the folders that would be made for it), if so: the nearest
+    existing folder is tried with a file made and removed (a permission check passes for root where the file
+    system refuses, as /proc does)."""
     existing = _existing_ancestor(folder)
     if not existing.is_dir():
         return f"{existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    try:
+        handle, name = tempfile.mkstemp(dir=existing, prefix=".syncguard-probe-")
+    except OSError as exc:
+        return f"no file can be made in {existing} ({exc.strerror or exc})"
+    os.close(handle)
+    os.unlink(name)
     return None
 
 

@@ -253,3 +253,43 @@ def test_an_ab_report_with_impossible_settings_is_an_error(
     results = _results_file(tmp_path / "results.json", [_record("t.py::a", 3)])
     assert main(["report", str(results), "--ab", str(path)]) == 2
     assert f"A/B report is malformed: {why}" in capsys.readouterr().err
+
+
+def test_report_checks_its_output_paths_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """They were checked after the work, with a traceback (IsADirectoryError, NotADirectoryError)."""
+    results = _results_file(tmp_path / "results.json", [_record("t.py::a", 3)])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (["--json", str(tmp_path)], f"syncguard report: --json {tmp_path}: {tmp_path} is a folder"),
+        (["--markdown", str(tmp_path)], f"syncguard report: --markdown {tmp_path}: {tmp_path} is a folder"),
+        (["--json", str(a_file / "r.json")], f"syncguard report: --json {a_file / 'r.json'}: {a_file} is not a folder"),
+        (
+            ["--markdown", "/proc/syncguard/r.md"],
+            "syncguard report: --markdown /proc/syncguard/r.md: no file can be made in /proc",
+        ),
+    ]
+    for options, message in cases:
+        assert main(["report", str(results), *options]) == 2, options
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+
+def test_ab_checks_its_paths_before_any_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ab --json DIR` ran every round, then failed with a traceback and no summary."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (["--json", str(tmp_path)], f"syncguard ab: --json {tmp_path}: {tmp_path} is a folder"),
+        (["--out", str(a_file)], f"syncguard ab: --out {a_file}: {a_file} exists and is not a folder"),
+        (
+            ["--base-dir", str(tmp_path / "missing")],
+            f"--base-dir {tmp_path / 'missing'}: {tmp_path / 'missing'} is not an existing folder",
+        ),
+        (["--base-dir", str(a_file)], f"--base-dir {a_file}: {a_file} is not an existing folder"),
+    ]
+    for options, message in cases:
+        where = [] if "--base-dir" in options else ["--base", "HEAD"]
+        assert main(["ab", *where, *options, "--", "tests/none.py"]) == 2, options
+        err = capsys.readouterr().err
+        assert message in err and "round" not in err and "Traceback" not in err, err
