@@ -296,21 +296,27 @@ def _git(directory: Path, *args: str) -> str:
     except subprocess.TimeoutExpired as exc:
         raise ABError(f"git {' '.join(args)} took over 300 s") from exc
     if done.returncode != 0:
-        raise ABError(f"git {' '.join(args)} in {directory} failed: {done.stderr.strip()[:500]}")
+        said = done.stderr.strip()[:500] or f"exit status {done.returncode}, no message"
+        raise ABError(f"git {' '.join(args)} in {directory} failed: {said}")
     return done.stdout.strip()
 
 
 @contextmanager
 def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
-    """A detached worktree of ``ref`` (a clean checkout of it), removed afterwards; yields (folder, commit)."""
-    commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    """A detached worktree of ``ref`` (a clean checkout of it), removed afterwards, also when making it failed or
+    was interrupted (git leaves such a worktree locked: it is removed with the lock); yields (folder, commit)."""
+    try:
+        commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    except ABError as exc:
+        raise ABError(f"--base {ref}: no such commit in {repository}") from exc
     parent = Path(tempfile.mkdtemp(prefix="syncguard-ab-"))
     folder = parent / "base"
-    _git(repository, "worktree", "add", "--detach", str(folder), commit)
     try:
+        _git(repository, "worktree", "add", "--detach", str(folder), commit)
         yield folder, commit
     finally:
-        subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(folder)],
+        # Twice --force: a worktree git left locked (an add cut short) is removed too.
+        subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", "--force", str(folder)],
                        capture_output=True, timeout=300, check=False)  # fmt: skip
         shutil.rmtree(parent, ignore_errors=True)
         # A worktree whose folder is gone but which git still lists (a remove cut short) is forgotten too.

@@ -533,7 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--warmup-steps and --top must be >= 0")
     if args.command == "baselines" and len(args.files) > 2:
         parser.error("baselines: give one file to show or two to compare")
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:  # before a command's own handling of it (ab's first half second): no traceback
+        print(f"syncguard {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

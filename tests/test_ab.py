@@ -443,3 +443,64 @@ def test_syncguard_baselines_old_new_judges_each_change_by_the_gates_one_compari
         "+ t::new",
         "6 differences (tests: 1 regression)",
     ]
+
+
+def _big_repo(repo: Path, files: int) -> None:
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    for i in range(files):
+        (repo / f"f{i:05d}.txt").write_text(f"{i}\n" * 200)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+
+
+def test_ctrl_c_during_the_base_checkout_leaves_no_worktree_locked_or_folder(tmp_path: Path) -> None:
+    """Ctrl-C while `git worktree add` checks out the base: git leaves a locked worktree with a partial checkout,
+    which `git worktree prune` keeps; it was left behind (exit 130, "the worktree is removed")."""
+    repo, temp = tmp_path / "repo", tmp_path / "tmp"
+    _big_repo(repo, 6000)
+    temp.mkdir()
+    environment = {**os.environ, "TMPDIR": str(temp), "SYNCGUARD_NATIVE": "0"}
+    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD", "--", "f00000.txt"]
+    ab = subprocess.Popen(command, cwd=repo, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any(temp.glob("syncguard-ab-*/base/f0*")):  # the checkout has begun
+            assert ab.poll() is None, ab.communicate()
+            assert time.monotonic() < deadline, "the checkout never began"
+            time.sleep(0.002)
+        os.killpg(ab.pid, signal.SIGINT)  # Ctrl-C: the whole group, git too
+        _, err = ab.communicate(timeout=120)
+    finally:
+        if ab.poll() is None:
+            os.killpg(ab.pid, signal.SIGKILL)
+            ab.wait()
+    assert ab.returncode == 130, err
+    assert "Traceback" not in err
+    assert _worktrees(repo) == [str(repo)]
+    assert list(temp.iterdir()) == []
+
+
+def test_a_base_that_is_no_commit_or_cannot_be_checked_out_is_named_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_syncguard.cli import main
+
+    repo, temp = tmp_path / "repo", tmp_path / "tmp"
+    _big_repo(repo, 1)
+    temp.mkdir()
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    assert main(["ab", "--base", "no-such-ref", "--", "x.py"]) == 2
+    assert f"syncguard ab: --base no-such-ref: no such commit in {repo}" in capsys.readouterr().err
+    # A worktree add that fails (git cannot make its worktree's record: .git/worktrees is a file): no empty
+    # temporary folder is left.
+    (repo / ".git" / "worktrees").write_text("")
+    assert main(["ab", "--base", "HEAD", "--", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert "git worktree add --detach" in err and "failed: " in err and not err.rstrip().endswith("failed:")
+    assert list(temp.iterdir()) == []
