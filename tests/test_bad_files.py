@@ -293,3 +293,21 @@ def test_ab_checks_its_paths_before_any_round(tmp_path: Path, capsys: pytest.Cap
         assert main(["ab", *where, *options, "--", "tests/none.py"]) == 2, options
         err = capsys.readouterr().err
         assert message in err and "round" not in err and "Traceback" not in err, err
+
+
+def test_a_report_from_junit_says_where_the_explanation_of_a_count_regression_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JUnit file carries no sync sites: the report said nothing of what moved, as if nothing could be known."""
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    record = {**_record("t.py::test_a", 1), "device_slug": "cpu"}
+    assert main(["baselines", str(baselines), "--record", str(_results_file(tmp_path / "r.json", [record]))]) == 0
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT.format(properties=""))  # syncs 3 against 1
+    markdown = tmp_path / "report.md"
+    assert main(["report", str(junit), "--baselines", str(baselines), "--markdown", str(markdown)]) == 0
+    text = markdown.read_text()
+    assert "syncs" in text and "regression" in text.lower()
+    assert "What changed in the counts of t\\.py\\:\\:test\\_a: not in a JUnit file" in text, text
+    assert "--syncguard-json" in text

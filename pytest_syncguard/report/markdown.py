@@ -183,6 +183,10 @@ def ab_lines(report: ABReport) -> list[str]:
     return lines
 
 
+def _count_regressed(verdict: CaseComparison) -> bool:
+    return any((spec := metric(c.metric)) is not None and spec.counted for c in verdict.comparison.of("regression"))
+
+
 def sections(run: RunComparison, ab: ABReport | None = None) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines)."""
     blocks: list[list[str]] = [[headline(run), ""]]
@@ -199,6 +203,15 @@ def sections(run: RunComparison, ab: ABReport | None = None) -> list[list[str]]:
                 lines.append(f"- {escape(v.case.nodeid)} on {escape(v.case.device_slug)}:")
                 lines.extend(f"  - {escape(line)}" for line in v.comparison.explanation.lines())
             blocks.append([*lines, ""])
+        unexplained = [v.case.nodeid for v in run.with_status("regression") if not v.comparison.explanation
+                       and v.case.details is None and _count_regressed(v)]  # fmt: skip
+        if unexplained:
+            blocks.append([
+                f"What changed in the counts of {', '.join(map(escape, unexplained))}: not in a JUnit file, which "
+                "carries no sync sites or counters' contributors; the run's results document (pytest --syncguard "
+                "--syncguard-json, read by syncguard report in its place) says which sites and operators moved.",
+                "",
+            ])  # fmt: skip
     failed = run.failed_tests
     if failed:
         lines = ["### Failed tests", "", "| test | device | verdict |", "|---|---|---|"]
