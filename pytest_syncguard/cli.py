@@ -429,7 +429,8 @@ def _megabytes(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``syncguard`` command's parser: every subcommand and option (docs/reference/cli.md is made from it)."""
-    parser = argparse.ArgumentParser(prog="syncguard", description=__doc__)
+    # The module docstring without its reStructuredText markup: --help is read in a terminal.
+    parser = argparse.ArgumentParser(prog="syncguard", description=(__doc__ or "").replace("``", ""))
     commands = parser.add_subparsers(dest="command", required=True)
 
     report = commands.add_parser("report", help="a run's results against baselines: Markdown and JSON verdicts")

@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="a budget that needs CUDA (GPU timeline, allocator) fails on a run without it, instead of being "
-        "reported as not measured",
+        "reported as not measured (a test none of whose budgets was measured is then skipped, with the reason)",
     )
     group.addoption(
         "--syncguard-baselines",
@@ -411,6 +411,20 @@ class SyncguardSession:
                 report.longrepr = text
             else:
                 report.sections.append(("syncguard", text))
+        elif report.passed and (unmeasured := [c for c in result.checks if c.held is None]):
+            # A budget that could not be measured did not pass: a test none of whose budgets was measured is
+            # skipped with the reason; one with some says which in its report.
+            reasons = "; ".join(c.text for c in unmeasured)
+            if len(unmeasured) == len(result.checks):
+                path, line, _ = item.location
+                report.outcome = "skipped"
+                report.longrepr = (
+                    path,
+                    (line or 0) + 1,
+                    f"syncguard: no budget measured on {result.device}: {reasons}",
+                )
+            else:
+                report.sections.append(("syncguard", f"not measured on {result.device}: {reasons}"))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -311,3 +311,15 @@ def test_a_report_from_junit_says_where_the_explanation_of_a_count_regression_is
     assert "syncs" in text and "regression" in text.lower()
     assert "What changed in the counts of t\\.py\\:\\:test\\_a: not in a JUnit file" in text, text
     assert "--syncguard-json" in text
+
+
+def test_help_texts_are_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """`syncguard --help` showed the module docstring's reStructuredText (``syncguard``)."""
+    for command in ([], ["report"], ["trace"], ["ab"], ["baselines"], ["comment"], ["device"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = capsys.readouterr().out
+        assert "``" not in shown and ":func:" not in shown, (command, shown)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "The syncguard command: report (a run's results" in capsys.readouterr().out

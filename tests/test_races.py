@@ -125,7 +125,7 @@ def test_unmarked(syncguard):
 """
     )
     result = pytester.runpytest("--syncguard", "-rA")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=1, skipped=1, errors=1)  # test_plain: its one budget not measured on CPU
     result.stdout.fnmatch_lines(["*test_with_a_limit: @pytest.mark.no_async_races(): too many positional arguments"])
     # On CPU the marked test says its check was not measured; the unmarked one gets no default check.
     result.stdout.fnmatch_lines(["*::test_plain *  no_async_races  *NOT MEASURED", "*::test_unmarked *  -  *MEASURED"])

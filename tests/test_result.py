@@ -211,11 +211,16 @@ def test_a_cuda_region_on_a_machine_without_cuda_is_not_measured(pytester: pytes
                     torch.ones(2).sum().item()
         """
     )
-    result = pytester.runpytest("--syncguard")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*test_loop*max_syncs<=0*NOT MEASURED"])
+    result = pytester.runpytest("--syncguard", "-rs")
+    result.assert_outcomes(skipped=1)  # its one budget could not be measured: not a pass
+    result.stdout.fnmatch_lines(
+        [
+            "*test_loop*max_syncs<=0*NOT MEASURED",
+            "SKIPPED*syncguard: no budget measured on cuda: max_syncs: not measured*",
+        ]
+    )
     assert not (pytester.path / "baselines").exists()  # its numbers were not compared, nor recorded
-    pytester.runpytest("--syncguard", "--syncguard-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest("--syncguard", "--syncguard-update-baselines").assert_outcomes(skipped=1)
     assert not (pytester.path / "baselines" / "cpu.json").exists()
     required = pytester.runpytest("--syncguard", "--syncguard-require-gpu")
     required.assert_outcomes(failed=1)
@@ -330,3 +335,29 @@ def test_the_cli_commands_run_without_torch(no_torch: dict[str, str], tmp_path: 
     posted = github.comment(env={**github.env(), "PYTHONPATH": no_torch["PYTHONPATH"]})
     assert posted.returncode == 0, posted.stderr
     assert "created comment" in posted.stdout
+
+
+def test_a_test_with_some_budgets_unmeasured_says_which_and_one_with_none_measured_is_skipped(
+    pytester: pytest.Pytester,
+) -> None:
+    """It was counted as passed, with NOT MEASURED only in the summary's row."""
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.max_syncs(10)
+        @pytest.mark.max_gpu_idle_us(50)
+        def test_some(syncguard):
+            with syncguard.generation(tokens=1):
+                torch.ones(2).sum().item()
+
+        @pytest.mark.max_gpu_idle_us(50)
+        def test_none(syncguard):
+            with syncguard.generation(tokens=1):
+                torch.ones(2).sum().item()
+        """
+    )
+    result = pytester.runpytest_subprocess("--syncguard", "-rA", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*- syncguard -*", "not measured on cpu: max_gpu_idle_us: not measured*"])
+    result.stdout.fnmatch_lines(["SKIPPED * syncguard: no budget measured on cpu: max_gpu_idle_us: not measured*"])
