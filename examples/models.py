@@ -3,6 +3,9 @@ downloaded)."""
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -44,3 +47,14 @@ def gpt2(device: torch.device | str = "cpu", seed: int = 0, *, tiny: bool = True
     """GPT-2 (random init from ``seed``) in eval mode on ``device``."""
     torch.manual_seed(seed)
     return GPT2LMHeadModel(gpt2_config(tiny=tiny)).to(device).eval()
+
+
+#: The keyword that hands a model's forward its KV cache: ``cache`` where transformers takes it (5.24 warns that
+#: ``past_key_values`` will be removed in 5.40), ``past_key_values`` in the releases before it (5.17 on the GPU
+#: hosts). One name for every model of an installed transformers, found once (a compiled step reads a constant).
+CACHE_KEYWORD = "cache" if "cache" in inspect.signature(GPT2LMHeadModel.forward).parameters else "past_key_values"
+
+
+def with_cache(kv_cache: Any) -> dict[str, Any]:
+    """A model forward's keyword argument for its KV cache (:data:`CACHE_KEYWORD`)."""
+    return {CACHE_KEYWORD: kv_cache}

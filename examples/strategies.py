@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, StaticCache
 
+from .models import with_cache
+
 Strategy = Callable[[Any, torch.Tensor, int, int], torch.Tensor]
 
 
@@ -66,7 +68,7 @@ def kv_cache(model: Any, prompt: torch.Tensor, max_new_tokens: int, eos: int) ->
     cache = DynamicCache(config=model.config)
     step_input = prompt
     for step in range(max_new_tokens):
-        logits = model(step_input, past_key_values=cache, use_cache=True).logits
+        logits = model(step_input, **with_cache(cache), use_cache=True).logits
         token = _emit(logits, finished, eos)
         out[:, length + step] = token
         step_input = token[:, None]
@@ -96,7 +98,7 @@ def _static_cache(model: Any, prompt: torch.Tensor, max_new_tokens: int) -> Stat
 
 def _prefill(model: Any, prompt: torch.Tensor, cache: StaticCache) -> torch.Tensor:
     positions = torch.arange(prompt.shape[1], device=prompt.device)
-    return model(prompt, past_key_values=cache, cache_position=positions, use_cache=True).logits
+    return model(prompt, **with_cache(cache), cache_position=positions, use_cache=True).logits
 
 
 @torch.inference_mode()
@@ -112,7 +114,7 @@ def static_cache(model: Any, prompt: torch.Tensor, max_new_tokens: int, eos: int
         if bool(finished.all()) or step + 1 == max_new_tokens:  # host read
             break
         position = positions[step : step + 1]
-        logits = model(token[:, None], past_key_values=cache, cache_position=position, use_cache=True).logits
+        logits = model(token[:, None], **with_cache(cache), cache_position=position, use_cache=True).logits
     return out
 
 
@@ -124,7 +126,7 @@ def _compiled_step(model: Any, device: torch.device) -> Callable[..., torch.Tens
     if key not in _COMPILED:
 
         def step(token: torch.Tensor, cache: StaticCache, position: torch.Tensor) -> torch.Tensor:
-            return model(token, past_key_values=cache, cache_position=position, use_cache=True).logits
+            return model(token, **with_cache(cache), cache_position=position, use_cache=True).logits
 
         if device.type == "cuda":
             _COMPILED[key] = torch.compile(step, mode="reduce-overhead", fullgraph=True)
@@ -214,7 +216,7 @@ def stream_pingpong(model: Any, prompt: torch.Tensor, max_new_tokens: int, eos: 
         if flag.done() or step + 1 == max_new_tokens:
             break
         position = positions[step : step + 1]
-        logits = model(token[:, None], past_key_values=cache, cache_position=position, use_cache=True).logits
+        logits = model(token[:, None], **with_cache(cache), cache_position=position, use_cache=True).logits
     return out
 
 
@@ -249,7 +251,7 @@ class _GraphedStep:
             target.copy_(value)
 
     def _step(self) -> None:
-        logits = self.model(self.token, past_key_values=self.cache, cache_position=self.position, use_cache=True).logits
+        logits = self.model(self.token, **with_cache(self.cache), cache_position=self.position, use_cache=True).logits
         token = _emit(logits, self.finished, self.eos)
         self.out.index_copy_(1, self.column, token[:, None])
         self.token.copy_(token[:, None])

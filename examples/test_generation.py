@@ -11,6 +11,8 @@ from transformers import DynamicCache, LlamaForCausalLM
 
 from pytest_syncguard import SyncGuard
 
+from .models import with_cache
+
 NEW_TOKENS = 64
 EOS = 2
 
@@ -30,7 +32,7 @@ def greedy(model: LlamaForCausalLM, prompt: torch.Tensor, steps: int, *, stop_ch
     step_input = prompt
     finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(steps):
-        logits = model(step_input, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(step_input, **with_cache(cache), use_cache=True).logits[:, -1]
         next_token = logits.argmax(-1, keepdim=True)
         finished |= next_token.squeeze(-1) == EOS
         tokens = torch.cat([tokens, next_token], dim=-1)
