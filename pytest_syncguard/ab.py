@@ -127,7 +127,8 @@ class HeadAgainstBase:
     @property
     def settled(self) -> bool:
         """More rounds could not change its verdict (:func:`.analysis.ab_stats.settled`)."""
-        return settled([c.status for c in self.counts] + [v.verdict for v in self.timings.values()])
+        return settled([c.status for c in self.counts] +
+                       [v.verdict if v.spread is None else "unresolvable" for v in self.timings.values()])  # fmt: skip
 
     @property
     def verdict(self) -> str:
@@ -201,9 +202,11 @@ def compare_sides(
     *,
     min_effect: float | None,
     confidence: float,
+    max_rounds: int | None = None,
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
-    metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`)."""
+    metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
+    whether ``max_rounds`` rounds could settle it."""
     seen_base = set().union(*base) if base else set()
     seen_head = set().union(*head) if head else set()
     only_in = {
@@ -218,7 +221,8 @@ def compare_sides(
         if not rounds:  # measured on each side, never in the same round
             continue
         paired = [(x, y) for _, x, y in rounds]
-        tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds]))
+        tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
+                                        max_rounds))  # fmt: skip
     return tests, only_in
 
 
@@ -237,6 +241,7 @@ def _head_against_base(
     min_effect: float | None,
     confidence: float,
     numbers: Sequence[int] | None = None,
+    max_rounds: int | None = None,
 ) -> HeadAgainstBase:
     """One test over its paired rounds (numbered ``numbers``, default 1, 2, ...): each metric over the rounds that
     measured it on both sides, and why a metric was not, or not in every round."""
@@ -264,7 +269,7 @@ def _head_against_base(
                 counts.append(CountChange(name, was, now, count_status(name, was, now)))
         else:
             pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
-            timings[name] = judge(pairs, higher_is_better=spec.higher_is_better,
+            timings[name] = judge(pairs, higher_is_better=spec.higher_is_better, max_rounds=max_rounds,
                                   min_effect=min_effect_of(name, min_effect), confidence=confidence)  # fmt: skip
     moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
     explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
@@ -427,7 +432,7 @@ def run_rounds(
                 label = None
             if index >= plan.min_rounds:
                 tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
-                                         confidence=plan.confidence)  # fmt: skip
+                                         confidence=plan.confidence, max_rounds=plan.rounds)  # fmt: skip
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
                 done.extend(newly)
                 if newly:
@@ -484,7 +489,8 @@ def run(
             base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
                                                        started=started)  # fmt: skip
             elapsed = time.monotonic() - started
-    tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence)
+    tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
+                                   max_rounds=plan.rounds)  # fmt: skip
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
@@ -508,7 +514,7 @@ def summary_lines(report: ABReport) -> list[str]:
             lines.append(f"    {c.metric}: {_number(c.base)} -> {_number(c.head)} ({c.status})")
         lines.extend(f"    {line}" for line in test.explanation.lines())
         for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0])):
-            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v)}")
+            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v, name)}")
         lines.extend(f"    {name}: {why}" for name, why in sorted(test.unmeasured.items()))
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
@@ -527,11 +533,20 @@ def rounds_text(report: ABReport) -> str:
     return f"{report.rounds} rounds interleaved ({report.stopped or 'as asked'}{took}; {processes})"
 
 
-def verdict_note(v: RatioVerdict) -> str:
-    """Why a timing has no interval, or, of an inconclusive one, what its rounds could resolve:
-    `` (3 rounds cannot ...)``, `` (6 rounds, resolves ±4.1%; minimum effect 3%)``."""
+def verdict_note(v: RatioVerdict, name: str = "") -> str:
+    """Why a timing (metric ``name``) has no interval, or, of an inconclusive one, what its rounds could resolve:
+    `` (3 rounds cannot ...)``, `` (6 rounds, resolves ±4.1%; minimum effect 3%)``, or that more rounds could not
+    settle it: `` (6 rounds; host time not resolvable on this runner: ±9.8% after the most rounds, ...)``."""
     if v.reason:
         return f" ({v.reason})"
+    if v.spread is not None:
+        spec = metric(name)
+        what = "host time" if spec is not None and spec.host else name or "it"
+        effect = f"the minimum effect {v.min_effect:.0%}" if v.min_effect is not None else "the minimum effect"
+        return (
+            f" ({v.rounds} rounds; {what} not resolvable on this runner: ±{v.spread:.1%} after the most rounds, "
+            f"wider than {effect})"
+        )
     if v.verdict != INCONCLUSIVE or v.resolvable is None:
         return f" ({v.rounds} rounds)"
     effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""

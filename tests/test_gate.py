@@ -334,3 +334,28 @@ def test_a_metric_a_round_did_not_measure_is_judged_over_the_others_and_the_repo
     assert read_report(path).tests[0].unmeasured == test.unmeasured
     markdown = "\n".join(ab_lines(report))
     assert "| launches | | | measured on the head only |" in markdown
+
+
+def test_a_timing_more_rounds_cannot_settle_stops_and_says_what_the_host_resolves() -> None:
+    """`syncguard ab` on unchanged code spent 11 rounds and its whole budget on an eager test whose wall time
+    resolved only +-12.5% on the host, while its device time settled after 6: such a metric stops, and says so."""
+    from pytest_syncguard.ab import HeadAgainstBase, verdict_note
+    from pytest_syncguard.analysis.ab_stats import INCONCLUSIVE, judge, rounds_needed
+
+    noisy = [(1.0, r) for r in (0.88, 1.13, 0.95, 1.10, 0.90, 1.07, 0.93, 1.12)]  # +-12%, no shift
+    quiet = [(1.0, r) for r in (1.004, 0.998, 1.001, 0.999, 1.002, 1.000, 0.997, 1.003)]
+    early = judge(noisy[: rounds_needed(0.95)], higher_is_better=False, min_effect=0.03, confidence=0.95, max_rounds=12)
+    assert early.verdict == INCONCLUSIVE and early.spread is None  # too few rounds to tell how wide it stays
+    wall = judge(noisy, higher_is_better=False, min_effect=0.03, confidence=0.95, max_rounds=12)
+    assert wall.verdict == INCONCLUSIVE and wall.spread is not None and wall.spread > 0.03
+    assert judge(noisy, higher_is_better=False, min_effect=0.03, confidence=0.95, max_rounds=400).spread is None
+    device = judge(quiet, higher_is_better=False, min_effect=0.01, confidence=0.95, max_rounds=12)
+    assert device.verdict == "unchanged" and device.spread is None
+    test = HeadAgainstBase("t.py::test_speed[kv_cache]", (), {"seconds": wall, DEVICE_TIME: device})
+    assert test.settled and test.verdict == INCONCLUSIVE
+    note = verdict_note(wall, "seconds")
+    assert note.startswith(f" (8 rounds; host time not resolvable on this runner: ±{wall.spread:.1%} after the most")
+    assert "wider than the minimum effect 3%" in note
+    # Without the bound it would take more rounds: the test is not settled.
+    assert not HeadAgainstBase("t", (), {"seconds": judge(noisy, higher_is_better=False, min_effect=0.03,
+                                                          confidence=0.95)}).settled  # fmt: skip

@@ -85,14 +85,24 @@ class RatioVerdict:
     resolvable: float | None = None
     """The smallest relative change an interval as wide as this one lies wholly beyond the minimum effect for: what
     these rounds could have called a regression or improvement (None: no interval)."""
+    spread: float | None = None
+    """Of an inconclusive metric that more rounds cannot settle: the relative half-width its interval would still
+    have after the most rounds, wider than the minimum effect (None: more rounds may settle it)."""
 
 
 def judge(
-    pairs: Sequence[tuple[float, float]], *, higher_is_better: bool, min_effect: float, confidence: float
+    pairs: Sequence[tuple[float, float]],
+    *,
+    higher_is_better: bool,
+    min_effect: float,
+    confidence: float,
+    max_rounds: int | None = None,
 ) -> RatioVerdict:
     """The verdict of ``(base, head)`` values of paired rounds: a regression (or improvement) only when the whole
     interval of head/base lies beyond the minimum effect in that direction, unchanged when it lies within it,
-    else inconclusive."""
+    else inconclusive. An inconclusive one that ``max_rounds`` rounds could not settle either (its interval,
+    narrowing as one over the square root of the rounds, would still be wider than the minimum effect around an
+    estimate inside it) gets :attr:`RatioVerdict.spread`: more rounds are not spent on it."""
     usable = [(b, h) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
     if len(usable) < len(pairs):
         return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio", min_effect)
@@ -112,14 +122,21 @@ def judge(
         verdict = UNCHANGED
     else:
         verdict = INCONCLUSIVE
-    resolvable = math.expm1(bound + (found.high - found.low) / 2)
+    half = (found.high - found.low) / 2
+    resolvable = math.expm1(bound + half)
+    spread = None
+    # Two rounds past the fewest that give an interval, so that its width is not that of the widest one possible.
+    if verdict == INCONCLUSIVE and max_rounds is not None and len(usable) >= rounds_needed(confidence) + 2:
+        projected = half * math.sqrt(len(usable) / max(max_rounds, len(usable)))
+        if projected > bound and abs(found.estimate) - projected <= bound:
+            spread = math.expm1(projected)
     return RatioVerdict(
         len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict,
-        min_effect=min_effect, resolvable=resolvable,
+        min_effect=min_effect, resolvable=resolvable, spread=spread,
     )  # fmt: skip
 
 
 def settled(verdicts: Sequence[str]) -> bool:
     """Whether more rounds could not change a test's verdict: one of its metrics is a conclusive regression, or
-    none is inconclusive."""
+    none is inconclusive (pass an inconclusive metric that more rounds cannot settle as anything else)."""
     return REGRESSION in verdicts or INCONCLUSIVE not in verdicts

@@ -161,7 +161,7 @@ def ab_lines(report: ABReport) -> list[str]:
         ]
         rows += [
             f"| {escape(test.nodeid)} | {escape(name)} | | {escape(ratio_text(v))} | {escape(v.verdict)}"
-            f"{escape(verdict_note(v))} |"
+            f"{escape(verdict_note(v, name))} |"
             for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
             if v.verdict != "unchanged"
         ]
