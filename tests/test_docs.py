@@ -113,3 +113,17 @@ def test_every_command_shown_uses_options_that_exist() -> None:
             unknown = [w.split("=")[0] for w in words if PYTEST_OPTION.fullmatch(w.split("=")[0]) and w.split("=")[0]
                        not in known]  # fmt: skip
             assert not unknown, f"{where}: unknown options {unknown} in `{shlex.join(words)}`"
+
+
+def test_the_tutorials_allowed_sync_is_recorded_and_not_counted(pytester: pytest.Pytester) -> None:
+    """The tutorial says what the results document holds of a sync inside ``syncguard.allow()``: as it says."""
+    import json
+
+    (where, body, _, _), *_ = [b for b in PYTHON if b[0].startswith("docs/tutorial.md") and "allow()" in b[1]]
+    pytester.makepyfile(test_decode=body)
+    result = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "results.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    (test,) = json.loads((pytester.path / "results.json").read_text())["tests"]
+    assert (test["syncs"], test["allowed_syncs"]) == (0, 1), where
+    tutorial = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+    assert '`"syncs": 0` and `"allowed_syncs": 1`' in tutorial
