@@ -298,11 +298,14 @@ def _baselines(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     """``syncguard baselines DIR --record RESULTS...``: a finished run's results written into DIR's baselines."""
-    from .baselines import path_for, record
+    from .baselines import BaselineError, path_for, record
     from .results_file import ResultsError, read
 
     if len(args.files) != 1 or Path(args.files[0]).is_file():
-        print("syncguard baselines: --record takes one baselines folder (DIR), not a file", file=sys.stderr)
+        given = Path(args.files[0])
+        hint = f": give its folder, `syncguard baselines {given.parent} --record ...`" if given.is_file() else ""
+        print(f"syncguard baselines: --record writes into a baselines folder (one file per GPU model, named by its "
+              f"slug), not into {' '.join(args.files)}{hint}", file=sys.stderr)  # fmt: skip
         return 2
     directory = Path(args.files[0])
     try:
@@ -310,8 +313,18 @@ def _record(args: argparse.Namespace) -> int:
     except ResultsError as exc:
         print(f"syncguard baselines: {exc}", file=sys.stderr)
         return 2
+    unnamed = [t.nodeid for t in results if not t.device_slug]
+    if unnamed:
+        why = "the results name no device (written before results carried their device's slug): run them again"
+        print(f"syncguard baselines: NOT recorded: {', '.join(unnamed)}: {why}", file=sys.stderr)
+        return 2
     status = 0
-    for problem, written in record(results, lambda t: path_for(directory, t.device_slug), args.host):
+    try:
+        recorded = list(record(results, lambda t: path_for(directory, t.device_slug), args.host))
+    except BaselineError as exc:
+        print(f"syncguard baselines: NOT recorded: {exc}", file=sys.stderr)
+        return 2
+    for problem, written in recorded:
         if problem is not None:
             print(f"syncguard baselines: NOT recorded: {problem}", file=sys.stderr)
             status = 2
@@ -509,10 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     baselines = commands.add_parser(
         "baselines", help="show a baseline file, or judge NEW against OLD as the gate would"
     )
-    baselines.add_argument("files", nargs="+", metavar="FILE", help="one file to show (with the history of each "
-                           "calibrated metric and the tolerance it sets), or OLD NEW to compare")  # fmt: skip
+    baselines.add_argument("files", nargs="+", metavar="PATH", help="a baseline file to show (with the history of "
+                           "each calibrated metric and the tolerance it sets), OLD NEW files to compare, or with "
+                           "--record the baselines folder to write into")  # fmt: skip
     baselines.add_argument("--record", nargs="+", metavar="RESULTS", help="write these results files (pytest "
-                           "--syncguard-json) into the baselines folder given as FILE, as --syncguard-update-baselines "
+                           "--syncguard-json) into the baselines folder given as PATH, as --syncguard-update-baselines "
                            "would have: each calibrated metric joins its history")  # fmt: skip
     baselines.add_argument("--host", help="with --record: the device the results were measured on (default: the "
                            "one each result names)")  # fmt: skip

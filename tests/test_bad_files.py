@@ -323,3 +323,24 @@ def test_help_texts_are_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "The syncguard command: report (a run's results" in capsys.readouterr().out
+
+
+def test_baselines_record_into_a_file_names_the_folder_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`baselines PATH` is a file to show and, with --record, a folder to write into: a file given there is
+    answered with the folder that holds it."""
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    unnamed = _results_file(tmp_path / "unnamed.json", [_record("t.py::a", 3)])  # no device slug: a traceback before
+    assert main(["baselines", str(baselines), "--record", str(unnamed)]) == 2
+    assert "NOT recorded: t.py::a: the results name no device" in capsys.readouterr().err
+    results = _results_file(tmp_path / "results.json", [{**_record("t.py::a", 3), "device_slug": "cpu"}])
+    assert main(["baselines", str(baselines), "--record", str(results)]) == 0
+    (written,) = baselines.glob("*.json")
+    capsys.readouterr()
+    assert main(["baselines", str(written), "--record", str(results)]) == 2
+    assert (
+        f"--record writes into a baselines folder (one file per GPU model, named by its slug), not into {written}: "
+        f"give its folder, `syncguard baselines {baselines} --record ...`"
+    ) in capsys.readouterr().err
