@@ -531,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     baselines.add_argument("--host", help="with --record: the device the results were measured on (default: the "
                            "one each result names)")  # fmt: skip
     baselines.add_argument("--reset-history", nargs="*", metavar="NODEID", default=None, help="empty the recorded "
-                           "history of these tests (all when none is named) in FILE, keeping their values: the next "
+                           "history of these tests (all when none is named) in PATH, keeping their values: the next "
                            "update starts it again")  # fmt: skip
     baselines.set_defaults(run=_baselines)
 
