@@ -86,17 +86,18 @@ class TooLarge(Exception):
     """A file that unpacks to more than the limit; the message names the file, the limit and how to raise it."""
 
 
-def read_unpacked(path: Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> bytes:
-    """The bytes of ``path``, gunzipped when it is gzip, never more than ``limit`` of them: a file that unpacks to
-    more raises :class:`TooLarge` naming ``raise_with`` (how to raise the limit) before it is held in memory."""
+def read_unpacked(path: Path, limit: int | None = MAX_UNPACKED_BYTES, raise_with: str = "") -> bytes:
+    """The bytes of ``path``, gunzipped when it is gzip. No more than ``limit`` bytes are unpacked (None: no limit):
+    a file that unpacks to more raises :class:`TooLarge` naming ``raise_with`` (how to raise the limit), having held
+    no more than the limit."""
     import gzip
 
     with path.open("rb") as raw:
         gzipped = raw.read(2) == b"\x1f\x8b"
     opener = gzip.open if gzipped else open
     with opener(path, "rb") as source:
-        data = source.read(limit + 1)
-    if len(data) > limit:
+        data = source.read(-1 if limit is None else limit + 1)
+    if limit is not None and len(data) > limit:
         how = f" ({raise_with} raises the limit)" if raise_with else ""
         what = "unpacks to" if gzipped else "holds"
         raise TooLarge(f"{path}: {what} more than {limit >> 20} MB{how}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..files import MAX_UNPACKED_BYTES, TooLarge, read_unpacked
+from ..files import TooLarge, read_unpacked
 
 try:
     import orjson
@@ -189,9 +189,11 @@ def from_events(events: Iterable[Any]) -> Trace:
     return trace
 
 
-def load(path: str | Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> Trace:
-    """Read a trace file (``.json`` or ``.json.gz``, unpacked to at most ``limit`` bytes; ``raise_with`` says how
-    to raise it); a :class:`TraceError` names the file on bad input, and the event where one is malformed."""
+def load(path: str | Path, limit: int | None = None, raise_with: str = "") -> Trace:
+    """Read a trace file (``.json`` or ``.json.gz``, unpacked to at most ``limit`` bytes, e.g.
+    :data:`~pytest_syncguard.files.MAX_UNPACKED_BYTES` for a file from elsewhere; ``raise_with`` says how to raise
+    it; None: the plugin's own capture, unbounded); a :class:`TraceError` names the file on bad input, and the event
+    where one is malformed."""
     path = Path(path)
     try:
         raw = read_unpacked(path, limit, raise_with)
