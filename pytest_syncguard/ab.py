@@ -127,8 +127,7 @@ class HeadAgainstBase:
     @property
     def settled(self) -> bool:
         """More rounds could not change its verdict (:func:`.analysis.ab_stats.settled`)."""
-        return settled([c.status for c in self.counts] +
-                       [v.verdict if v.spread is None else "unresolvable" for v in self.timings.values()])  # fmt: skip
+        return settled([c.status for c in self.counts], list(self.timings.values()))
 
     @property
     def verdict(self) -> str:

@@ -89,6 +89,11 @@ class RatioVerdict:
     """Of an inconclusive metric that more rounds cannot settle: the relative half-width its interval would still
     have after the most rounds, wider than the minimum effect (None: more rounds may settle it)."""
 
+    @property
+    def undecided(self) -> bool:
+        """More rounds may still change it: inconclusive, and not past settling (:attr:`spread`)."""
+        return self.verdict == INCONCLUSIVE and self.spread is None
+
 
 def judge(
     pairs: Sequence[tuple[float, float]],
@@ -136,7 +141,8 @@ def judge(
     )  # fmt: skip
 
 
-def settled(verdicts: Sequence[str]) -> bool:
-    """Whether more rounds could not change a test's verdict: one of its metrics is a conclusive regression, or
-    none is inconclusive (pass an inconclusive metric that more rounds cannot settle as anything else)."""
-    return REGRESSION in verdicts or INCONCLUSIVE not in verdicts
+def settled(counts: Sequence[str], timings: Sequence[RatioVerdict]) -> bool:
+    """Whether more rounds could not change a test's verdict (``counts``: its counts' statuses): one of its metrics
+    is a conclusive regression, or no timing is still undecided."""
+    regression = REGRESSION in counts or any(t.verdict == REGRESSION for t in timings)
+    return regression or not any(t.undecided for t in timings)
