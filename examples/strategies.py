@@ -136,11 +136,13 @@ def _compiled_step(model: Any, device: torch.device) -> Callable[..., torch.Tens
 
 
 def release_kept_state() -> None:
-    """Drop what the strategies keep between calls: the static caches, the compiled steps and dynamo's caches.
-    On CUDA a compiled step's CUDA graphs keep their memory pool reserved for as long as they live: released,
-    it goes back with the next ``torch.cuda.empty_cache()``, with the caches' memory."""
+    """Drop what the strategies keep between calls: the static caches, the compiled steps and dynamo's caches,
+    and cuda_graph's captured steps with their own static caches. On CUDA a CUDA graph keeps its memory pool
+    reserved for as long as it lives: released, it goes back with the next ``torch.cuda.empty_cache()``, with the
+    caches' memory."""
     _CACHES.clear()
     _COMPILED.clear()
+    _GRAPHS.clear()
     torch._dynamo.reset()  # resets inductor's CUDA graph trees too
     gc.collect()  # what referred to the graphs in reference cycles
 

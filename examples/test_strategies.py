@@ -115,21 +115,14 @@ def batch_prompt(device: torch.device, model: Any) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=generator).to(device)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def strategy(name: str) -> Iterator[str]:
-    """A strategy's tests run one after the other (``name`` is parametrized at module scope); after them, what the
-    strategies keep between calls is released (static caches, static_compiled's CUDA graphs and their memory
-    pool), so that a test's allocator numbers do not depend on which tests ran before it."""
+    """The strategy a test runs; after the test, what strategies keep between calls is released (static caches,
+    static_compiled's compiled step, CUDA graphs and their memory pool). Each test compiles and allocates its own,
+    so that its counts and allocator numbers are the same whichever tests ran before it in the process (pytest-xdist
+    may run a strategy's two tests on two workers). The plugin empties the allocator's cache before each test."""
     yield name
     release_kept_state()
-
-
-@pytest.fixture(autouse=True)
-def _empty_allocator_cache() -> None:
-    """Each test's allocator numbers start from an empty cache, not from what earlier tests reserved."""
-    if CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def _run(syncguard: SyncGuard, name: str, model: Any, prompt: torch.Tensor) -> None:

@@ -188,6 +188,15 @@ def syncguard(request: pytest.FixtureRequest) -> SyncGuard:
     return _guard_of(request.node)
 
 
+def _settle_allocator() -> None:
+    """A measured test starts from an allocator that holds only live tensors' memory, whatever ran before it
+    (:func:`.probes.memory.settle_allocator`); a process without torch has nothing to settle."""
+    if "torch" in sys.modules:
+        from .probes.memory import settle_allocator
+
+        settle_allocator()
+
+
 def _guard_of(item: pytest.Item) -> SyncGuard:
     from .guard import SyncGuard
 
@@ -329,10 +338,13 @@ class SyncguardSession:
         try:
             item.stash[_BUDGETS] = budgets_for(item)
             item.stash[_OPTIONS] = options_for(item)
-            return
         except BudgetError as exc:
             message = f"syncguard usage error: {exc}"
-        pytest.fail(message, pytrace=False)
+        else:
+            if item.stash[_BUDGETS] or "syncguard" in getattr(item, "fixturenames", ()):
+                _settle_allocator()  # the fixtures it creates go among live tensors, not into what others cached
+            return
+        pytest.fail(message, pytrace=False)  # outside the handler: no "During handling" chain in the report
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -345,6 +357,7 @@ class SyncguardSession:
             return (yield)
         from .capture import CallCapture
 
+        _settle_allocator()  # what the fixtures' setup cached goes back too
         guard = _guard_of(item)
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())

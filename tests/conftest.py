@@ -5,6 +5,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+
+# One intra-op thread per process, set before torch starts its pool: the tests' pytest-xdist runs put two workers
+# on CI's two cores, and two threads apiece spin-waiting on each other made them several times slower. Counts do
+# not depend on it; no test here times anything.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import torch
 
 # Subprocess runs of the plugin (pytester, the CLI) find the package from this checkout also where it is not

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import torch
 
 from ..analysis.counts import RegionCounts, difference
 from ..analysis.memory import MemoryStats, expandable_segments_on, region_stats
+from .syncs import PROBE
 
 HISTORY_ENTRIES = 100_000
 
@@ -40,6 +42,26 @@ def region_memory(collected: list[MemoryStats]) -> Iterator[None]:
             used = after.get("allocation.all.allocated", 0) != before[d].get("allocation.all.allocated", 0)
             if used or d == current:
                 collected.append(region_stats(d, before[d], after, expandable_segments=expandable))
+
+
+def settle_allocator() -> None:
+    """Give back to the driver all the memory that no live tensor holds, on every device, as torch's own test suite
+    does before it compares the allocator's numbers: unreachable objects (tensors in reference cycles) are
+    collected, the current device's queued work finishes, cuBLAS's cached workspaces are dropped (one per handle
+    and stream, taken by the first matrix multiply after them) and the allocator's cached segments are freed.
+
+    Afterwards the allocator holds only the segments of live tensors, so the next measurement's cudaMalloc count,
+    reserved peak and fragmentation do not depend on what earlier tests left cached. Nothing happens in a process
+    that has not initialized CUDA (it has cached nothing)."""
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return
+    gc.collect()
+    with PROBE.unobserved():  # not a sync of any region that may be open around this test (a nested run)
+        torch.cuda.synchronize()  # the current device: another one's context is not created for it
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.empty_cache()  # every device's cache
 
 
 #: The allocator's own counts of its driver calls, as the region counters name them.

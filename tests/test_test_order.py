@@ -1,0 +1,96 @@
+"""A count is a property of the test: the strategy suite's counts are the same whatever ran before each test in
+its process (the suite in order, in reverse order, one test under ``-k``, under pytest-xdist), and on CUDA the
+allocator's counts of a region do not depend on what an earlier test left cached."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_syncguard import results_file
+from pytest_syncguard.metrics import metric
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A strategy test whose kept state (static cache, compiled step) earlier tests of the process could reuse.
+ALONE = "test_timeline and static_compiled"
+
+
+def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Run the strategy suite under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
+    each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
+    variant and test, the test's exact counts."""
+    command = [sys.executable, "-m", "pytest", "examples", "--syncguard", "-p", "no:cacheprovider", "-q"]
+    runs = {
+        name: subprocess.Popen(
+            [*command, "--syncguard-json", str(tmp_path / f"{name}.json"), *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, args in variants.items()
+    }
+    found = {}
+    for name, run in runs.items():
+        output, _ = run.communicate(timeout=600)
+        assert run.returncode == 0, f"{name}: exit {run.returncode}\n{output[-4000:]}"
+        counts = {}
+        for result in results_file.read(tmp_path / f"{name}.json"):
+            values = result.metrics.values
+            counts[result.nodeid] = {n: v for n, v in values.items() if (spec := metric(n)) and spec.counted}
+        found[name] = counts
+    return found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU suite; on CUDA the device runs the suite itself")
+def test_every_count_of_the_strategy_suite_is_the_same_in_any_order_and_split(tmp_path: Path) -> None:
+    """The suite reversed, under pytest-xdist, and one test alone whose strategy keeps state between calls: every
+    count the same in each (the forward order is the README's main job, compared with its baseline there)."""
+    pytest.importorskip("xdist")
+    variants = {"reverse": ("-p", "devtools.reversed_order"), "split": ("-n", "2"), "alone": ("-k", ALONE)}
+    found = _suites(tmp_path, variants)
+    reverse, split, alone = found["reverse"], found["split"], found["alone"]
+    assert len(reverse) >= 8 and all(reverse.values()), reverse
+    assert split == reverse
+    assert len(alone) == 1 and alone.items() <= reverse.items(), (alone, reverse)
+
+
+LEFT_CACHED = """
+import pytest
+import torch
+
+
+def test_leaves_a_cached_segment():
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del block  # freed to the allocator's cache, still reserved
+
+
+@pytest.mark.max_reserved_mb(1024)
+def test_allocates(syncguard):
+    with syncguard.generation(tokens=1):
+        block = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+        block.fill_(1)
+"""
+
+
+@pytest.mark.gpu
+def test_a_region_counts_its_own_mallocs_not_what_an_earlier_test_left_cached(pytester: pytest.Pytester) -> None:
+    """Run after a test that left 256 MiB cached, the region's 64 MiB comes from a cudaMalloc of its own, as when
+    it runs alone (without the plugin emptying the cache, the cached segment served it: 0 cudaMalloc, 256 MiB
+    reserved)."""
+    pytester.makepyfile(test_allocator=LEFT_CACHED)
+    found = {}
+    for name, args in {"after": (), "alone": ("-k", "test_allocates")}.items():
+        out = pytester.path / f"{name}.json"
+        run = pytester.runpytest_subprocess(
+            "--syncguard", "-p", "no:cacheprovider", "--syncguard-json", str(out), *args
+        )
+        run.assert_outcomes(passed=2 if name == "after" else 1)
+        (result,) = [r for r in results_file.read(out) if r.nodeid.endswith("test_allocates")]
+        found[name] = {n: result.metrics[n] for n in ("device_mallocs", "device_frees", "reserved_mb")}
+    assert found["after"] == found["alone"], found
+    assert found["alone"]["device_mallocs"] == 1 and found["alone"]["reserved_mb"] == 64, found
