@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -12,6 +13,12 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+
+# pytester's in-process runs unload every module a run imported. Where hypothesis is installed, its pytest plugin
+# imports hypothesis in each run's terminal summary, so each run imported (and assertion-rewrote) it again: about
+# 1 s a run, most of the suite's time. Imported here, before any run, it stays.
+with contextlib.suppress(ImportError):
+    import hypothesis.internal.observability  # noqa: F401
 
 # Subprocess runs of the plugin (pytester, the CLI) find the package from this checkout also where it is not
 # installed (the GPU machine, which only has this working tree).
