@@ -9,9 +9,10 @@ profiler.
    into pinned and into pageable memory): every runtime and driver call reported on entry, in order, with its
    domain, callback id and name, whether it came while another reported call was open on the thread (a runtime
    call's own driver calls), and the innermost Python frame outside this file.
-2. ``cuptiSubscribe``'s result beside torch.profiler: before a capture, during one, and after it.
-3. The cost of a Python callback on one enabled call (``cudaEventQuery``, what ``Event.query()`` makes): ns per
-   call with and without the subscriber, medians of interleaved rounds.
+2. ``cuptiSubscribe``'s result beside torch.profiler: before a capture, during one, and after it, for a capture
+   taken as the plugin takes it (kineto detaching CUPTI when it stops) and for a plain one.
+3. (Run before 2.) The cost of a Python callback on one enabled call (``cudaEventQuery``, what ``Event.query()``
+   makes): ns per call with and without the subscriber, medians of interleaved rounds.
 
 Nothing here is used by the plugin; it tells how to build the probe. Its results go to ``--out`` as JSON.
 """
@@ -26,13 +27,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pytest_syncguard.probes.pm_sampling import load_cupti
+from pytest_syncguard.probes.timeline import cupti_detached_afterwards
 
 DRIVER, RUNTIME = 1, 2  # CUpti_CallbackDomain
 ENTER = 0  # CUpti_ApiCallbackSite
@@ -151,16 +153,21 @@ def cases(recorder: Recorder) -> dict[str, list[dict[str, Any]]]:
 
 
 def beside_the_profiler(recorder: Recorder) -> dict[str, int]:
-    """cuptiSubscribe's result before, during and after a torch.profiler capture (ours unsubscribed first)."""
+    """cuptiSubscribe's result before, during and after torch.profiler captures (ours unsubscribed before each):
+    first one as the plugin takes it (kineto detaching CUPTI when it stops, ``cupti_detached_afterwards``), then
+    a plain one. Kineto subscribes when it initializes (the first capture) and, unless told to detach, keeps its
+    subscriber; a second subscriber gets CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39)."""
     results = {"unsubscribe": recorder.unsubscribe(), "before": recorder.subscribe()}
-    recorder.unsubscribe()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-        torch.ones(4, device="cuda").sum()
-        results["during"] = recorder.subscribe()
-        if results["during"] == 0:
-            recorder.unsubscribe()
-    torch.cuda.synchronize()
-    results["after"] = recorder.subscribe()
+    for mode, detached in (("detached", True), ("plain", False)):
+        recorder.unsubscribe()
+        detaching = cupti_detached_afterwards() if detached else nullcontext()
+        with detaching, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            torch.ones(4, device="cuda").sum()
+            results[f"during {mode}"] = recorder.subscribe()
+            if results[f"during {mode}"] == 0:
+                recorder.unsubscribe()
+        torch.cuda.synchronize()
+        results[f"after {mode}"] = recorder.subscribe()
     return results
 
 
@@ -209,9 +216,11 @@ def main() -> None:
     if report["subscribe"] == 0:
         recorder.enable_domains()
         report["cases"] = cases(recorder)
+        recorder.unsubscribe()
+        report["callback_cost"] = callback_cost(recorder)
+        recorder.subscribe()
+    # Last: a plain capture leaves kineto subscribed for the rest of the process.
     report["beside_the_profiler"] = beside_the_profiler(recorder)
-    recorder.unsubscribe()
-    report["callback_cost"] = callback_cost(recorder)
     for name, calls in report.get("cases", {}).items():
         print(f"{name}:")
         for call in calls:
@@ -219,7 +228,7 @@ def main() -> None:
             nested = "nested" if call["nested"] else ""
             print(f"    {kind} {call['cbid']:4d} {call['name']:<36} {nested:<6} {call['at']}")
     print("subscribe:", report["subscribe"], "beside the profiler:", report["beside_the_profiler"])
-    print("callback cost:", report["callback_cost"])
+    print("callback cost:", report.get("callback_cost"))
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1))
 
