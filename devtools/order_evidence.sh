@@ -9,6 +9,10 @@
 #                                                     "2 4") on every visible GPU (nN.json), then one test
 #                                                     under -k (alone.json)
 #   bash devtools/order_evidence.sh serial BASELINES  the suite in order against BASELINES (serial.json)
+#   bash devtools/order_evidence.sh share             what sharing a GPU does: -n 2 with both workers on GPU 0
+#                                                     (shared.json), then one worker per GPU (apart.json); the
+#                                                     first judged against the second, host timings included
+#                                                     (share.md, share-verdicts.json)
 #
 # Compare the documents with `syncguard report DOC --baselines BASELINES --fail-on-regression`.
 set -uo pipefail
@@ -16,8 +20,8 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
 orders | split | serial) ;;
 esac
-if [[ ! "${1:-}" =~ ^(orders|split|serial)$ ]]; then
-    sed -n '2,12p' "$0" >&2
+if [[ ! "${1:-}" =~ ^(orders|split|serial|share)$ ]]; then
+    sed -n '2,16p' "$0" >&2
     exit 2
 fi
 out="$(realpath -m "${OUT:-order-evidence}")"
@@ -43,6 +47,15 @@ split)
     done
     "${suite[@]}" -k "$alone" --syncguard-baselines "$2" --syncguard-json "$out/alone.json" >"$out/alone.log" 2>&1
     tail -n 4 "$out/alone.log"
+    ;;
+share)
+    CUDA_VISIBLE_DEVICES=0 "${suite[@]}" -n 2 --syncguard-json "$out/shared.json" >"$out/shared.log" 2>&1
+    "${suite[@]}" -n 2 --syncguard-json "$out/apart.json" >"$out/apart.log" 2>&1
+    tail -n 3 "$out/shared.log" "$out/apart.log"
+    rm -rf "$out/apart-baselines" && mkdir "$out/apart-baselines"
+    python -m pytest_syncguard.cli baselines --record "$out/apart.json" -- "$out/apart-baselines"
+    python -m pytest_syncguard.cli report "$out/shared.json" --baselines "$out/apart-baselines" --judge-host-timings \
+        --markdown "$out/share.md" --json "$out/share-verdicts.json"
     ;;
 serial)
     "${suite[@]}" --syncguard-baselines "$2" --syncguard-json "$out/serial.json" >"$out/serial.log" 2>&1
