@@ -94,3 +94,13 @@ def test_a_region_counts_its_own_mallocs_not_what_an_earlier_test_left_cached(py
         found[name] = {n: result.metrics[n] for n in ("device_mallocs", "device_frees", "reserved_mb")}
     assert found["after"] == found["alone"], found
     assert found["alone"]["device_mallocs"] == 1 and found["alone"]["reserved_mb"] == 64, found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_settling_the_allocator_where_cuda_was_never_used_starts_nothing() -> None:
+    """A measured test on a machine without CUDA settles nothing, and initializes no CUDA to find that out."""
+    from pytest_syncguard.probes.memory import settle_allocator
+
+    assert not torch.cuda.is_initialized()
+    settle_allocator()
+    assert not torch.cuda.is_initialized()
