@@ -104,3 +104,36 @@ def test_settling_the_allocator_where_cuda_was_never_used_starts_nothing() -> No
     assert not torch.cuda.is_initialized()
     settle_allocator()
     assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+def test_a_graph_kept_across_tests_replays_right_after_the_allocator_settles() -> None:
+    """A CUDA graph a fixture keeps across tests, captured on a stream whose cuBLAS workspace was made before the
+    capture (a warm-up there): the settle between tests drops that workspace and frees the cache, and memory
+    allocated afterwards may take its place. The graph's replay must still compute what eager code computes, and
+    leave that memory as written."""
+    from pytest_syncguard.probes.memory import settle_allocator
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    settle_allocator()
+    before = torch.cuda.memory_allocated()
+    with torch.cuda.stream(stream):
+        torch.mm(a, a, out=out)  # makes the workspace of (handle, stream), outside any graph's pool
+    torch.cuda.current_stream().wait_stream(stream)
+    workspace = torch.cuda.memory_allocated() - before
+    assert workspace > 0, "no cuBLAS workspace was made on the stream: this test would show nothing"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        torch.mm(a, a, out=out)
+    captured = torch.cuda.memory_allocated()
+    settle_allocator()
+    assert torch.cuda.memory_allocated() == captured - workspace, "the settle kept the workspace"
+    fillers = [torch.full((workspace,), 7, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a @ a)
+    assert all(bool((f == 7).all()) for f in fillers), "the replay wrote into memory allocated after the settle"
