@@ -97,9 +97,6 @@ class CallCapture:
     options: GuardOptions
     timeline: bool
     memory: bool
-    sampled: bool = False
-    """Sample the timed runs' timeline with the PM sampler instead of capturing the whole call; a counting run's
-    trace still gives the exact device-work counts."""
     source: TimelineSource | None = None
     """Where the test's GPU timelines come from and why (None: it has none on CUDA)."""
     device_time: bool = False
@@ -145,8 +142,13 @@ class CallCapture:
         chosen = None
         if timeline:
             chosen = source() if source is not None else TimelineSource(SAMPLED if sampled else TRACE, "the caller's")
-        return cls(nodeid, guard, budgets, options, timeline, memory, sampled=chosen is not None and chosen.sampled,
-                   source=chosen, device_time=cuda)  # fmt: skip
+        return cls(nodeid, guard, budgets, options, timeline, memory, source=chosen, device_time=cuda)
+
+    @property
+    def sampled(self) -> bool:
+        """The timed runs' timeline is sampled with the PM sampler instead of the whole call being captured; a
+        counting run's trace still gives the exact device-work counts."""
+        return self.source is not None and self.source.sampled
 
     @property
     def races(self) -> bool:

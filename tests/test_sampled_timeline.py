@@ -29,6 +29,7 @@ from pytest_syncguard.guard import Measurement, SyncGuard
 from pytest_syncguard.probes import pm_sampling
 from pytest_syncguard.probes.pm_sampling import Samples
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion
+from pytest_syncguard.timeline_source import SAMPLED, TimelineSource
 
 DATA = Path(__file__).parent / "data" / "sampled"
 #: How much later than the samples show the engine active a sampled gap ends (µs): the front end's lead.
@@ -133,7 +134,8 @@ def _capture_of(name: str, *, overflow: bool = False) -> tuple[CallCapture, Meas
     data = _load(name)
     guard = SyncGuard("sampled", device="cuda")
     budgets = [Budget("max_gpu_idle_us", 1000.0), Budget("min_gpu_busy", 0.5), Budget("max_launches_per_token", 300)]
-    capture = CallCapture("sampled", guard, budgets, GuardOptions(), timeline=True, memory=False, sampled=True)
+    source = TimelineSource(SAMPLED, "the test's")
+    capture = CallCapture("sampled", guard, budgets, GuardOptions(), timeline=True, memory=False, source=source)
     samples = Samples.of_rows(data["metrics"], data["start_ns"], data["end_ns"], data["values"], overflow)
     window = (data["start_ns"][0], data["end_ns"][-1])
     capture.sampled_regions = {7: SampledRegion(samples, window)}
@@ -328,7 +330,7 @@ def test_the_plugin_judges_the_steps_of_a_sampled_region_by_its_events() -> None
     samples = Samples.of_rows((ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, [(f * 1000, 1000.0) for f in fractions])
     guard = SyncGuard("sampled", device="cuda")
     capture = CallCapture("sampled", guard, [Budget("max_gpu_idle_us", 20.0)], GuardOptions(warmup_steps=1),
-                          timeline=True, memory=False, sampled=True)  # fmt: skip
+                          timeline=True, memory=False, source=TimelineSource(SAMPLED, "the test's"))  # fmt: skip
     capture.sampled_regions = {
         7: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), _events(STEP_MARKS)),
         8: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), sampled.StepEvents(5.0)),

@@ -49,9 +49,10 @@ class PmSamplingError(RuntimeError):
 
     def __init__(self, call: str, status: int) -> None:
         self.status = status
-        self.message = _RESULTS.get(status, f"{call} returned {status} (see cupti_result.h)")
+        meaning = _RESULTS.get(status)
+        self.message = meaning or f"{call} returned {status} (see cupti_result.h)"
         """What the status means, in words."""
-        super().__init__(f"{call} returned {status}: {_RESULTS.get(status, 'see cupti_result.h')}")
+        super().__init__(f"{call} returned {status}: {meaning or 'see cupti_result.h'}")
 
 
 class _Params(ctypes.Structure):
