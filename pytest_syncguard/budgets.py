@@ -231,6 +231,11 @@ def _counter_kind(spec: CounterSpec) -> BudgetKind:
     )
 
 
+NO_OWN_MEMORY = (
+    "no CUDA memory stats for the region, or the GPU's memory ran out during it (the allocator retried a cudaMalloc "
+    "after freeing its cache: its peaks then depend on what else held that GPU's memory)"
+)
+
 KINDS: dict[str, BudgetKind] = {
     kind.marker: kind
     for kind in (
@@ -250,11 +255,11 @@ KINDS: dict[str, BudgetKind] = {
         ),
         BudgetKind(
             "max_fragmentation", max_fragmentation, "memory", _named("fragmentation"), _fragmentation,
-            fraction=True, unmeasured="no CUDA memory stats for the region",
+            fraction=True, unmeasured=NO_OWN_MEMORY,
         ),
         BudgetKind(
             "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), _reserved,
-            unmeasured="no CUDA memory stats for the region",
+            unmeasured=NO_OWN_MEMORY,
         ),
         BudgetKind(
             "no_async_races", no_async_races, "races", _named("async_races"), _races, limit_argument=None,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pytest_syncguard import results_file
+from pytest_syncguard.analysis.memory import MemoryStats
 from pytest_syncguard.metrics import metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,3 +138,53 @@ def test_a_graph_kept_across_tests_replays_right_after_the_allocator_settles() -
     torch.cuda.synchronize()
     torch.testing.assert_close(out, a @ a)
     assert all(bool((f == 7).all()) for f in fillers), "the replay wrote into memory allocated after the settle"
+
+
+def _stats(reserved_mib: int, retries: int) -> MemoryStats:
+    mib = 1024 * 1024
+    return MemoryStats(
+        device=0, allocated_peak=reserved_mib * mib // 2, reserved_peak=reserved_mib * mib, inactive_split_peak=0,
+        alloc_retries=retries, ooms=0, device_mallocs=1, device_frees=0, expandable_segments=False,
+    )  # fmt: skip
+
+
+def test_allocator_peaks_of_a_region_that_ran_out_of_gpu_memory_are_not_the_tests() -> None:
+    """A region in which a cudaMalloc failed and was retried (the GPU shared with a worker that filled it) gives
+    no reserved peak or fragmentation: the others' do, and with every region out of memory the metric is not
+    measured rather than the neighbours' number."""
+    from pytest_syncguard.guard import Measurement
+
+    reserved, fragmentation = metric("reserved_mb"), metric("fragmentation")
+    assert reserved is not None and fragmentation is not None
+    mixed = Measurement("cuda", 8, (), memory=(_stats(100, 0), _stats(300, 2)))
+    assert reserved.runs(mixed) == [100.0] and fragmentation.runs(mixed) == [0.5]
+    assert reserved.runs(Measurement("cuda", 8, (), memory=(_stats(300, 1),))) == []
+
+
+@pytest.mark.gpu
+def test_a_region_whose_cudamalloc_was_retried_counts_no_mallocs() -> None:
+    """The allocator runs out of memory inside the region (here under a memory fraction; on a shared GPU, another
+    process's memory), frees its cached segment and retries: the region's cudaMalloc and cudaFree calls are not
+    counted, and say why."""
+    from pytest_syncguard.analysis.counts import RegionCounts
+    from pytest_syncguard.probes.memory import driver_calls, settle_allocator
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    settle_allocator()
+    found: list[RegionCounts] = []
+    torch.cuda.set_per_process_memory_fraction(0.1)
+    try:
+        cached = torch.empty(int(total * 0.06), dtype=torch.uint8, device="cuda")
+        del cached  # its segment stays in the cache
+        retries = torch.cuda.memory_stats()["num_alloc_retries"]
+        with driver_calls(found):
+            fits_without_the_cache = torch.empty(int(total * 0.07), dtype=torch.uint8, device="cuda")
+        del fits_without_the_cache
+        assert torch.cuda.memory_stats()["num_alloc_retries"] > retries, "the allocator did not retry"
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        settle_allocator()
+    (counts,) = found
+    assert counts.values == {}
+    assert set(counts.unmeasured) == {"device_mallocs", "device_frees"}
+    assert "memory ran out" in counts.unmeasured["device_mallocs"]

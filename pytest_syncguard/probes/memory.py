@@ -66,25 +66,39 @@ def settle_allocator() -> None:
 
 #: The allocator's own counts of its driver calls, as the region counters name them.
 _DRIVER_CALLS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free"}
+#: How often a cudaMalloc failed and the allocator freed its cache to try again: the GPU's memory ran out.
+_RETRIES = "num_alloc_retries"
 
 
 def _driver_calls() -> dict[str, int]:
-    totals = dict.fromkeys(_DRIVER_CALLS, 0)
+    totals = dict.fromkeys([*_DRIVER_CALLS, _RETRIES], 0)
     for device in range(torch.cuda.device_count()):
         stats = torch.cuda.memory_stats(device)
-        for name, key in _DRIVER_CALLS.items():
+        for name, key in [*_DRIVER_CALLS.items(), (_RETRIES, _RETRIES)]:
             totals[name] += int(stats.get(key, 0))
     return totals
+
+
+def out_of_memory(retries: int) -> str:
+    """Why a region's cudaMalloc and cudaFree counts are not the test's when the allocator ran out of memory."""
+    return (
+        f"the GPU's memory ran out during the region ({retries} cudaMalloc retr{'y' if retries == 1 else 'ies'} "
+        "after freeing the allocator's cache): its cudaMalloc and cudaFree calls depend on what else holds that "
+        "GPU's memory (another process, such as an xdist worker on the same GPU), not on the test alone"
+    )
 
 
 @contextmanager
 def driver_calls(found: list[RegionCounts]) -> Iterator[None]:
     """Append to ``found`` how many cudaMalloc and cudaFree calls the caching allocator made during the block, on
-    every visible device."""
+    every visible device; or, where a cudaMalloc failed and was retried during it, why they are not counted."""
     before = _driver_calls()
     yield
     grown = difference(_driver_calls(), before)
-    found.append(RegionCounts({name: grown.get(name, 0) for name in _DRIVER_CALLS}))
+    if retries := grown.get(_RETRIES, 0):
+        found.append(RegionCounts(unmeasured=dict.fromkeys(_DRIVER_CALLS, out_of_memory(retries))))
+    else:
+        found.append(RegionCounts({name: grown.get(name, 0) for name in _DRIVER_CALLS}))
 
 
 @contextmanager
