@@ -98,6 +98,11 @@ class SyncProbe:
     def active(self) -> bool:
         return bool(self._recorders)
 
+    @property
+    def inside(self) -> bool:
+        """Whether this thread is inside an operator the probe judged, or in the plugin's own unobserved code."""
+        return self._local.inside
+
     @staticmethod
     def prepare() -> None:
         """Load (or build) the native kernels now, so that no measured region pays for it."""

@@ -1,0 +1,273 @@
+"""The CUDA-call probe: host-blocking CUDA runtime and driver calls that torch's own probe does not see (made by
+a C++/CUDA extension, ctypes, cuda-python or the driver API), each counted as a sync named by the CUDA function,
+with the Python call site that led into the library.
+
+How: a CUPTI subscriber (the callback API) with callbacks enabled for the catalogued functions only
+(:data:`BLOCKING`), so no other CUDA call (a kernel launch, an event query) reaches it. CUPTI calls the callback on
+the calling thread on entry and on exit; a call reported while another catalogued call is open on the thread (a
+runtime function's own driver call) is part of the outer one, and a call made while torch's probe is inside an
+operator it judged (``.item()``'s stream synchronize) or while the plugin times a region is torch's or the
+plugin's, counted there or not at all. So each blocking call counts once, whoever makes it.
+
+A process has one CUPTI subscriber at most. torch.profiler's kineto holds one from a capture's start until it
+detaches CUPTI after a capture that asked it to (the plugin's captures do), and then the next capture takes it
+again. So this probe subscribes at the start of each region it counts and unsubscribes at its end; where the slot
+is taken, or there is no CUPTI or no CUDA, it counts nothing and says why (:attr:`CudaCallWatch.not_counted`).
+
+Not yet part of a measured region: its device tests (tests/test_gpu_cuda_calls.py) and cost come first (issue
+44). What CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from ..analysis.sites import Frame
+from .call_sites import first_user_frame
+
+#: CUpti_CallbackDomain.
+DRIVER, RUNTIME = 1, 2
+#: CUpti_ApiCallbackSite.
+ENTER = 0
+#: CUptiResult of a second subscriber (cupti_result.h).
+MULTIPLE_SUBSCRIBERS = 39
+#: Callback ids are below this in every CUPTI of CUDA 12 and 13 (cupti_driver_cbid.h, cupti_runtime_cbid.h).
+LARGEST_CBID = 2000
+
+
+class When(enum.Enum):
+    """When a catalogued call blocks the host (the CUDA runtime's "API synchronization behavior")."""
+
+    ALWAYS = "always"
+    HOST_INVOLVED = "unless both sides are device memory"
+    """Synchronous copies: one between device memories does no host-side synchronization."""
+    PAGEABLE_HOST = "when its host side is pageable memory"
+    """Asynchronous copies: into or out of memory that is not page-locked they are synchronous."""
+
+
+@dataclass(frozen=True)
+class BlockingCall:
+    """A CUDA function that can block the host, and where its copy's pointers and kind are among its parameters
+    (indices of 8-byte slots of the function's parameter struct, as on 64-bit hosts)."""
+
+    when: When
+    dst: int | None = None
+    src: int | None = None
+    kind: int | None = None
+
+
+_SYNC = BlockingCall(When.ALWAYS)
+#: Per domain, the catalogued functions by name, without the version and per-thread-stream suffixes that CUPTI
+#: reports (``cuCtxSynchronize_v2``, ``cudaMemcpy_ptds``).
+BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
+    RUNTIME: {
+        "cudaDeviceSynchronize": _SYNC,
+        "cudaThreadSynchronize": _SYNC,
+        "cudaStreamSynchronize": _SYNC,
+        "cudaEventSynchronize": _SYNC,
+        "cudaFree": _SYNC,
+        "cudaFreeHost": _SYNC,
+        "cudaMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, kind=3),
+        "cudaMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=2, kind=6),
+        "cudaMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, kind=3),
+    },
+    DRIVER: {
+        "cuCtxSynchronize": _SYNC,
+        "cuStreamSynchronize": _SYNC,
+        "cuEventSynchronize": _SYNC,
+        "cuMemFree": _SYNC,
+        "cuMemFreeHost": _SYNC,
+        "cuMemcpyDtoH": _SYNC,
+        "cuMemcpyHtoD": _SYNC,
+        "cuMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1),
+        "cuMemcpyDtoHAsync": BlockingCall(When.PAGEABLE_HOST, dst=0),
+        "cuMemcpyHtoDAsync": BlockingCall(When.PAGEABLE_HOST, src=1),
+    },
+}
+
+_SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
+
+
+def base_name(function: str) -> str:
+    """A CUDA function's name without CUPTI's version and per-thread-stream suffixes."""
+    return _SUFFIX.sub("", function)
+
+
+#: cudaMemcpyKind.
+HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, DEFAULT = range(5)
+#: CUpointer_attribute and CUmemorytype.
+_MEMORY_TYPE, _HOST, _DEVICE = 2, 1, 2
+
+
+class Memory(enum.Enum):
+    """What a pointer of a copy points at, as the driver knows it."""
+
+    DEVICE = "device"
+    PINNED = "page-locked host"
+    PAGEABLE = "pageable host"
+
+
+def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> bool:
+    """Whether one call of ``call``, whose parameter struct is at address ``params``, blocks the host;
+    ``memory(pointer)`` says what a copy's pointer points at."""
+    if call.when is When.ALWAYS:
+        return True
+    fields = ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))
+    # An enum parameter is an int in its 8-byte slot: the slot's other half is padding.
+    kind = ctypes.c_int.from_address(params + 8 * call.kind).value if call.kind is not None else DEFAULT
+    if kind == DEFAULT:  # the pointers say where each side is
+        found = [memory(fields[index]) for index in (call.dst, call.src) if index is not None]
+        if call.when is When.HOST_INVOLVED:
+            return any(side is not Memory.DEVICE for side in found)
+        return Memory.PAGEABLE in found
+    host_sides = {HOST_TO_DEVICE: (call.src,), DEVICE_TO_HOST: (call.dst,), HOST_TO_HOST: (call.dst, call.src)}
+    host = host_sides.get(kind, ())  # device to device: none
+    if call.when is When.HOST_INVOLVED:
+        return bool(host)
+    return any(memory(fields[index]) is Memory.PAGEABLE for index in host if index is not None)
+
+
+class _CallbackData(ctypes.Structure):
+    """CUpti_CallbackData (cupti_callbacks.h): what an API callback is given."""
+
+    _fields_ = (
+        ("callbackSite", ctypes.c_int),
+        ("functionName", ctypes.c_char_p),
+        ("functionParams", ctypes.c_void_p),
+        ("functionReturnValue", ctypes.c_void_p),
+        ("symbolName", ctypes.c_char_p),
+        ("context", ctypes.c_void_p),
+        ("contextUid", ctypes.c_uint32),
+        ("correlationData", ctypes.POINTER(ctypes.c_uint64)),
+        ("correlationId", ctypes.c_uint32),
+    )
+
+
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
+
+
+class _Thread(threading.local):
+    depth = 0
+
+
+@dataclass
+class CudaCallWatch:
+    """One region's blocking CUDA calls made outside torch, each as (function, call site); or why none could be
+    counted."""
+
+    calls: list[tuple[str, Frame | None]] = field(default_factory=list)
+    not_counted: str | None = None
+
+
+class CudaCallProbe:
+    """Process-wide owner of the CUPTI subscriber; regions count through :meth:`counting`."""
+
+    def __init__(self) -> None:
+        self._cupti: Any = None
+        self._driver: Any = None
+        self._handle = ctypes.c_void_p()
+        self._callback = _CALLBACK(self._on_call)  # kept alive: CUPTI calls it while subscribed
+        self._wanted: dict[tuple[int, int], tuple[str, BlockingCall]] = {}
+        self._thread = _Thread()
+        self._watches: list[CudaCallWatch] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def counting(self) -> Iterator[CudaCallWatch]:
+        """Count the catalogued calls made during the block (see :class:`CudaCallWatch`)."""
+        watch = CudaCallWatch()
+        with self._lock:
+            watch.not_counted = self._subscribe() if not self._watches else None
+            if watch.not_counted is None:
+                self._watches.append(watch)
+        try:
+            yield watch
+        finally:
+            with self._lock:
+                if watch in self._watches:
+                    self._watches.remove(watch)
+                    if not self._watches:
+                        self._cupti.cuptiUnsubscribe(self._handle)
+
+    def _subscribe(self) -> str | None:
+        """Subscribe and enable the catalogued callbacks; why not, where it cannot."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        try:
+            self._load()
+        except OSError as exc:
+            return f"no CUPTI library could be loaded ({exc})"
+        status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
+        if status == MULTIPLE_SUBSCRIBERS:
+            return (
+                "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another tool "
+                "that subscribed to CUPTI)"
+            )
+        if status != 0:
+            return f"cuptiSubscribe failed with CUptiResult {status}"
+        for domain, cbid in self._wanted:
+            self._cupti.cuptiEnableCallback(1, self._handle, domain, cbid)
+        return None
+
+    def _load(self) -> None:
+        if self._cupti is not None:
+            return
+        from .pm_sampling import PmSamplingError, load_cupti
+
+        try:
+            self._cupti = load_cupti()
+        except PmSamplingError as exc:
+            raise OSError(str(exc)) from exc
+        self._driver = ctypes.CDLL("libcuda.so.1")
+        self._driver.cuPointerGetAttribute.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
+        name = ctypes.c_char_p()
+        for domain, catalogue in BLOCKING.items():
+            for cbid in range(1, LARGEST_CBID):
+                if self._cupti.cuptiGetCallbackName(domain, cbid, ctypes.byref(name)) != 0 or not name.value:
+                    continue
+                function = base_name(name.value.decode())
+                if function in catalogue:
+                    self._wanted[(domain, cbid)] = (function, catalogue[function])
+
+    def _memory(self, pointer: int) -> Memory:
+        kind = ctypes.c_uint()
+        if self._driver.cuPointerGetAttribute(ctypes.byref(kind), _MEMORY_TYPE, pointer) != 0:
+            return Memory.PAGEABLE  # the driver does not know it: neither device nor page-locked
+        return Memory.DEVICE if kind.value == _DEVICE else Memory.PINNED
+
+    def _on_call(self, userdata: object, domain: int, cbid: int, data: int) -> None:
+        thread = self._thread
+        info = _CallbackData.from_address(data)
+        if info.callbackSite != ENTER:
+            thread.depth = max(thread.depth - 1, 0)
+            return
+        thread.depth += 1
+        if thread.depth > 1:
+            return  # a catalogued call's own inner call
+        from .syncs import PROBE
+
+        if not self._watches or PROBE.inside:
+            return
+        found = self._wanted.get((domain, cbid))
+        if found is None or not blocks(found[1], info.functionParams, self._memory):
+            return
+        self._record(found[0], sys._getframe(1))
+
+    def _record(self, function: str, frame: FrameType | None) -> None:
+        site = first_user_frame(frame)[1]
+        for watch in self._watches:
+            watch.calls.append((function, site))
+
+
+CUDA_CALLS = CudaCallProbe()

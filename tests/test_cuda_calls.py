@@ -1,0 +1,127 @@
+"""The CUDA-call probe's catalogue and its reading of a call's parameters (pure: real parameter structs laid out
+as the CUDA headers lay them out), and what it says where it cannot count."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from pytest_syncguard.probes.cuda_calls import (
+    BLOCKING,
+    DEVICE_TO_DEVICE,
+    DEVICE_TO_HOST,
+    DRIVER,
+    HOST_TO_DEVICE,
+    RUNTIME,
+    CudaCallProbe,
+    Memory,
+    When,
+    base_name,
+    blocks,
+)
+
+DEVICE, PINNED, PAGEABLE = 0x7F0000000000, 0x200000000, 0x5555AAAA0000
+KINDS = {DEVICE: Memory.DEVICE, PINNED: Memory.PINNED, PAGEABLE: Memory.PAGEABLE}
+
+
+class _Memcpy(ctypes.Structure):  # cudaMemcpy_v3020_params
+    _fields_ = (("dst", ctypes.c_void_p), ("src", ctypes.c_void_p), ("count", ctypes.c_size_t), ("kind", ctypes.c_int))
+
+
+class _MemcpyAsync(ctypes.Structure):  # cudaMemcpyAsync_v3020_params
+    _fields_ = (*_Memcpy._fields_, ("stream", ctypes.c_void_p))
+
+
+class _Memcpy2D(ctypes.Structure):  # cudaMemcpy2D_v3020_params
+    _fields_ = (
+        ("dst", ctypes.c_void_p), ("dpitch", ctypes.c_size_t), ("src", ctypes.c_void_p), ("spitch", ctypes.c_size_t),
+        ("width", ctypes.c_size_t), ("height", ctypes.c_size_t), ("kind", ctypes.c_int),
+    )  # fmt: skip
+
+
+class _DtoHAsync(ctypes.Structure):  # cuMemcpyDtoHAsync_v2_params
+    _fields_ = (
+        ("dstHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("ByteCount", ctypes.c_size_t),
+        ("hStream", ctypes.c_void_p),
+    )  # fmt: skip
+
+
+def _params(struct: type[ctypes.Structure], **values: int) -> ctypes.Structure:
+    """The struct over memory that was all ones before its fields were set: an enum read as a whole 8-byte slot
+    would read the padding too."""
+    params = struct.from_buffer(bytearray(b"\xff" * ctypes.sizeof(struct)))
+    for name, value in values.items():
+        setattr(params, name, value)
+    return params
+
+
+def _blocks(domain: int, function: str, params: ctypes.Structure) -> bool:
+    return blocks(BLOCKING[domain][function], ctypes.addressof(params), KINDS.__getitem__)
+
+
+def test_cupti_names_are_matched_without_their_version_and_stream_suffixes() -> None:
+    assert base_name("cuCtxSynchronize_v2") == "cuCtxSynchronize"
+    assert base_name("cuMemcpyDtoHAsync_v2_ptsz") == "cuMemcpyDtoHAsync"
+    assert base_name("cudaMemcpy_ptds") == "cudaMemcpy"
+    assert base_name("cudaMemcpy_v3020") == "cudaMemcpy"
+    assert base_name("cudaStreamSynchronize") == "cudaStreamSynchronize"
+    for catalogue in BLOCKING.values():
+        for name, call in catalogue.items():
+            assert base_name(name) == name
+            pointers = (call.dst, call.src)
+            assert (call.when is When.ALWAYS) == (pointers == (None, None)), name
+
+
+@pytest.mark.parametrize(
+    ("kind", "dst", "src", "blocking"),
+    [
+        (DEVICE_TO_HOST, PAGEABLE, DEVICE, True),
+        (DEVICE_TO_HOST, PINNED, DEVICE, True),  # synchronous whatever the host memory
+        (HOST_TO_DEVICE, DEVICE, PINNED, True),
+        (DEVICE_TO_DEVICE, DEVICE, DEVICE, False),  # no host-side synchronization
+        (4, DEVICE, DEVICE, False),  # cudaMemcpyDefault: the pointers tell
+        (4, PINNED, DEVICE, True),
+    ],
+)
+def test_a_synchronous_copy_blocks_unless_both_sides_are_device_memory(
+    kind: int, dst: int, src: int, blocking: bool
+) -> None:
+    assert _blocks(RUNTIME, "cudaMemcpy", _params(_Memcpy, dst=dst, src=src, count=8, kind=kind)) is blocking
+    two_d = _params(_Memcpy2D, dst=dst, src=src, dpitch=8, spitch=8, width=8, height=1, kind=kind)
+    assert _blocks(RUNTIME, "cudaMemcpy2D", two_d) is blocking
+
+
+@pytest.mark.parametrize(
+    ("kind", "dst", "src", "blocking"),
+    [
+        (DEVICE_TO_HOST, PAGEABLE, DEVICE, True),
+        (DEVICE_TO_HOST, PINNED, DEVICE, False),
+        (HOST_TO_DEVICE, DEVICE, PAGEABLE, True),
+        (HOST_TO_DEVICE, DEVICE, PINNED, False),
+        (DEVICE_TO_DEVICE, DEVICE, DEVICE, False),
+        (4, PAGEABLE, DEVICE, True),
+        (4, PINNED, DEVICE, False),
+    ],
+)
+def test_an_asynchronous_copy_blocks_only_with_pageable_host_memory(
+    kind: int, dst: int, src: int, blocking: bool
+) -> None:
+    params = _params(_MemcpyAsync, dst=dst, src=src, count=8, kind=kind, stream=0)
+    assert _blocks(RUNTIME, "cudaMemcpyAsync", params) is blocking
+
+
+def test_a_driver_copy_into_host_memory_blocks_when_that_memory_is_pageable() -> None:
+    into = {memory: _params(_DtoHAsync, dstHost=memory, srcDevice=DEVICE, ByteCount=8, hStream=0) for memory in KINDS}
+    assert _blocks(DRIVER, "cuMemcpyDtoHAsync", into[PAGEABLE])
+    assert not _blocks(DRIVER, "cuMemcpyDtoHAsync", into[PINNED])
+    assert _blocks(DRIVER, "cuCtxSynchronize", into[PINNED])  # whatever its parameters
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_without_cuda_the_probe_says_why_it_counted_nothing_and_starts_nothing() -> None:
+    with CudaCallProbe().counting() as watch:
+        pass
+    assert watch.calls == [] and watch.not_counted == "CUDA is not available"
+    assert not torch.cuda.is_initialized()
