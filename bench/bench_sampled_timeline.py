@@ -21,8 +21,10 @@ strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=
    intervals. ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy (the rounds
    run so far are reported).
 
+``--interval-ns N`` samples every N ns instead of the plugin's interval (for the cost's dependence on it).
+
 Run from the repository root: ``python -m bench.bench_sampled_timeline [--agreement a,b] [--strategies a,b]
-[--traced a,b] [--rounds N] [--keep DIR]``.
+[--traced a,b] [--rounds N] [--keep DIR] [--interval-ns N]``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import judge_sampled_region
+from pytest_syncguard.probes import sampler
 from pytest_syncguard.probes.pm_sampling import Samples, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_library
@@ -223,7 +226,12 @@ def main() -> None:
     parser.add_argument("--traced", default="", help="strategies run once under the plugin's trace capture, last")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--keep-ms", type=float, default=60.0)
+    parser.add_argument(
+        "--interval-ns", type=int, default=None, help="the PM sampler's interval instead of the plugin's (what costs)"
+    )
     args = parser.parse_args()
+    if args.interval_ns is not None:
+        sampler.INTERVAL_NS = args.interval_ns
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampled_timeline needs CUDA")
     began = time.monotonic()
