@@ -29,7 +29,7 @@ from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .environment import host_id, slug_for
 from .guard import GenerationRegion, Measurement, SyncGuard
-from .probes.memory import allocation_history
+from .probes.memory import allocation_history, out_of_memory
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .report import perfetto
@@ -40,6 +40,19 @@ from .timeline_source import SAMPLED, TRACE, TimelineSource
 def artifact_stem(nodeid: str) -> str:
     """A file name for a test: its node id with everything but letters, digits, '.', '-' and '_' replaced."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", nodeid).strip("_")[:180] or "test"
+
+
+def _out_of_memory_note(nodeid: str, measurement: Measurement) -> str | None:
+    """Which allocator numbers of the test are not its own because the GPU's memory ran out in a region."""
+    why = measurement.uncounted("device_mallocs")
+    retried = [stats.alloc_retries for stats in measurement.memory if stats.alloc_retries]
+    if why is None and not retried:
+        return None
+    left_out = [
+        *(["device_mallocs and device_frees not measured"] if why is not None else []),
+        *([f"reserved_mb and fragmentation left out of {len(retried)} region reading(s)"] if retried else []),
+    ]
+    return f"syncguard: {nodeid}: {'; '.join(left_out)}: {why or out_of_memory(sum(retried))}"
 
 
 def _python_kernel_note() -> str | None:
@@ -242,8 +255,8 @@ class CallCapture:
             error = error or f"{self.nodeid}: {self.misuse}"
         slug = slug_for(measurement.device)
         result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
-        fallback = _python_kernel_note()
-        result = replace(result, notes=(*notes, *([fallback] if fallback else [])), timeline_source=self.source)
+        found = [note for note in (_out_of_memory_note(self.nodeid, measurement), _python_kernel_note()) if note]
+        result = replace(result, notes=(*notes, *found), timeline_source=self.source)
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.
         if store is not None and self.options.baseline and result.error is None and not measurement.unmeasured:
             try:

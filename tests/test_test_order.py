@@ -161,6 +161,23 @@ def test_allocator_peaks_of_a_region_that_ran_out_of_gpu_memory_are_not_the_test
     assert reserved.runs(Measurement("cuda", 8, (), memory=(_stats(300, 1),))) == []
 
 
+def test_the_results_say_which_allocator_numbers_were_left_out_and_why() -> None:
+    from pytest_syncguard.analysis.counts import RegionCounts
+    from pytest_syncguard.capture import _out_of_memory_note
+    from pytest_syncguard.guard import Measurement
+    from pytest_syncguard.probes.memory import out_of_memory
+
+    counts = {1: RegionCounts(unmeasured=dict.fromkeys(("device_mallocs", "device_frees"), out_of_memory(3)))}
+    both = Measurement("cuda", 8, (), memory=(_stats(100, 0), _stats(300, 3)), region_numbers=(1,),
+                       region_counts=counts, count_parts=((1,),))  # fmt: skip
+    assert _out_of_memory_note("t.py::test", both) == (
+        "syncguard: t.py::test: device_mallocs and device_frees not measured; reserved_mb and fragmentation left out "
+        f"of 1 region reading(s): {out_of_memory(3)}"
+    )
+    assert "(3 cudaMalloc retries after freeing the allocator's cache)" in out_of_memory(3)
+    assert _out_of_memory_note("t.py::test", Measurement("cuda", 8, (), memory=(_stats(100, 0),))) is None
+
+
 @pytest.mark.gpu
 def test_a_region_whose_cudamalloc_was_retried_counts_no_mallocs() -> None:
     """The allocator runs out of memory inside the region (here under a memory fraction; on a shared GPU, another

@@ -80,11 +80,11 @@ def _driver_calls() -> dict[str, int]:
 
 
 def out_of_memory(retries: int) -> str:
-    """Why a region's cudaMalloc and cudaFree counts are not the test's when the allocator ran out of memory."""
+    """Why a region's allocator numbers are not the test's when the allocator ran out of memory in it."""
     return (
         f"the GPU's memory ran out during the region ({retries} cudaMalloc retr{'y' if retries == 1 else 'ies'} "
-        "after freeing the allocator's cache): its cudaMalloc and cudaFree calls depend on what else holds that "
-        "GPU's memory (another process, such as an xdist worker on the same GPU), not on the test alone"
+        "after freeing the allocator's cache): what the allocator did then depends on what else holds that GPU's "
+        "memory (another process, such as an xdist worker on the same GPU), not on the test alone"
     )
 
 
