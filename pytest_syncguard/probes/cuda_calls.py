@@ -104,8 +104,8 @@ def base_name(function: str) -> str:
 
 #: cudaMemcpyKind.
 HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, DEFAULT = range(5)
-#: CUpointer_attribute and CUmemorytype.
-_MEMORY_TYPE, _HOST, _DEVICE = 2, 1, 2
+#: CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE and CUmemorytype CU_MEMORYTYPE_DEVICE.
+_MEMORY_TYPE, _DEVICE = 2, 2
 
 
 class Memory(enum.Enum):

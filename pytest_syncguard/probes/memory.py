@@ -68,13 +68,14 @@ def settle_allocator() -> None:
 _DRIVER_CALLS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free"}
 #: How often a cudaMalloc failed and the allocator freed its cache to try again: the GPU's memory ran out.
 _RETRIES = "num_alloc_retries"
+_READ = {**_DRIVER_CALLS, _RETRIES: _RETRIES}
 
 
 def _driver_calls() -> dict[str, int]:
-    totals = dict.fromkeys([*_DRIVER_CALLS, _RETRIES], 0)
+    totals = dict.fromkeys(_READ, 0)
     for device in range(torch.cuda.device_count()):
         stats = torch.cuda.memory_stats(device)
-        for name, key in [*_DRIVER_CALLS.items(), (_RETRIES, _RETRIES)]:
+        for name, key in _READ.items():
             totals[name] += int(stats.get(key, 0))
     return totals
 
