@@ -35,8 +35,7 @@ from typing import Any
 import torch
 
 from bench.bench_pm_sampling import DeviceRecords, disable_all, sampling
-from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT
-from examples import models
+from bench.bench_timeline_capture import NEW_TOKENS, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.probes.pm_sampling import PmSamplingError, Samples, base_metrics, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES
@@ -158,9 +157,7 @@ def explore(candidates: list[str], group: int, records: DeviceRecords, out: Path
 
 
 def loops(names: list[str], metrics: tuple[str, ...], records: DeviceRecords, args: argparse.Namespace) -> None:
-    model = models.gpt2("cuda", tiny=False)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
-    prompt, eos = prompt.to("cuda"), model.config.vocab_size
+    model, prompt, eos = workload()
     for name in names:
         STRATEGIES[name](model, prompt, NEW_TOKENS, eos)  # warm-up
         torch.cuda.synchronize()

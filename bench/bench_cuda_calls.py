@@ -21,8 +21,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interval, timed
-from examples import models
+from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
@@ -75,10 +74,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_cuda_calls needs CUDA")
     began = time.monotonic()
-    model = models.gpt2("cuda", tiny=False)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
-    prompt = prompt.to("cuda")
-    eos = model.config.vocab_size
+    model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     names = [n for n in args.strategies.split(",") if n]
     for index, name in enumerate(names):

@@ -37,16 +37,14 @@ import torch
 
 from bench.bench_cupti_floor import CuptiTracer
 from bench.bench_timeline_capture import (
-    BATCH,
     LOOPS,
     NEW_TOKENS,
-    PROMPT,
     discarded_capture,
     per_iteration,
     ratio_interval,
     timed,
+    workload,
 )
-from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, sampled
 from pytest_syncguard.analysis.trace_file import GpuOp
@@ -358,10 +356,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_pm_sampling needs CUDA")
     LIMITS["samples"] = args.max_samples
-    model = models.gpt2("cuda", tiny=False)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
-    prompt = prompt.to("cuda")
-    eos = model.config.vocab_size
+    model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; {args.rounds} rounds", flush=True)
     metrics = choose_metrics(args.agreement_interval_ns, args.pairs.split(","))
     names = [n for n in args.strategies.split(",") if n]

@@ -21,13 +21,11 @@ from collections.abc import Callable
 
 import torch
 
-from examples import models
+from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis.races import RaceEvent
 from pytest_syncguard.guard import GenerationRegion
 from pytest_syncguard.probes.races import RACES
-
-BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 
 
 def timed(generate: Callable[[], object], check: bool, races: list[RaceEvent]) -> float:
@@ -52,10 +50,7 @@ def main() -> None:
         raise SystemExit("bench_race_check needs CUDA")
     if RACES.unavailable() is not None:
         raise SystemExit(f"bench_race_check: {RACES.unavailable()}")
-    model = models.gpt2("cuda", tiny=False)
-    generator = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=generator).to("cuda")
-    eos = model.config.vocab_size  # never emitted: every run decodes all steps
+    model, prompt, eos = workload()
     print(
         f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; GPT-2 124M, batch {BATCH}, prompt "
         f"{PROMPT}, {NEW_TOKENS} new tokens; {args.rounds} rounds, variants alternating",

@@ -44,8 +44,7 @@ from typing import Any
 import torch
 
 from bench.bench_pm_sampling import DeviceRecords, truth
-from bench.bench_timeline_capture import BATCH, NEW_TOKENS, PROMPT, ratio_interval, timed
-from examples import models
+from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
@@ -235,10 +234,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampled_timeline needs CUDA")
     began = time.monotonic()
-    model = models.gpt2("cuda", tiny=False)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
-    prompt = prompt.to("cuda")
-    eos = model.config.vocab_size
+    model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     runs = {n: (lambda s=STRATEGIES[n]: s(model, prompt, NEW_TOKENS, eos)) for n in STRATEGIES}
     records = DeviceRecords(cupti_library() or load_cupti())

@@ -66,6 +66,16 @@ from pytest_syncguard.probes.memory import allocation_history
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, cupti_library, driver_records_off
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
+
+
+def workload() -> tuple[Any, torch.Tensor, int]:
+    """The benches' decoding workload on CUDA: GPT-2 124M, a fixed random prompt of BATCH x PROMPT tokens, and an
+    end-of-sequence id the model never emits (every run decodes all NEW_TOKENS steps)."""
+    model = models.gpt2("cuda", tiny=False)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
+    return model, prompt.to("cuda"), model.config.vocab_size
+
+
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
 #: Runs of the ``--host-ops`` variant whose trace is analysed (each takes seconds to read); the others are timed.
 HOST_OPS_ANALYSED = 2
@@ -271,10 +281,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_timeline_capture needs CUDA")
-    model = models.gpt2("cuda", tiny=False)
-    generator = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), generator=generator).to("cuda")
-    eos = model.config.vocab_size  # never emitted: every run decodes all steps
+    model, prompt, eos = workload()
     names = args.strategies.split(",")
     strategies: dict[str, Callable[..., object]] = {**STRATEGIES, **LOOPS}
     print(
