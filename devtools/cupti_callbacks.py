@@ -33,30 +33,9 @@ from typing import Any
 
 import torch
 
+from pytest_syncguard.probes.cuda_calls import CALLBACK, DRIVER, ENTER, RUNTIME, CallbackData
 from pytest_syncguard.probes.pm_sampling import load_cupti
 from pytest_syncguard.probes.timeline import cupti_detached_afterwards
-
-DRIVER, RUNTIME = 1, 2  # CUpti_CallbackDomain
-ENTER = 0  # CUpti_ApiCallbackSite
-#: The CUptiResult of a second subscriber (cupti_result.h).
-MULTIPLE_SUBSCRIBERS = 39
-CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
-
-
-class CallbackData(ctypes.Structure):
-    """CUpti_CallbackData (cupti_callbacks.h), the API domains' callback argument."""
-
-    _fields_ = (
-        ("callbackSite", ctypes.c_int),
-        ("functionName", ctypes.c_char_p),
-        ("functionParams", ctypes.c_void_p),
-        ("functionReturnValue", ctypes.c_void_p),
-        ("symbolName", ctypes.c_char_p),
-        ("context", ctypes.c_void_p),
-        ("contextUid", ctypes.c_uint32),
-        ("correlationData", ctypes.POINTER(ctypes.c_uint64)),
-        ("correlationId", ctypes.c_uint32),
-    )
 
 
 def _caller() -> str:

@@ -5,7 +5,6 @@ counterparts and torch's own syncs count nothing there (torch's probe counts the
 from __future__ import annotations
 
 import ctypes
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -174,7 +173,3 @@ def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again
         _runtime().cudaDeviceSynchronize()
 
     assert _counted(case) == ([("cudaDeviceSynchronize", _line(case))], 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-q"]))

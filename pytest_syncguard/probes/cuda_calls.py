@@ -136,7 +136,7 @@ def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> 
     return any(memory(fields[index]) is Memory.PAGEABLE for index in host if index is not None)
 
 
-class _CallbackData(ctypes.Structure):
+class CallbackData(ctypes.Structure):
     """CUpti_CallbackData (cupti_callbacks.h): what an API callback is given."""
 
     _fields_ = (
@@ -152,7 +152,8 @@ class _CallbackData(ctypes.Structure):
     )
 
 
-_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
+#: A CUPTI callback (CUpti_CallbackFunc).
+CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
 
 
 class _Thread(threading.local):
@@ -175,7 +176,7 @@ class CudaCallProbe:
         self._cupti: Any = None
         self._driver: Any = None
         self._handle = ctypes.c_void_p()
-        self._callback = _CALLBACK(self._on_call)  # kept alive: CUPTI calls it while subscribed
+        self._callback = CALLBACK(self._on_call)  # kept alive: CUPTI calls it while subscribed
         self._wanted: dict[tuple[int, int], tuple[str, BlockingCall]] = {}
         self._thread = _Thread()
         self._watches: list[CudaCallWatch] = []
@@ -248,7 +249,7 @@ class CudaCallProbe:
 
     def _on_call(self, userdata: object, domain: int, cbid: int, data: int) -> None:
         thread = self._thread
-        info = _CallbackData.from_address(data)
+        info = CallbackData.from_address(data)
         if info.callbackSite != ENTER:
             thread.depth = max(thread.depth - 1, 0)
             return
