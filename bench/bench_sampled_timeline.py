@@ -16,15 +16,16 @@ strategies, marked by the probe's forward pre-hook as ``syncguard.measure(model=
    (tests/data/sampled_steps, checked by tests/test_sampled_steps.py).
 2. ``--traced``: per strategy, one run under the plugin's own trace capture (as a counting run is taken): its
    judged steps, gap count per step, p99 and widest gap, to set beside the records of (1).
-3. ``--rounds``: per strategy, a sampled run (the probe, marks included) and a second bare run, each next to a bare
-   run (which goes first alternates): wall-time ratios of the region's block, medians with 90% signed-rank
+3. ``--rounds``: per strategy, a sampled run (the probe, marks included) at each of ``--interval-ns``, a run with
+   the probe's marks alone (no sampler) and a second bare run, each next to a bare run (which goes first
+   alternates; the variants' order rotates): wall-time ratios of the region's block, medians with 90% signed-rank
    intervals. ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy (the rounds
    run so far are reported).
 
-``--interval-ns N`` samples every N ns instead of the plugin's interval (for the cost's dependence on it).
+``--interval-ns N[,M...]`` samples every N ns instead of the plugin's interval (for the cost's dependence on it).
 
 Run from the repository root: ``python -m bench.bench_sampled_timeline [--agreement a,b] [--strategies a,b]
-[--traced a,b] [--rounds N] [--keep DIR] [--interval-ns N]``.
+[--traced a,b] [--rounds N] [--keep DIR] [--interval-ns N,M]``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import judge_sampled_region
 from pytest_syncguard.probes import sampler
+from pytest_syncguard.probes.patches import Patches
 from pytest_syncguard.probes.pm_sampling import Samples, load_cupti
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_library
@@ -178,41 +180,62 @@ def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int, str]]]:
     return region, [(a, b, label) for (a, b), label in ops]
 
 
-def overhead(name: str, fn: Callable[[], object], model: Any, rounds: int, deadline: float) -> None:
-    """Sampled (the probe with its marks) and bare again, each next to a bare run: ratios of the block's time."""
-    walls: dict[str, list[float]] = {"bare": [], "sampled": [], "bare again": []}
-    ratios: dict[str, list[float]] = {"sampled": [], "bare again": []}
-    regions = iter(range(1, 1 << 30))
+def overhead(
+    name: str, fn: Callable[[], object], model: Any, rounds: int, deadline: float, intervals: Sequence[int]
+) -> None:
+    """Each variant (sampled at each interval, the probe's marks alone, bare again) next to a bare run: ratios of
+    the block's time. The sampler is armed for each sampled run alone, as a test's call arms it."""
+    variants = [f"sampled {ns} ns" for ns in intervals] + ["marks only", "bare again"]
+    walls: dict[str, list[float]] = {"bare": [], **{v: [] for v in variants}}
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    problems: list[str] = []
 
     def run(variant: str) -> None:
-        if variant != "sampled":
+        if variant.startswith("sampled"):
+            sampler.INTERVAL_NS = int(variant.split()[1])
+            with SAMPLER.arming(), forward_steps(model, name), SAMPLER.region(1):
+                walls[variant].append(timed(fn))
+            if SAMPLER.problem:
+                problems.append(SAMPLER.problem)
+        elif variant == "marks only":
+            with marks_only(model, name):
+                walls[variant].append(timed(fn))
+        else:
             walls[variant].append(timed(fn))
-            return
-        with forward_steps(model, name), SAMPLER.region(next(regions)):
-            walls[variant].append(timed(fn))
-        sampled_regions.clear()  # a second of samples is tens of MB of arrays
 
-    with SAMPLER.arming() as sampled_regions:
-        for variant in walls:
-            run(variant)  # warm-up
-        for values in walls.values():
-            values.clear()
-        for r in range(rounds):
-            if r >= 2 and time.monotonic() > deadline:
-                break
-            for i, variant in enumerate(["sampled", "bare again"][r % 2 :] + ["sampled", "bare again"][: r % 2]):
-                for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
-                    run(side)
-                ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
-        problem = SAMPLER.problem
+    for variant in walls:
+        run(variant)  # warm-up
+    for values in walls.values():
+        values.clear()
+    for r in range(rounds):
+        if r >= 2 and time.monotonic() > deadline:
+            break
+        for i, variant in enumerate(variants[r % len(variants) :] + variants[: r % len(variants)]):
+            for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
+                run(side)
+            ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
     median = statistics.median
+    cells = " | ".join(f"{v} {median(ratios[v]):.3f} ({ratio_interval(ratios[v])})" for v in variants)
     print(
-        f"{name:<16} {len(ratios['sampled'])} rounds, bare {median(walls['bare']) * 1e3:7.1f} ms | sampled "
-        f"{median(ratios['sampled']):.3f} ({ratio_interval(ratios['sampled'])}) | A/A "
-        f"{median(ratios['bare again']):.3f} ({ratio_interval(ratios['bare again'])})"
-        + (f" | sampler: {problem}" if problem else ""),
+        f"{name:<16} {len(ratios['bare again'])} rounds, bare {median(walls['bare']) * 1e3:7.1f} ms | {cells}"
+        + (f" | sampler: {problems[0]}" if problems else ""),
         flush=True,
     )
+
+
+@contextmanager
+def marks_only(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """What the probe adds to the loop besides the sampler: the marker kernel and a CUDA event per step (forward
+    calls, or graph replays through the same patch)."""
+    replays = Patches()
+    SAMPLER._clock = sampler._StepClock()
+    replays.patch(torch.cuda.CUDAGraph, "replay", SAMPLER._marking_replays)
+    try:
+        with forward_steps(model, name):
+            yield
+    finally:
+        replays.undo()
+        SAMPLER._clock = None
 
 
 def main() -> None:
@@ -226,11 +249,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--keep-ms", type=float, default=60.0)
     parser.add_argument(
-        "--interval-ns", type=int, default=None, help="the PM sampler's interval instead of the plugin's (what costs)"
+        "--interval-ns",
+        default=str(sampler.INTERVAL_NS),
+        help="the PM sampler's intervals (comma-separated) for the cost; the agreement uses the first",
     )
     args = parser.parse_args()
-    if args.interval_ns is not None:
-        sampler.INTERVAL_NS = args.interval_ns
+    intervals = [int(ns) for ns in args.interval_ns.split(",")]
+    sampler.INTERVAL_NS = intervals[0]
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampled_timeline needs CUDA")
     began = time.monotonic()
@@ -244,7 +269,7 @@ def main() -> None:
     names = [n for n in args.strategies.split(",") if n]
     for index, name in enumerate(names):
         share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
-        overhead(name, runs[name], model, args.rounds, time.monotonic() + share)
+        overhead(name, runs[name], model, args.rounds, time.monotonic() + share, intervals)
     for name in [n for n in args.traced.split(",") if n]:  # last: a capture detaches CUPTI when it stops
         runs[name]()
         traced(name, runs[name], model, args.warmup_steps)
