@@ -18,6 +18,7 @@ from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes import compiles, ops
+from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
 from .probes.sampler import SAMPLER
@@ -83,6 +84,9 @@ class Measurement:
     device_times: Mapping[int, DeviceTime] = field(default_factory=dict)
     """Per traced region number (a ``measure()``'s counting run, every region of a captured call): the device's
     own busy time in its judged steps, from the kernels' records (CUDA only)."""
+    cuda_calls_uncounted: str | None = None
+    """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region (a profiler
+    capture held CUPTI, no CUPTI), if so; its syncs are then torch's alone there."""
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
@@ -177,6 +181,7 @@ class Measurement:
             unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
             races=tuple(r for m in measurements for r in m.races),
             device_times={n: d for m in measurements for n, d in m.device_times.items()},
+            cuda_calls_uncounted=next((m.cuda_calls_uncounted for m in measurements if m.cuda_calls_uncounted), None),
         )
 
     def device_us_per_token(self) -> list[float]:
@@ -224,6 +229,7 @@ class GenerationRegion:
     _races: list[RaceEvent] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
     _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
+    _cuda_calls: CudaCallWatch = field(default_factory=CudaCallWatch, repr=False)
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
@@ -293,6 +299,8 @@ class GenerationRegion:
     @contextmanager
     def _recording(self) -> Iterator[GenerationRegion]:
         PROBE.prepare()  # the first region of a process loads the native kernel before its clock starts
+        if self._on_cuda:
+            CUDA_CALLS.prepare()
         start = self._clock()
         seconds = None
         try:
@@ -366,7 +374,14 @@ class GenerationRegion:
             region_counts={self.number: counts},
             count_parts=((self.number,),),
             races=tuple(self._races),
+            cuda_calls_uncounted=self._cuda_calls.not_counted,
         )
+
+    @contextmanager
+    def _counting_cuda_calls(self) -> Iterator[None]:
+        with CUDA_CALLS.counting() as watch:
+            self._cuda_calls = watch
+            yield
 
 
 @dataclass(frozen=True)
@@ -386,13 +401,15 @@ def _always(region: GenerationRegion) -> bool:
 
 #: Every probe of a region, outermost first: a probe does not see the work of those outside it, so the counters
 #: are innermost (the other probes' own operators are not counted) and the race watch is inside the sync probe
-#: (its copy kernel announces the copies). The allocator's numbers are read on its exit, after those inside.
+#: (its copy kernel announces the copies), as is the CUDA-call probe (it counts into the sync probe's recorders).
+#: The allocator's numbers are read on its exit, after those inside.
 REGION_PROBES = (
     RegionProbe("timeline annotation", _always, lambda r: TIMELINE.region(r.number)),
     RegionProbe("marked steps", _always, lambda r: closing(r._steps)),
     RegionProbe("forward calls", lambda r: r.model is not None, lambda r: r._model_hooks()),
     RegionProbe("allocator", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory)),
     RegionProbe("syncs", _always, lambda r: PROBE.recording(r._recorder)),
+    RegionProbe("CUDA calls", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls()),
     RegionProbe("races", lambda r: r.check_races and r._on_cuda, lambda r: RACES.watching(r._races, r._counts)),
     RegionProbe("driver calls", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
     RegionProbe("compiles", _always, lambda r: compiles.counting(r._counts)),
@@ -521,7 +538,8 @@ class SyncGuard:
                 self.measurements.pop()
         # The timeline and timing of every timed run are kept, the memory of every run: noisy metrics are judged
         # on their median.
-        worst = max(runs, key=lambda m: m.syncs)
+        counted_calls = [m for m in runs if m.cuda_calls_uncounted is None]
+        worst = max(counted_calls or runs, key=lambda m: m.syncs)
         timed = runs[counting_run:]
         worst = replace(
             worst,
@@ -532,6 +550,8 @@ class SyncGuard:
             region_counts={n: c for m in runs for n, c in m.region_counts.items()},
             count_parts=(tuple(n for m in runs for n in m.region_numbers),),
             races=tuple(r for m in runs for r in m.races),
+            # A counting run under a trace cannot count them (the trace holds CUPTI): the timed runs do.
+            cuda_calls_uncounted=None if counted_calls else runs[0].cuda_calls_uncounted,
         )
         if outermost:
             self.measurements.append(worst)

@@ -150,6 +150,8 @@ class MeasuredTest:
     """The device it ran on (:func:`.environment.host_id`): a baseline's recordings say which GPUs made them."""
     timeline_source: TimelineSource | None = None
     """Where its GPU timelines came from, and why (None: it had none on CUDA)."""
+    cuda_calls_uncounted: str | None = None
+    """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region, if so."""
 
     @property
     def syncs(self) -> int:
@@ -233,4 +235,5 @@ class MeasuredTest:
             error=error,
             device_slug=device_slug,
             host=host,
+            cuda_calls_uncounted=measurement.cuda_calls_uncounted,
         )

@@ -1,13 +1,18 @@
 """The CUDA-call probe's catalogue and its reading of a call's parameters (pure: real parameter structs laid out
-as the CUDA headers lay them out), and what it says where it cannot count."""
+as the CUDA headers lay them out), and what it and the reports say where it cannot count."""
 
 from __future__ import annotations
 
 import ctypes
+import gzip
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from pytest_syncguard import results_file
+from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.cuda_calls import (
     BLOCKING,
     DEVICE_TO_DEVICE,
@@ -21,6 +26,7 @@ from pytest_syncguard.probes.cuda_calls import (
     base_name,
     blocks,
 )
+from pytest_syncguard.report.terminal import baseline_lines, site_lines
 
 DEVICE, PINNED, PAGEABLE = 0x7F0000000000, 0x200000000, 0x5555AAAA0000
 KINDS = {DEVICE: Memory.DEVICE, PINNED: Memory.PINNED, PAGEABLE: Memory.PAGEABLE}
@@ -123,5 +129,34 @@ def test_a_driver_copy_into_host_memory_blocks_when_that_memory_is_pageable() ->
 def test_without_cuda_the_probe_says_why_it_counted_nothing_and_starts_nothing() -> None:
     with CudaCallProbe().counting() as watch:
         pass
-    assert watch.calls == [] and watch.not_counted == "CUDA is not available"
+    assert watch.not_counted == "CUDA is not available"
     assert not torch.cuda.is_initialized()
+
+
+def test_a_cpu_region_has_no_cuda_call_probe_and_names_the_kind_it_cannot_see() -> None:
+    guard = SyncGuard("test", device="cpu")
+    with guard.generation(tokens=1) as region:
+        torch.ones(2).sum().item()
+    assert region.measurement is not None and region.measurement.cuda_calls_uncounted is None
+    assert region.syncs == 1 and "CUDA call outside torch" in region.measurement.invisible_kinds
+
+
+def test_calls_not_counted_are_said_in_the_tests_section_the_summary_and_the_results_document(tmp_path: Path) -> None:
+    """Two tests of a real H100 results document (tests/data/h100_results) whose calls outside torch were not
+    counted: each test's section says why, the summary once per reason with the tests it names, and the results
+    document keeps the reason."""
+    packed = Path(__file__).parent / "data" / "h100_results" / "results-nvidia-h100-80gb-hbm3.json.gz"
+    source = tmp_path / "results.json"
+    source.write_bytes(gzip.decompress(packed.read_bytes()))
+    why = "the profiler trace of the test's GPU timeline holds CUPTI's one subscriber of the process"
+    tests = results_file.read(source)
+    tests[:2] = [replace(t, cuda_calls_uncounted=why) for t in tests[:2]]
+    written = tmp_path / "again.json"
+    results_file.write(written, tests)
+    again = results_file.read(written)
+    assert [t.cuda_calls_uncounted for t in again] == [why, why] + [None] * (len(tests) - 2)
+    outside = "syncs made outside torch (host-blocking CUDA calls of extensions, ctypes, the driver API)"
+    assert f"{outside} were not counted: {why}" in site_lines(again[0])
+    assert not any("outside torch" in line for line in site_lines(again[2]))
+    said = [line for line in baseline_lines(again, updating=False) if outside in line]
+    assert said == [f"syncguard: {outside} were not counted in 2 test(s) ({tests[0].nodeid}, {tests[1].nodeid}): {why}"]

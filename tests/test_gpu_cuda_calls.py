@@ -1,10 +1,13 @@
 """On CUDA: the CUDA-call probe counts the host-blocking calls that torch's probe cannot see, made by a C++/CUDA
 extension built here and through ctypes, each once and at the line of this file that made it; their asynchronous
-counterparts and torch's own syncs count nothing there (torch's probe counts the latter)."""
+counterparts and torch's own syncs count nothing there (torch's probe counts the latter). Under the plugin they are
+syncs like any other, and where a trace holds CUPTI the summary says they were not counted."""
 
 from __future__ import annotations
 
 import ctypes
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
+from pytest_syncguard.probes.sync_ops import SyncKind
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 from pytest_syncguard.probes.timeline import cupti_detached_afterwards
 
@@ -65,14 +69,17 @@ def _runtime() -> ctypes.CDLL:
 
 
 def _counted(fn: Callable[[], object]) -> tuple[list[tuple[str, int]], int]:
-    """The probe's calls (function, line in this file) and torch's probe's syncs, for one call of ``fn``."""
+    """The CUDA calls counted outside torch (function, line in this file) and torch's probe's syncs, for one call
+    of ``fn``."""
     torch.cuda.synchronize()
     recorder = SyncRecorder(on_device=True)
     with PROBE.recording(recorder), CUDA_CALLS.counting() as watch:
         fn()
     assert watch.not_counted is None, watch.not_counted
-    assert all(site is not None and Path(site.filename) == Path(__file__) for _, site in watch.calls), watch.calls
-    return [(name, site.lineno) for name, site in watch.calls if site is not None], recorder.syncs
+    outside = [e for e in recorder.events if e.kind == SyncKind.CUDA_CALL]
+    assert all(e.site is not None and Path(e.site.filename) == Path(__file__) for e in outside), outside
+    torch_syncs = sum(e.syncs for e in recorder.events if e.kind != SyncKind.CUDA_CALL)
+    return [(e.op, e.site.lineno) for e in outside if e.site is not None], torch_syncs
 
 
 def _line(fn: Callable[..., object]) -> int:
@@ -157,7 +164,31 @@ def test_syncs_torch_counts_are_not_counted_again_at_the_cuda_level() -> None:
             assert _counted(lambda: value.item()) == ([], 1)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    assert _counted(torch.cuda.synchronize) == ([], 1)
+    assert _counted(lambda: torch.cuda.synchronize()) == ([], 1)
+
+
+def test_a_synchronize_taken_before_the_probe_patched_it_counts_at_the_cuda_level() -> None:
+    """A reference to ``torch.cuda.synchronize`` kept from before the sync probe patched it (``from torch.cuda
+    import synchronize`` at import) escapes torch's probe; its cudaDeviceSynchronize is counted once, here."""
+    early = torch.cuda.synchronize
+
+    def case() -> None:
+        early()
+
+    assert _counted(case) == ([("cudaDeviceSynchronize", _line(case))], 0)
+
+
+def test_a_cuda_call_inside_allow_is_recorded_as_intended_and_not_counted() -> None:
+    from pytest_syncguard.guard import SyncGuard
+
+    guard = SyncGuard("test", device="cuda")
+    with guard.generation(tokens=2) as region:
+        _runtime().cudaDeviceSynchronize()
+        with guard.allow():
+            _runtime().cudaDeviceSynchronize()
+    assert (region.syncs, region.allowed_syncs) == (1, 1)
+    assert [(s.kind, s.op) for s in region.sites()] == [(SyncKind.CUDA_CALL.value, "cudaDeviceSynchronize")]
+    assert region.measurement is not None and region.measurement.cuda_calls_uncounted is None
 
 
 def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again_after() -> None:
@@ -165,7 +196,7 @@ def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again
         torch.ones(4, device="cuda").sum()
         with CUDA_CALLS.counting() as watch:
             torch.cuda.synchronize()
-    assert watch.calls == [] and watch.not_counted is not None and "subscriber" in watch.not_counted
+    assert watch.not_counted is not None and "subscriber" in watch.not_counted
     torch.ones(4, device="cuda").sum()  # kineto detaches CUPTI on the exit of the first runtime call after a capture
     torch.cuda.synchronize()
 
@@ -173,3 +204,64 @@ def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again
         _runtime().cudaDeviceSynchronize()
 
     assert _counted(case) == ([("cudaDeviceSynchronize", _line(case))], 0)
+
+
+OUTSIDE = """
+import ctypes
+
+import pytest
+import torch
+
+STEPS = 8
+
+
+def runtime():
+    torch.cuda.init()
+    with open("/proc/self/maps") as maps:
+        return ctypes.CDLL(sorted({line.split()[-1] for line in maps if "/libcudart" in line})[0])
+
+
+def decode(cudart):
+    x = torch.zeros(1 << 16, device="cuda")
+    for _ in range(STEPS):
+        x.add_(1)
+        cudart.cudaStreamSynchronize(None)  # OUTSIDE
+
+
+@pytest.mark.max_syncs_per_token(0)
+@pytest.mark.max_gpu_idle_us(5)
+def test_outside(syncguard):
+    cudart = runtime()
+    syncguard.measure(lambda: decode(cudart), tokens=STEPS, repeat=2)
+"""
+
+
+@pytest.mark.parametrize("source", ["sampled", "trace"])
+def test_under_the_plugin_a_sync_outside_torch_fails_a_budget_with_its_call_site_or_is_said_uncounted(
+    pytester: pytest.Pytester, source: str
+) -> None:
+    """Sampled: the counting run's trace holds CUPTI, the timed runs count the ctypes synchronize at its line, and
+    the sampled gap it ends names it. Under the trace the whole call is captured: nothing outside torch is counted,
+    and the test's section and the summary say so and why."""
+    written = pytester.makepyfile(test_outside=OUTSIDE)
+    line = next(i for i, text in enumerate(written.read_text().splitlines(), 1) if "# OUTSIDE" in text)
+    result = pytester.runpytest_subprocess(
+        "--syncguard", f"--syncguard-timeline={source}", "--syncguard-json=out.json", "-v"
+    )
+    out = result.stdout.str()
+    print(out)
+    (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
+    if source == "sampled":
+        assert test["by_kind"] == {"CUDA call outside torch": 8} and test["cuda_calls_uncounted"] is None
+        assert "measured 1.00: 8 syncs over 8 tokens" in out
+        assert re.search(
+            rf"8 x CUDA call outside torch \(cudaStreamSynchronize\) at \S*test_outside.py:{line} in decode", out
+        )
+        assert re.search(rf"host sync .*\n\s+CUDA call outside torch at \S*test_outside.py:{line} in ", out), out
+    else:
+        assert test["by_kind"] == {} and "holds CUPTI's one subscriber" in test["cuda_calls_uncounted"]
+        assert (
+            "syncs made outside torch (host-blocking CUDA calls of extensions, ctypes, the driver API) were not "
+            "counted in 1 test(s) (test_outside.py::test_outside): the profiler trace" in out
+        )
+    result.assert_outcomes(failed=1)

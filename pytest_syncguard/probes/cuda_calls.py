@@ -14,8 +14,10 @@ detaches CUPTI after a capture that asked it to (the plugin's captures do), and 
 again. So this probe subscribes at the start of each region it counts and unsubscribes at its end; where the slot
 is taken, or there is no CUPTI or no CUDA, it counts nothing and says why (:attr:`CudaCallWatch.not_counted`).
 
-Not yet part of a measured region: its device tests (tests/test_gpu_cuda_calls.py) and cost come first (issue
-44). What CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``.
+Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
+"CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. What
+CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
+tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
 """
 
 from __future__ import annotations
@@ -26,13 +28,11 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from types import FrameType
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.sites import Frame
-from .call_sites import first_user_frame
+from .sync_ops import SyncKind
 
 #: CUpti_CallbackDomain.
 DRIVER, RUNTIME = 1, 2
@@ -158,14 +158,16 @@ CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
 
 class _Thread(threading.local):
     depth = 0
+    """Catalogued calls open on this thread (a runtime function's own driver call is the second)."""
+    stamp: AbstractContextManager[Any] | None = None
+    """The open counted call's stamp, left when it returns."""
 
 
 @dataclass
 class CudaCallWatch:
-    """One region's blocking CUDA calls made outside torch, each as (function, call site); or why none could be
-    counted."""
+    """One region's watch: why the blocking CUDA calls made outside torch could not be counted (None: they are
+    counted, into the sync probe's recorders)."""
 
-    calls: list[tuple[str, Frame | None]] = field(default_factory=list)
     not_counted: str | None = None
 
 
@@ -199,6 +201,12 @@ class CudaCallProbe:
                     if not self._watches:
                         self._cupti.cuptiUnsubscribe(self._handle)
 
+    def prepare(self) -> None:
+        """Load CUPTI and find the catalogued callbacks now, so that no measured region pays for it (a failure is
+        said by the region's watch)."""
+        with suppress(OSError):
+            self._load()
+
     def _subscribe(self) -> str | None:
         """Subscribe and enable the catalogued callbacks; why not, where it cannot."""
         import torch
@@ -211,6 +219,13 @@ class CudaCallProbe:
             return f"no CUPTI library could be loaded ({exc})"
         status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
         if status == MULTIPLE_SUBSCRIBERS:
+            from .timeline import TIMELINE
+
+            if TIMELINE.tracing:
+                return (
+                    "the profiler trace of the test's GPU timeline holds CUPTI's one subscriber of the process "
+                    "(--syncguard-timeline=trace, or the trace standing in for the sampler)"
+                )
             return (
                 "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another tool "
                 "that subscribed to CUPTI)"
@@ -252,6 +267,9 @@ class CudaCallProbe:
         info = CallbackData.from_address(data)
         if info.callbackSite != ENTER:
             thread.depth = max(thread.depth - 1, 0)
+            if thread.depth == 0 and thread.stamp is not None:
+                stamp, thread.stamp = thread.stamp, None
+                stamp.__exit__(None, None, None)
             return
         thread.depth += 1
         if thread.depth > 1:
@@ -263,12 +281,11 @@ class CudaCallProbe:
         found = self._wanted.get((domain, cbid))
         if found is None or not blocks(found[1], info.functionParams, self._memory):
             return
-        self._record(found[0], sys._getframe(1))
-
-    def _record(self, function: str, frame: FrameType | None) -> None:
-        site = first_user_frame(frame)[1]
-        for watch in self._watches:
-            watch.calls.append((function, site))
+        frame = sys._getframe(1)
+        PROBE.record_cuda_call(found[0], frame)
+        stamp = PROBE.stamp(SyncKind.CUDA_CALL, frame)
+        stamp.__enter__()
+        thread.stamp = stamp
 
 
 CUDA_CALLS = CudaCallProbe()

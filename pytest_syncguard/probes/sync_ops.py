@@ -31,6 +31,9 @@ class SyncKind(enum.StrEnum):
     BLOCKING_COPY = "host<->device copy"
     PAGEABLE_NON_BLOCKING = "non_blocking copy with pageable memory"
     EXPLICIT = "explicit synchronize"
+    CUDA_CALL = "CUDA call outside torch"
+    """A host-blocking CUDA runtime or driver call that torch's operators did not make (an extension, ctypes, the
+    driver API); its op is the CUDA function (:mod:`.cuda_calls`)."""
 
 
 #: The kinds a CPU run can count; the rest exist only where a device and host are distinct.

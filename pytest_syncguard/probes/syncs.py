@@ -24,7 +24,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
@@ -188,6 +188,17 @@ class SyncProbe:
                 torch.cuda.set_sync_debug_mode(mode)
 
     # -- recording ---------------------------------------------------------------------------------
+    def record_cuda_call(self, function: str, frame: FrameType | None) -> None:
+        """Count a host-blocking CUDA call made outside torch (:mod:`.cuda_calls`) in the recorders attached now,
+        as torch's syncs are counted: the call site, ``allow()`` and the compiler's calls apply alike."""
+        if self._recorders:
+            self._emit(function, 1, SyncKind.CUDA_CALL, frame)
+
+    def stamp(self, kind: SyncKind, frame: FrameType | None) -> AbstractContextManager[Any]:
+        """What marks a counted sync in a capture's trace or a sampled timeline's stamps, entered before the call
+        and left when it returns."""
+        return TIMELINE.sync(lambda: _label(kind, frame))
+
     def _emit(self, op: str, count: int, kind: SyncKind, frame: FrameType | None) -> None:
         # This runs on every counted sync, so it does the least work that keeps reports whole: the call site
         # always, the short stack above it only for the first sync from that site since a recorder attached

@@ -138,6 +138,10 @@ def allocation_site_lines(sites: Sequence[AllocationSite]) -> list[str]:
     return lines
 
 
+#: What the CUDA-call probe counts, as the reports name it.
+OUTSIDE_TORCH = "syncs made outside torch (host-blocking CUDA calls of extensions, ctypes, the driver API)"
+
+
 def _site_line(site: SiteRecord) -> str:
     return f"  {site.count:>5} x {site.kind} ({site.op}) at {site.site}"
 
@@ -161,6 +165,8 @@ def site_lines(result: MeasuredTest) -> list[str]:
             f"not visible on {result.device}: {', '.join(result.invisible_kinds)} "
             "(counted: scalar reads and data-dependent shapes, as a GPU run would block on them)"
         )
+    if result.cuda_calls_uncounted:
+        lines.append(f"{OUTSIDE_TORCH} were not counted: {result.cuda_calls_uncounted}")
     return lines
 
 
@@ -278,6 +284,13 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
     for file, changes in sorted(drift.items()):
         what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in sorted(changes.items()))
         lines.append(f"warning: {file} was recorded in another environment ({what})")
+    uncounted: dict[str, list[str]] = {}
+    for r in results:
+        if r.cuda_calls_uncounted:
+            uncounted.setdefault(r.cuda_calls_uncounted, []).append(r.nodeid)
+    for why, nodeids in uncounted.items():
+        shown = ", ".join(nodeids[:3]) + (f" and {len(nodeids) - 3} more" if len(nodeids) > 3 else "")
+        lines.append(f"syncguard: {OUTSIDE_TORCH} were not counted in {len(nodeids)} test(s) ({shown}): {why}")
     seen = set()
     for note in [*notes, *(n for r in results for n in r.notes)]:
         if note not in seen:

@@ -294,7 +294,8 @@ void scalar_read(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
     record(SCALAR_READ);
     return;
   }
-  // A device read waits for the device: the GIL is released meanwhile.
+  // A device read waits for the device: the GIL is released meanwhile. The probe's `inside` is set while it
+  // runs, so that the CUDA calls it makes (a copy and a stream synchronize) are torch's, counted here once.
   bool counted = false;
   PyObject* context = nullptr;
   {
@@ -302,14 +303,22 @@ void scalar_read(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
     counted = counts(self);
     if (counted) {
       context = annotation(SCALAR_READ);
+      set_inside(true);
     }
   }
   if (!counted) {
     run();
     return;
   }
-  redispatch(run, context, true);
+  try {
+    redispatch(run, context, true);
+  } catch (...) {
+    Gil gil;
+    set_inside(false);
+    throw;
+  }
   Gil gil;
+  set_inside(false);
   close(context);
   record(SCALAR_READ);
   host_waited();
