@@ -1,6 +1,7 @@
-"""Whether a profiler capture taken after the CUDA-call probe subscribed to CUPTI (and after the PM sampler ran)
-keeps its last kernels: per variant, a capture, then what the variant does, then a capture judged by its sentinel
-(``reliability.sentinel_problem``). Needs CUDA.
+"""Whether a profiler capture keeps its last kernels (judged by its sentinel, ``reliability.sentinel_problem``) when
+the CUDA-call probe is used inside it (its subscription refused; a new probe loading CUPTI there), and when taken
+after the probe subscribed to CUPTI (and after the PM sampler ran): per variant, a capture, then what the variant
+does, then a capture. Needs CUDA.
 
 Run from the repository root: ``python -m devtools.cupti_handover``.
 """
@@ -13,7 +14,7 @@ import torch
 
 from pytest_syncguard.analysis import trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
-from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
+from pytest_syncguard.probes.cuda_calls import CUDA_CALLS, CudaCallProbe
 from pytest_syncguard.probes.pm_sampling import load_cupti
 from pytest_syncguard.probes.sampler import SAMPLER
 from pytest_syncguard.probes.timeline import TIMELINE
@@ -28,9 +29,9 @@ def work() -> None:
     torch.cuda.synchronize()
 
 
-def capture() -> str:
+def capture(inside: Callable[[], None] = work) -> str:
     with TIMELINE.per_region() as files, TIMELINE.region_capture():
-        work()
+        inside()
     try:
         return sentinel_problem(trace_file.load(files[0])) or "kept"
     finally:
@@ -75,9 +76,28 @@ VARIANTS: dict[str, Callable[[], None]] = {
 }
 
 
+def counted_inside() -> None:
+    """A region inside the capture: its subscription is refused (the capture holds CUPTI)."""
+    with CUDA_CALLS.counting() as watch:
+        work()
+    print(f"    inside the capture: {watch.not_counted}")
+
+
+def loaded_inside() -> None:
+    """A probe whose first use (CUPTI loaded, its callbacks looked up) is inside the capture."""
+    with CudaCallProbe().counting() as watch:
+        work()
+    print(f"    a new probe inside the capture: {watch.not_counted}")
+
+
 def main() -> None:
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     work()
+    for name, inside in (("a new probe inside", loaded_inside), ("a region inside", counted_inside)):
+        for attempt in range(3):
+            print(
+                f"{name:<36} #{attempt}: that capture {capture(inside)}, the capture after it {capture()}", flush=True
+            )
     for name, between in VARIANTS.items():
         for attempt in range(3):
             first = capture()
