@@ -160,3 +160,13 @@ def test_calls_not_counted_are_said_in_the_tests_section_the_summary_and_the_res
     assert not any("outside torch" in line for line in site_lines(again[2]))
     said = [line for line in baseline_lines(again, updating=False) if outside in line]
     assert said == [f"syncguard: {outside} were not counted in 2 test(s) ({tests[0].nodeid}, {tests[1].nodeid}): {why}"]
+
+
+def test_a_region_that_starts_while_a_capture_holds_cupti_counts_nothing_and_says_why() -> None:
+    probe = CudaCallProbe()
+    with probe.yielding("a capture runs"), probe.counting() as inside:
+        pass
+    with probe.counting() as after:
+        pass
+    assert inside.not_counted == "a capture runs"
+    assert after.not_counted == ("CUDA is not available" if not torch.cuda.is_available() else None)

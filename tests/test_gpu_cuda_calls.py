@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_syncguard.analysis import trace_file
+from pytest_syncguard.analysis.reliability import sentinel_problem
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
 from pytest_syncguard.probes.sync_ops import SyncKind
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
-from pytest_syncguard.probes.timeline import cupti_detached_afterwards
+from pytest_syncguard.probes.timeline import CAPTURE_HOLDS_CUPTI, TIMELINE, cupti_detached_afterwards
 
 pytestmark = [
     pytest.mark.gpu,
@@ -206,6 +208,29 @@ def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again
     assert _counted(case) == ([("cudaDeviceSynchronize", _line(case))], 0)
 
 
+def test_a_capture_inside_a_counting_region_takes_cupti_keeps_its_kernels_and_gives_it_back() -> None:
+    """The plugin's capture of a counting run inside a region that counts (a test's whole call): the probe gives
+    CUPTI up for the capture, which keeps its last kernel; the regions say why they missed calls; a region after
+    the capture counts again."""
+    with CUDA_CALLS.counting() as outer:
+        with TIMELINE.per_region() as files, TIMELINE.region_capture():
+            torch.ones(1 << 16, device="cuda").mul_(2)
+            with CUDA_CALLS.counting() as inside:
+                _runtime().cudaDeviceSynchronize()
+
+        def case() -> None:
+            _runtime().cudaDeviceSynchronize()
+
+        after = _counted(case)
+    try:
+        assert sentinel_problem(trace_file.load(files[0])) is None
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+    assert inside.not_counted == CAPTURE_HOLDS_CUPTI and outer.not_counted == CAPTURE_HOLDS_CUPTI
+    assert after == ([("cudaDeviceSynchronize", _line(case))], 0)
+
+
 OUTSIDE = """
 import ctypes
 
@@ -259,9 +284,9 @@ def test_under_the_plugin_a_sync_outside_torch_fails_a_budget_with_its_call_site
         )
         assert re.search(rf"host sync .*\n\s+CUDA call outside torch at \S*test_outside.py:{line} in ", out), out
     else:
-        assert test["by_kind"] == {} and "holds CUPTI's one subscriber" in test["cuda_calls_uncounted"]
+        assert test["by_kind"] == {} and test["cuda_calls_uncounted"] == CAPTURE_HOLDS_CUPTI
         assert (
             "syncs made outside torch (host-blocking CUDA calls of extensions, ctypes, the driver API) were not "
-            "counted in 1 test(s) (test_outside.py::test_outside): the profiler trace" in out
+            f"counted in 1 test(s) (test_outside.py::test_outside): {CAPTURE_HOLDS_CUPTI}" in out
         )
     result.assert_outcomes(failed=1)

@@ -9,10 +9,13 @@ runtime function's own driver call) is part of the outer one, and a call made wh
 operator it judged (``.item()``'s stream synchronize) or while the plugin times a region is torch's or the
 plugin's, counted there or not at all. So each blocking call counts once, whoever makes it.
 
-A process has one CUPTI subscriber at most. torch.profiler's kineto holds one from a capture's start until it
-detaches CUPTI after a capture that asked it to (the plugin's captures do), and then the next capture takes it
-again. So this probe subscribes at the start of each region it counts and unsubscribes at its end; where the slot
-is taken, or there is no CUPTI or no CUDA, it counts nothing and says why (:attr:`CudaCallWatch.not_counted`).
+A process has one CUPTI subscriber at most. torch.profiler's kineto takes it when a capture starts (and finds
+nothing to record on the device if it is taken: it warns "CUPTI initialization failed") and holds it until it
+detaches CUPTI after a capture that asked it to (the plugin's captures do). So this probe subscribes at the start
+of each region it counts and unsubscribes at its end, and gives the subscriber up while the plugin's captures run
+(:meth:`CudaCallProbe.yielding`, a region around a captured one: a test's whole call around a ``measure()``'s
+counting run); where the slot is taken, or there is no CUPTI or no CUDA, it counts nothing and says why
+(:attr:`CudaCallWatch.not_counted`).
 
 Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
 "CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. What
@@ -182,6 +185,9 @@ class CudaCallProbe:
         self._wanted: dict[tuple[int, int], tuple[str, BlockingCall]] = {}
         self._thread = _Thread()
         self._watches: list[CudaCallWatch] = []
+        self._subscribed = False
+        self._yielded: str | None = None
+        """Why CUPTI's subscriber is given up now (:meth:`yielding`), if it is."""
         self._lock = threading.Lock()
 
     @contextmanager
@@ -189,7 +195,10 @@ class CudaCallProbe:
         """Count the catalogued calls made during the block (see :class:`CudaCallWatch`)."""
         watch = CudaCallWatch()
         with self._lock:
-            watch.not_counted = self._subscribe() if not self._watches else None
+            if self._yielded is not None:
+                watch.not_counted = self._yielded
+            elif not self._subscribed:
+                watch.not_counted = self._subscribe()
             if watch.not_counted is None:
                 self._watches.append(watch)
         try:
@@ -198,8 +207,33 @@ class CudaCallProbe:
             with self._lock:
                 if watch in self._watches:
                     self._watches.remove(watch)
-                    if not self._watches:
-                        self._cupti.cuptiUnsubscribe(self._handle)
+                    if not self._watches and self._subscribed:
+                        self._unsubscribe()
+
+    @contextmanager
+    def yielding(self, why: str) -> Iterator[None]:
+        """Give CUPTI's subscriber up for the block (a profiler capture, which needs it: kineto that finds it taken
+        records no device activity). The regions counting now count nothing meanwhile and say ``why``; those that
+        start inside count nothing; the subscription is taken again after the block for those still open."""
+        with self._lock:
+            outer, self._yielded = self._yielded, why
+            if outer is None and self._subscribed:
+                self._unsubscribe()
+                for watch in self._watches:
+                    watch.not_counted = watch.not_counted or why
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._yielded = outer
+                if outer is None and self._watches and not self._subscribed:
+                    again = self._subscribe()
+                    for watch in self._watches:
+                        watch.not_counted = watch.not_counted or again
+
+    def _unsubscribe(self) -> None:
+        self._cupti.cuptiUnsubscribe(self._handle)
+        self._subscribed = False
 
     def prepare(self) -> None:
         """Load CUPTI and find the catalogued callbacks now, so that no measured region pays for it (a failure is
@@ -219,13 +253,6 @@ class CudaCallProbe:
             return f"no CUPTI library could be loaded ({exc})"
         status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
         if status == MULTIPLE_SUBSCRIBERS:
-            from .timeline import TIMELINE
-
-            if TIMELINE.tracing:
-                return (
-                    "the profiler trace of the test's GPU timeline holds CUPTI's one subscriber of the process "
-                    "(--syncguard-timeline=trace, or the trace standing in for the sampler)"
-                )
             return (
                 "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another tool "
                 "that subscribed to CUPTI)"
@@ -234,6 +261,7 @@ class CudaCallProbe:
             return f"cuptiSubscribe failed with CUptiResult {status}"
         for domain, cbid in self._wanted:
             self._cupti.cuptiEnableCallback(1, self._handle, domain, cbid)
+        self._subscribed = True
         return None
 
     def _load(self) -> None:

@@ -37,6 +37,13 @@ from torch.autograd.profiler import record_function
 
 from ..analysis.gaps import MARKED_STEP_ANNOTATION, REGION_ANNOTATION, STEP_ANNOTATION, SYNC_ANNOTATION
 from ..analysis.reliability import SENTINEL_ANNOTATION
+from .cuda_calls import CUDA_CALLS
+
+#: Why the CUDA-call probe counts nothing during a capture (:meth:`.cuda_calls.CudaCallProbe.yielding`).
+CAPTURE_HOLDS_CUPTI = (
+    "a profiler trace of the test's GPU timeline held CUPTI's one subscriber of the process (--syncguard-timeline="
+    "trace, the trace standing in for the sampler, or a measure()'s counting run)"
+)
 
 _ACTIVITIES = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
 #: ``CUPTI_ACTIVITY_KIND_DRIVER`` (cupti_activity.h): CUPTI's records of CUDA driver calls.
@@ -182,6 +189,11 @@ class TimelineProbe:
         ``host_ops``: record every operator on the host as well (slows a launch-bound loop: diagnosis only)."""
         if self.tracing:
             raise RuntimeError("syncguard: a timeline capture is already running")
+        with CUDA_CALLS.yielding(CAPTURE_HOLDS_CUPTI), self._capturing(host_ops) as exported:
+            yield exported
+
+    @contextmanager
+    def _capturing(self, host_ops: bool) -> Iterator[list[Path]]:
         exported: list[Path] = []
         config = _config()
         scopes = set() if host_ops else {RecordScope.USER_SCOPE}  # empty: every scope
