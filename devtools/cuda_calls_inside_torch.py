@@ -6,6 +6,7 @@ Run from the repository root: ``python -m devtools.cuda_calls_inside_torch``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -34,6 +35,12 @@ def main() -> None:
     del cached
     print("empty_cache with one cached block:", counted(torch.cuda.empty_cache))
     print("empty_cache with none:", counted(torch.cuda.empty_cache))
+    matrix = torch.ones(64, 64, device="cuda")
+    found: list[str] = []
+    thread = threading.Thread(target=lambda: found.append(counted(lambda: matrix @ matrix)))
+    thread.start()
+    thread.join()
+    print("a thread's first matrix product (torch creates its cuBLAS handle):", found[0])
 
 
 if __name__ == "__main__":

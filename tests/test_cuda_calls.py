@@ -125,6 +125,20 @@ def test_a_driver_copy_into_host_memory_blocks_when_that_memory_is_pageable() ->
     assert _blocks(DRIVER, "cuCtxSynchronize", into[PINNED])  # whatever its parameters
 
 
+class _Free(ctypes.Structure):  # cudaFree_v3020_params, cuMemFree_v2_params
+    _fields_ = (("devPtr", ctypes.c_void_p),)
+
+
+@pytest.mark.parametrize(
+    ("domain", "function"), [(RUNTIME, "cudaFree"), (DRIVER, "cuMemFree"), (RUNTIME, "cudaFreeHost")]
+)
+def test_a_free_blocks_unless_its_pointer_is_null(domain: int, function: str) -> None:
+    """``cudaFree(0)`` frees nothing: cuBLAS calls it when torch creates its handle (a thread's first matrix
+    product), which counted a sync in whichever test made the first product of a process."""
+    assert _blocks(domain, function, _params(_Free, devPtr=DEVICE))
+    assert not _blocks(domain, function, _params(_Free, devPtr=None))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_without_cuda_the_probe_says_why_it_counted_nothing_and_starts_nothing() -> None:
     with CudaCallProbe().counting() as watch:

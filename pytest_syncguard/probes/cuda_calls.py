@@ -55,12 +55,16 @@ class When(enum.Enum):
     """Synchronous copies: one between device memories does no host-side synchronization."""
     PAGEABLE_HOST = "when its host side is pageable memory"
     """Asynchronous copies: into or out of memory that is not page-locked they are synchronous."""
+    NOT_NULL = "unless its pointer is null"
+    """Frees: freeing a null pointer does nothing (``cudaFree(0)`` is the idiom that makes a context current:
+    cuBLAS makes one when torch creates its handle, at a thread's first matrix product)."""
 
 
 @dataclass(frozen=True)
 class BlockingCall:
     """A CUDA function that can block the host, and where its copy's pointers and kind are among its parameters
-    (indices of 8-byte slots of the function's parameter struct, as on 64-bit hosts)."""
+    (indices of 8-byte slots of the function's parameter struct, as on 64-bit hosts; a free's pointer is its
+    ``dst``)."""
 
     when: When
     dst: int | None = None
@@ -69,6 +73,7 @@ class BlockingCall:
 
 
 _SYNC = BlockingCall(When.ALWAYS)
+_FREE = BlockingCall(When.NOT_NULL, dst=0)
 #: Per domain, the catalogued functions by name, without the version and per-thread-stream suffixes that CUPTI
 #: reports (``cuCtxSynchronize_v2``, ``cudaMemcpy_ptds``).
 BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
@@ -77,8 +82,8 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cudaThreadSynchronize": _SYNC,
         "cudaStreamSynchronize": _SYNC,
         "cudaEventSynchronize": _SYNC,
-        "cudaFree": _SYNC,
-        "cudaFreeHost": _SYNC,
+        "cudaFree": _FREE,
+        "cudaFreeHost": _FREE,
         "cudaMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, kind=3),
         "cudaMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=2, kind=6),
         "cudaMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, kind=3),
@@ -87,8 +92,8 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cuCtxSynchronize": _SYNC,
         "cuStreamSynchronize": _SYNC,
         "cuEventSynchronize": _SYNC,
-        "cuMemFree": _SYNC,
-        "cuMemFreeHost": _SYNC,
+        "cuMemFree": _FREE,
+        "cuMemFreeHost": _FREE,
         "cuMemcpyDtoH": _SYNC,
         "cuMemcpyHtoD": _SYNC,
         "cuMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1),
@@ -125,6 +130,8 @@ def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> 
     if call.when is When.ALWAYS:
         return True
     fields = ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))
+    if call.when is When.NOT_NULL:
+        return call.dst is not None and fields[call.dst] != 0
     # An enum parameter is an int in its 8-byte slot: the slot's other half is padding.
     kind = ctypes.c_int.from_address(params + 8 * call.kind).value if call.kind is not None else DEFAULT
     if kind == DEFAULT:  # the pointers say where each side is
