@@ -24,6 +24,7 @@ import torch
 from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
+from pytest_syncguard.probes.sync_ops import SyncKind
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
 VARIANTS = ("sync probe", "with CUDA calls", "sync probe again")
@@ -31,16 +32,15 @@ VARIANTS = ("sync probe", "with CUDA calls", "sync probe again")
 
 @contextmanager
 def _probed(variant: str, found: Counter[str]) -> Iterator[None]:
+    recorder = SyncRecorder(on_device=True)
     with ExitStack() as stack:
-        stack.enter_context(PROBE.recording(SyncRecorder(on_device=True)))
+        stack.enter_context(PROBE.recording(recorder))
         if variant == "with CUDA calls":
             watch = stack.enter_context(CUDA_CALLS.counting())
             if watch.not_counted is not None:
                 raise SystemExit(f"the CUDA-call probe could not count: {watch.not_counted}")
-            yield
-            found.update(f"{name} at {site}" for name, site in watch.calls)
-            return
         yield
+    found.update(f"{e.op} at {e.site}" for e in recorder.events if e.kind == SyncKind.CUDA_CALL)
 
 
 def cost(name: str, fn: Callable[[], object], rounds: int, deadline: float) -> None:
