@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
+from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, shared_deadlines, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
 from pytest_syncguard.probes.sync_ops import SyncKind
@@ -77,10 +77,9 @@ def main() -> None:
     model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     names = [n for n in args.strategies.split(",") if n]
-    for index, name in enumerate(names):
+    for name, deadline in shared_deadlines(names, args.budget, began):
         strategy = STRATEGIES[name]
-        share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
-        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), args.rounds, time.monotonic() + share)
+        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), args.rounds, deadline)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from bench.bench_pm_sampling import DeviceRecords, truth
-from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
+from bench.bench_timeline_capture import NEW_TOKENS, paired_rounds, ratio_interval, shared_deadlines, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
@@ -186,34 +186,22 @@ def overhead(
     """Each variant (sampled at each interval, the probe's marks alone, bare again) next to a bare run: ratios of
     the block's time. The sampler is armed for each sampled run alone, as a test's call arms it."""
     variants = [f"sampled {ns} ns" for ns in intervals] + ["marks only", "bare again"]
-    walls: dict[str, list[float]] = {"bare": [], **{v: [] for v in variants}}
-    ratios: dict[str, list[float]] = {v: [] for v in variants}
     problems: list[str] = []
 
-    def run(variant: str) -> None:
+    def run(variant: str) -> float:
         if variant.startswith("sampled"):
             sampler.INTERVAL_NS = int(variant.split()[1])
             with SAMPLER.arming(), forward_steps(model, name), SAMPLER.region(1):
-                walls[variant].append(timed(fn))
+                wall = timed(fn)
             if SAMPLER.problem:
                 problems.append(SAMPLER.problem)
-        elif variant == "marks only":
+            return wall
+        if variant == "marks only":
             with marks_only(model, name):
-                walls[variant].append(timed(fn))
-        else:
-            walls[variant].append(timed(fn))
+                return timed(fn)
+        return timed(fn)
 
-    for variant in walls:
-        run(variant)  # warm-up
-    for values in walls.values():
-        values.clear()
-    for r in range(rounds):
-        if r >= 2 and time.monotonic() > deadline:
-            break
-        for i, variant in enumerate(variants[r % len(variants) :] + variants[: r % len(variants)]):
-            for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
-                run(side)
-            ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
+    walls, ratios = paired_rounds(variants, run, rounds, deadline)
     median = statistics.median
     cells = " | ".join(f"{v} {median(ratios[v]):.3f} ({ratio_interval(ratios[v])})" for v in variants)
     print(
@@ -267,9 +255,8 @@ def main() -> None:
         runs[name]()  # warm-up (static_compiled compiles here)
         agreement(name, runs[name], model, records, args)
     names = [n for n in args.strategies.split(",") if n]
-    for index, name in enumerate(names):
-        share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
-        overhead(name, runs[name], model, args.rounds, time.monotonic() + share, intervals)
+    for name, deadline in shared_deadlines(names, args.budget, began):
+        overhead(name, runs[name], model, args.rounds, deadline, intervals)
     for name in [n for n in args.traced.split(",") if n]:  # last: a capture detaches CUPTI when it stops
         runs[name]()
         traced(name, runs[name], model, args.warmup_steps)

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
-from bench.bench_timeline_capture import NEW_TOKENS, ratio_interval, timed, workload
+from bench.bench_timeline_capture import NEW_TOKENS, paired_rounds, ratio_interval, shared_deadlines, timed, workload
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis.gaps import GRAPH_STEPS
 from pytest_syncguard.probes import sampler
@@ -72,26 +72,15 @@ def wrapped(variant: str, replays: list[int]) -> Iterator[None]:
 
 
 def cost(name: str, fn: Callable[[], object], rounds: int, deadline: float) -> None:
-    walls: dict[str, list[float]] = {"bare": [], **{v: [] for v in VARIANTS}}
-    ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
     replays: list[int] = []
 
-    def run(variant: str) -> None:
+    def run(variant: str) -> float:
         if variant == "bare":
-            walls[variant].append(timed(fn))
-            return
+            return timed(fn)
         with wrapped(variant, replays):
-            walls[variant].append(timed(fn))
+            return timed(fn)
 
-    for variant in walls:
-        run(variant)  # warm-up
-    for r in range(rounds):
-        if r >= 2 and time.monotonic() > deadline:
-            break
-        for i, variant in enumerate(VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]):
-            for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
-                run(side)
-            ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
+    walls, ratios = paired_rounds(VARIANTS, run, rounds, deadline)
     median = statistics.median
     bare, per_run = median(walls["bare"]), max(median(replays), 1)
     cells = " | ".join(
@@ -115,10 +104,9 @@ def main() -> None:
     model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     names = [n for n in args.strategies.split(",") if n]
-    for index, name in enumerate(names):
+    for name, deadline in shared_deadlines(names, args.budget, began):
         strategy = STRATEGIES[name]
-        share = (args.budget - (time.monotonic() - began)) / (len(names) - index)
-        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), args.rounds, time.monotonic() + share)
+        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), args.rounds, deadline)
 
 
 if __name__ == "__main__":

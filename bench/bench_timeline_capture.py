@@ -47,7 +47,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +147,34 @@ def timed(fn: Callable[[], object], around: AbstractContextManager[object] | Non
         fn()
     torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def paired_rounds(
+    variants: Sequence[str], run: Callable[[str], float], rounds: int, deadline: float
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each variant timed next to a bare run, ``rounds`` times (the variants' order rotates from round to round and
+    which of a pair goes first alternates; no round starts after ``deadline`` once two have run), after one
+    warm-up run of each that is not kept. ``run(variant)`` (``"bare"`` among them) returns a run's wall time.
+    Returns the wall times by variant and each variant's ratios to the bare run beside it."""
+    walls: dict[str, list[float]] = {"bare": [], **{v: [] for v in variants}}
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    for variant in walls:
+        run(variant)  # warm-up
+    for r in range(rounds):
+        if r >= 2 and time.monotonic() > deadline:
+            break
+        for i, variant in enumerate([*variants[r % len(variants) :], *variants[: r % len(variants)]]):
+            for side in ("bare", variant) if (r + i) % 2 == 0 else (variant, "bare"):
+                walls[side].append(run(side))
+            ratios[variant].append(walls[variant][-1] / walls["bare"][-1])
+    return walls, ratios
+
+
+def shared_deadlines(names: Sequence[str], budget: float, began: float) -> Iterator[tuple[str, float]]:
+    """Each name with its deadline: an equal share of what is left of ``budget`` seconds since ``began`` (a
+    ``time.monotonic()``), given out as each one starts."""
+    for index, name in enumerate(names):
+        yield name, time.monotonic() + (budget - (time.monotonic() - began)) / (len(names) - index)
 
 
 @contextmanager
