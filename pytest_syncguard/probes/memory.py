@@ -56,12 +56,14 @@ def settle_allocator() -> None:
     if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return
     gc.collect()
-    with PROBE.unobserved():  # not a sync of any region that may be open around this test (a nested run)
+    # Not a sync of any region that may be open around this test (a nested run): neither the synchronize nor the
+    # cudaFree calls that freeing makes, which the CUDA-call probe would count.
+    with PROBE.unobserved():
         torch.cuda.synchronize()  # the current device: another one's context is not created for it
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        clear_workspaces()
-    torch.cuda.empty_cache()  # every device's cache
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        torch.cuda.empty_cache()  # every device's cache
 
 
 #: The allocator's own counts of its driver calls, as the region counters name them.
