@@ -14,6 +14,7 @@ from pathlib import Path
 from _pytest.config.argparsing import Parser
 
 from pytest_syncguard import plugin, results_file
+from pytest_syncguard.analysis.counts import COUNTERS
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
 from pytest_syncguard.codec import layout
@@ -84,7 +85,8 @@ def metrics() -> str:
              "(`syncguard ab`).", "",
              "A test's value of a metric aggregates its measured runs by one rule, the same for its budget, the "
              "summary, the JSON results and the baseline: the median of a noisy metric, the worst run of memory, the "
-             "largest count.", "",
+             "largest count (of the allocator's cudaMalloc and cudaFree calls, the fewest: the loop's steady state, "
+             "see [the order of tests](../explanation/gate.md#counts-allocator-numbers-and-the-order-of-tests)).", "",
              "| metric | what | unit | better | runs | compared against the baseline |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for spec in METRICS.values():
@@ -95,7 +97,9 @@ def metrics() -> str:
         else:
             rule = f"within {spec.tolerance:.0%} (device side)" if spec.tolerance else "within the run's tolerance"
         better = "higher" if spec.higher_is_better else "lower"
+        counter = COUNTERS.get(spec.name.removesuffix("_per_token"))
         runs = "median" if spec.aggregate is statistics.median else ("largest" if spec.counted else "worst")
+        runs = counter.of_runs if counter is not None else runs
         lines.append(f"| `{spec.name}` | {spec.description} | {spec.unit or '-'} | {better} | {runs} | {rule} |")
     lines.append("")
     return "\n".join(lines)

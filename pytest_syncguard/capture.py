@@ -48,9 +48,11 @@ def _out_of_memory_note(nodeid: str, measurement: Measurement) -> str | None:
     retried = [stats.alloc_retries for stats in measurement.memory if stats.alloc_retries]
     if why is None and not retried:
         return None
+    # The driver calls are the fewest run's, of the runs that counted them (analysis.counts.FEWEST).
+    left = "reserved_mb and fragmentation" if why else "reserved_mb, fragmentation, device_mallocs and device_frees"
     left_out = [
         *(["device_mallocs and device_frees not measured"] if why is not None else []),
-        *([f"reserved_mb and fragmentation left out of {len(retried)} region reading(s)"] if retried else []),
+        *([f"{left} left out of {len(retried)} region reading(s)"] if retried else []),
     ]
     return f"syncguard: {nodeid}: {'; '.join(left_out)}: {why or out_of_memory(sum(retried))}"
 

@@ -76,7 +76,7 @@ class Measurement:
     """Per region number: its exact counters (operators, compilations, launches, ...)."""
     count_parts: tuple[tuple[int, ...], ...] = ()
     """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
-    which the largest counts."""
+    which the largest counts (of the allocator's driver calls, the fewest: :data:`.analysis.counts.FEWEST`)."""
     unreliable_timeline: str | None = None
     """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
     races: tuple[RaceEvent, ...] = ()
@@ -97,7 +97,10 @@ class Measurement:
         return top_over(self._count_runs(), name)
 
     def uncounted(self, name: str) -> str | None:
-        """Why a region of the measurement has no value of a counter its probe was asked for, if one has none."""
+        """Why the measurement has no value of a counter its probe was asked for (a region could not count it), if
+        it has none."""
+        if self.count(name) is not None:
+            return None
         return next((c.unmeasured[name] for c in self.region_counts.values() if name in c.unmeasured), None)
 
     def _count_runs(self) -> list[list[RegionCounts]]:
@@ -508,7 +511,7 @@ class SyncGuard:
         model: torch.nn.Module | None = None,
     ) -> Measurement:
         """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times measured; keep the worst run (the most
-        syncs; of each counter, the largest count).
+        syncs; of each counter, the largest count, or the fewest of the allocator's driver calls).
 
         With ``repeat`` >= 2 one more measured run comes first, the only one that counts operators: counting them
         slows a dispatch-bound loop by a few percent, so timings and GPU timelines (medians over runs) are the
@@ -546,7 +549,7 @@ class SyncGuard:
             region_numbers=tuple(n for m in timed for n in m.region_numbers),
             memory=tuple(s for m in runs for s in m.memory),
             timings=tuple(t for m in timed for t in m.timings),
-            # Counters: of the repeats, the largest count of each (see analysis.counts.total).
+            # Counters: of the repeats, the largest count of each, the fewest of some (see analysis.counts.total).
             region_counts={n: c for m in runs for n, c in m.region_counts.items()},
             count_parts=(tuple(n for m in runs for n in m.region_numbers),),
             races=tuple(r for m in runs for r in m.races),

@@ -97,6 +97,66 @@ def test_a_region_counts_its_own_mallocs_not_what_an_earlier_test_left_cached(py
     assert found["alone"]["device_mallocs"] == 1 and found["alone"]["reserved_mb"] == 64, found
 
 
+def test_the_allocators_driver_calls_are_the_fewest_runs_and_every_other_count_the_largest() -> None:
+    """Of a measure()'s runs, the allocator's cudaMalloc and cudaFree calls count as in the fewest run (the loop's
+    steady state, whatever the cache held when the first measured run began), every other counter as in the
+    largest; parts add up either way. A run that could not count (its cudaMalloc was retried) leaves the others'
+    count of the allocator's calls, and no count where no run of a part counted."""
+    from pytest_syncguard.analysis.counts import FEWEST, RegionCounts, total
+    from pytest_syncguard.probes.memory import out_of_memory
+
+    assert {"device_mallocs", "device_frees"} == FEWEST
+    runs = [RegionCounts({"device_mallocs": n, "ops": 10 + n}) for n in (1, 0, 2)]
+    retried = RegionCounts(unmeasured={"device_mallocs": out_of_memory(1)})
+    assert total([runs], "device_mallocs") == 0 and total([runs], "ops") == 12
+    assert total([runs, runs[:1]], "device_mallocs") == 1 and total([runs, runs[:1]], "ops") == 23
+    assert total([[retried, runs[0]]], "device_mallocs") == 1
+    assert total([[retried], runs], "device_mallocs") is None
+    dropped = RegionCounts(unmeasured={"ops": "compile records dropped"})
+    assert total([[dropped, runs[0]]], "ops") is None
+
+
+LOOPS = """
+import pytest
+import torch
+
+
+def _allocate():
+    block = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    block.fill_(1)
+
+
+def test_reserves_once(syncguard):
+    syncguard.measure(_allocate, tokens=1, warmup=0, repeat=3)
+
+
+def test_reserves_every_call(syncguard):
+    def emptied():
+        _allocate()
+        torch.cuda.empty_cache()
+
+    syncguard.measure(emptied, tokens=1, warmup=1, repeat=3)
+"""
+
+
+@pytest.mark.gpu
+def test_a_loop_that_reserves_once_counts_no_malloc_and_one_that_reserves_every_call_counts_each(
+    pytester: pytest.Pytester,
+) -> None:
+    """On the allocator itself: without a warm-up the first measured run reserves the loop's segment and the runs
+    after it reuse it (0 cudaMalloc: the steady state); a loop that empties the cache every call reserves and frees
+    its segment in every run, its fewest included (1 and 1)."""
+    pytester.makepyfile(test_loops=LOOPS)
+    out = pytester.path / "results.json"
+    run = pytester.runpytest_subprocess("--syncguard", "-p", "no:cacheprovider", "--syncguard-json", str(out))
+    run.assert_outcomes(passed=2)
+    found = {
+        r.nodeid.rsplit("::", 1)[1]: (r.metrics["device_mallocs"], r.metrics["device_frees"])
+        for r in results_file.read(out)
+    }
+    assert found == {"test_reserves_once": (0, 0), "test_reserves_every_call": (1, 1)}, found
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_settling_the_allocator_where_cuda_was_never_used_starts_nothing() -> None:
     """A measured test on a machine without CUDA settles nothing, and initializes no CUDA to find that out."""
