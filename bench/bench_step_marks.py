@@ -9,9 +9,12 @@ per graph replay that the median ratio means. The variants wrap ``torch.cuda.CUD
 - ``capturing check``: the wrapper asks ``torch.cuda.is_current_stream_capturing()``;
 - ``new event``: the wrapper makes a timing event and records it (the probe's mark without the check);
 - ``pooled event``: the wrapper records the next of events made and recorded once before the run;
-- ``probe marks``: the probe's own marks (:class:`pytest_syncguard.probes.sampler._StepClock`).
+- ``probe marks``: the probe's own marks (:class:`pytest_syncguard.probes.sampler._StepClock`);
+- ``event after``: the wrapper makes a timing event and records it once the replay is queued (the host's work then
+  overlaps the replay's on the device, where a mark before it delays the replay).
 
-Run from the repository root: ``python -m bench.bench_step_marks [--strategies a,b] [--rounds N] [--budget S]``.
+Run from the repository root: ``python -m bench.bench_step_marks [--strategies a,b] [--variants a,b] [--rounds N]
+[--budget S]``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pytest_syncguard.analysis.gaps import GRAPH_STEPS
 from pytest_syncguard.probes import sampler
 from pytest_syncguard.probes.patches import Patches
 
-VARIANTS = ("patch", "capturing check", "new event", "pooled event", "probe marks")
+VARIANTS = ("patch", "capturing check", "new event", "pooled event", "probe marks", "event after")
 #: Events made up front for ``pooled event`` (more than a run's replays).
 POOL = 4096
 
@@ -60,6 +63,8 @@ def wrapped(variant: str, replays: list[int]) -> Iterator[None]:
             elif clock is not None:
                 clock.mark(GRAPH_STEPS)
             replay(graph)
+            if variant == "event after":
+                torch.cuda.Event(enable_timing=True).record()  # type: ignore[no-untyped-call]
 
         return marked
 
@@ -71,7 +76,7 @@ def wrapped(variant: str, replays: list[int]) -> Iterator[None]:
         replays.append(count[0])
 
 
-def cost(name: str, fn: Callable[[], object], rounds: int, deadline: float) -> None:
+def cost(name: str, fn: Callable[[], object], variants: tuple[str, ...], rounds: int, deadline: float) -> None:
     replays: list[int] = []
 
     def run(variant: str) -> float:
@@ -80,21 +85,22 @@ def cost(name: str, fn: Callable[[], object], rounds: int, deadline: float) -> N
         with wrapped(variant, replays):
             return timed(fn)
 
-    walls, ratios = paired_rounds(VARIANTS, run, rounds, deadline)
+    walls, ratios = paired_rounds(variants, run, rounds, deadline)
     median = statistics.median
     bare, per_run = median(walls["bare"]), max(median(replays), 1)
     cells = " | ".join(
         f"{v} {median(ratios[v]):.3f} ({ratio_interval(ratios[v])}, "
         f"{(median(ratios[v]) - 1) * bare / per_run * 1e6:+.1f} us/replay)"
-        for v in VARIANTS
+        for v in variants
     )
-    rounds_run = len(ratios["patch"])
+    rounds_run = len(ratios[variants[0]])
     print(f"{name:<16} {rounds_run} rounds, bare {bare * 1e3:.1f} ms, {per_run} replays | {cells}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategies", default="static_compiled,cuda_graph")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which no round is started")
     args = parser.parse_args()
@@ -104,9 +110,12 @@ def main() -> None:
     model, prompt, eos = workload()
     print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     names = [n for n in args.strategies.split(",") if n]
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; known: {', '.join(VARIANTS)}")
     for name, deadline in shared_deadlines(names, args.budget, began):
         strategy = STRATEGIES[name]
-        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), args.rounds, deadline)
+        cost(name, lambda s=strategy: s(model, prompt, NEW_TOKENS, eos), variants, args.rounds, deadline)
 
 
 if __name__ == "__main__":
