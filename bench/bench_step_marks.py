@@ -7,9 +7,11 @@ per graph replay that the median ratio means. The variants wrap ``torch.cuda.CUD
 
 - ``patch``: the wrapper alone;
 - ``capturing check``: the wrapper asks ``torch.cuda.is_current_stream_capturing()``;
-- ``new event``: the wrapper makes a timing event and records it (the probe's mark without the check);
+- ``new event``: the wrapper makes a timing event and records it before the replay (the probe's mark until
+  issue 43's last round, without the check);
 - ``pooled event``: the wrapper records the next of events made and recorded once before the run;
-- ``probe marks``: the probe's own marks (:class:`pytest_syncguard.probes.sampler._StepClock`);
+- ``probe marks``: the probe's own marks (:meth:`pytest_syncguard.probes.sampler._StepClock.replay`: since issue
+  43's last round, one event before the first replay and one after each);
 - ``event after``: the wrapper makes a timing event and records it once the replay is queued (the host's work then
   overlaps the replay's on the device, where a mark before it delays the replay).
 
@@ -29,7 +31,6 @@ import torch
 
 from bench.bench_timeline_capture import NEW_TOKENS, paired_rounds, ratio_interval, shared_deadlines, timed, workload
 from examples.strategies import STRATEGIES
-from pytest_syncguard.analysis.gaps import GRAPH_STEPS
 from pytest_syncguard.probes import sampler
 from pytest_syncguard.probes.patches import Patches
 
@@ -61,7 +62,8 @@ def wrapped(variant: str, replays: list[int]) -> Iterator[None]:
             elif variant == "pooled event":
                 pool.pop().record()
             elif clock is not None:
-                clock.mark(GRAPH_STEPS)
+                clock.replay(replay, graph)
+                return
             replay(graph)
             if variant == "event after":
                 torch.cuda.Event(enable_timing=True).record()  # type: ignore[no-untyped-call]

@@ -141,7 +141,7 @@ def test_a_graph_loop_has_the_same_steps_and_the_pause_in_the_same_step_under_bo
 ) -> None:
     """Steps from graph replays, the first two left out as warm-up, and the widest gap (a 3 ms host pause after
     replay 7) in step 8, the step whose replay ended it: the same under the trace (graph launches in its records)
-    and the sampled source (a CUDA event before each replay, placed by the marker kernel)."""
+    and the sampled source (CUDA events before the first replay and after each, placed by the marker kernel)."""
     pytester.makepyfile(test_steps=GRAPH_STEPS)
     result = pytester.runpytest_subprocess("--syncguard", f"--syncguard-timeline={source}", "-v")
     out = result.stdout.str()

@@ -7,7 +7,8 @@ records put on the same run's clock, this gave busy time 2.2-7.3% above theirs a
 H100 (README). Its timestamps are the GPU's timer, which the driver keeps on the host's wall clock, so a region
 is found by ``time.time_ns()`` stamps taken after device syncs at its ends. Its decode steps are put on the same
 clock by CUDA events (:class:`.sampled.StepEvents`): one recorded at each step's start (the loop's marks, its
-model's forward calls, its CUDA graph replays), timed from an anchor event that a short marker kernel follows.
+model's forward calls; of a loop that replays a CUDA graph per step, before its first replay and once each replay is
+queued), timed from an anchor event that a short marker kernel follows.
 """
 
 from __future__ import annotations
@@ -69,10 +70,22 @@ class _StepClock:
         event.record()
         self.steps[source].append(event)
 
+    def replay(self, replay: Callable[[torch.cuda.CUDAGraph], None], graph: torch.cuda.CUDAGraph) -> None:
+        """Replay ``graph`` as a decode step: an event before the region's first replay, then one once each replay
+        is queued, which completes when the replay ends: the next step's start. Recorded after the replay, the
+        host's few microseconds for it overlap the replay on the device; before it, they delay the replay, which
+        cost a compiled loop that waits for each step 2.7% (bench/bench_step_marks.py)."""
+        if not self.steps[GRAPH_STEPS]:
+            self.mark(GRAPH_STEPS)
+        replay(graph)
+        self.mark(GRAPH_STEPS)
+
     def resolve(self) -> StepEvents:
         """The events' times from the anchor, once the device has finished (after the region's last sync)."""
         source = next((s for s in STEP_SOURCES if self.steps[s]), "")
         chosen = self.steps[source] if source else []
+        if source == GRAPH_STEPS:
+            chosen = chosen[:-1]  # the end of the last replay starts no step
         elapsed = self.anchor.elapsed_time
         return StepEvents(elapsed(self.marker_end) * 1e3, tuple(elapsed(e) * 1e3 for e in chosen), source)
 
@@ -157,11 +170,14 @@ class SamplerProbe:
             self._armed[number] = SampledRegion(decoded[0], (begin, end), events)
 
     def _marking_replays(self, replay: Callable[[torch.cuda.CUDAGraph], None]) -> Callable[..., None]:
-        """``CUDAGraph.replay`` marking a step before each replay (a loop that replays one graph per step)."""
+        """``CUDAGraph.replay`` marking each replay as a step (a loop that replays one graph per step), in the region
+        being sampled."""
 
         def marked(graph: torch.cuda.CUDAGraph) -> None:
-            self.step(GRAPH_STEPS)
-            replay(graph)
+            if self._clock is None:
+                replay(graph)
+            else:
+                self._clock.replay(replay, graph)
 
         return marked
 
