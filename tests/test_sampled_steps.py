@@ -4,9 +4,10 @@ kernel (or device-to-device copy) runs; host copies and memsets do not end an id
 microsecond is busy.
 
 tests/data/sampled_steps/h100_*.json.gz: one run of each strategy of the suite (GPT-2 124M, batch 32, prompt 16,
-100 new tokens) on an H100 80GB HBM3 (GPU-89b33f43, torch 2.11.0+cu130, driver 580.159.04), sampled by the
-plugin's probe (its marker kernel and a CUDA event per step: forward calls, or graph replays for cuda_graph and
-static_compiled) while CUPTI recorded every kernel, memcpy and memset on the same GPU clock, each labelled with its
+100 new tokens) on an H100 80GB HBM3 (GPU-89b33f43, torch 2.11.0+cu130, driver 580.159.04; cuda_graph and
+static_compiled on GPU-ae29c551), sampled by the plugin's probe (its marker kernel and a CUDA event per step:
+forward calls, or for cuda_graph and static_compiled one before the first graph replay and one after each) while
+CUPTI recorded every kernel, memcpy and memset on the same GPU clock, each labelled with its
 kind (a memcpy's copy kind tells a device-to-device copy): ``python -m bench.bench_sampled_timeline --keep DIR
 --keep-ms 30``, then ``python -m devtools.trim_sampled_steps DIR/NAME.json.gz OUT --ms 30``: the region's start (its
 marker) and the first 30 ms of its judged part.
@@ -86,12 +87,13 @@ def test_the_records_hold_work_that_is_no_kernel(run: Run) -> None:
 
 
 def test_busy_time_agrees_with_the_records_within_3_percent(run: Run) -> None:
-    """+0.5% to +1.6% here."""
+    """-0.5% (static_compiled) to +1.6% (static_cache) here."""
     assert run.timeline.busy_us == pytest.approx(run.busy_us, rel=0.03)
 
 
 def test_p99_and_widest_gap_agree_with_the_records_within_10_percent_or_2_us(run: Run) -> None:
-    """p99 within 2% (no_cache 159.2 / 156.3 us), the widest gap within 0.5 us, on every strategy."""
+    """p99 within 4% (static_compiled 2826.4 / 2718.6 us; the others within 2%), the widest gap within 0.5 us, on
+    every strategy."""
     for stat in ("p99", "max"):
         expected = gaps.gap_stat(run.gaps_us, stat)
         assert run.timeline.gap_stat(stat) == pytest.approx(expected, rel=0.10, abs=2.0), stat
