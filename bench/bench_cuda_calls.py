@@ -1,8 +1,9 @@
 """What the CUDA-call probe (:mod:`pytest_syncguard.probes.cuda_calls`) costs a decoding loop, and what it counts
 there, on the suite's strategies (GPT-2 124M, batch 32, prompt 16, 100 new tokens). Needs CUDA.
 
-Per strategy and round, three runs in an order that rotates: the sync probe alone (as a region records today),
-the sync probe with the CUDA-call probe, and the sync probe alone again; wall-time ratios of the second and third
+Per strategy and round, three runs in an order that rotates: the sync probe alone, the sync probe with the
+CUDA-call probe counting (its subscriber held from before the timed span to after it, as a region holds it), and
+the sync probe alone again; wall-time ratios of the second and third
 to the first (the A/A beside the A/B), medians with 90% signed-rank intervals. Each probed run's blocking CUDA calls
 outside torch are printed (the suite's strategies make none that torch does not count: a count here changes the
 baselines). ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy.
@@ -17,7 +18,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 
@@ -53,7 +54,8 @@ def cost(name: str, fn: Callable[[], object], rounds: int, deadline: float) -> N
             break
         order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
         for variant in order:
-            walls[variant].append(timed(fn, _probed(variant, found)))
+            with CUDA_CALLS.held() if variant == "with CUDA calls" else nullcontext():
+                walls[variant].append(timed(fn, _probed(variant, found)))
     ratios = {v: [w / base for w, base in zip(walls[v], walls["sync probe"], strict=True)] for v in VARIANTS[1:]}
     median = statistics.median
     print(

@@ -302,18 +302,18 @@ class GenerationRegion:
     @contextmanager
     def _recording(self) -> Iterator[GenerationRegion]:
         PROBE.prepare()  # the first region of a process loads the native kernel before its clock starts
-        if self._on_cuda:
-            CUDA_CALLS.prepare()
-        start = self._clock()
         seconds = None
         try:
-            with ExitStack() as stack:
-                self._open = stack
-                for probe in REGION_PROBES:
-                    if probe.wanted(self):
-                        stack.enter_context(probe.recording(self))
-                yield self
-            seconds = self._clock() - start
+            # CUPTI's subscriber is taken before the clock starts and given up after it stops.
+            with CUDA_CALLS.held() if self._on_cuda else nullcontext():
+                start = self._clock()
+                with ExitStack() as stack:
+                    self._open = stack
+                    for probe in REGION_PROBES:
+                        if probe.wanted(self):
+                            stack.enter_context(probe.recording(self))
+                    yield self
+                seconds = self._clock() - start
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
             self._open = None

@@ -17,6 +17,7 @@ import torch
 
 from pytest_syncguard.analysis import trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
+from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
 from pytest_syncguard.probes.sync_ops import SyncKind
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
@@ -181,8 +182,6 @@ def test_a_synchronize_taken_before_the_probe_patched_it_counts_at_the_cuda_leve
 
 
 def test_a_cuda_call_inside_allow_is_recorded_as_intended_and_not_counted() -> None:
-    from pytest_syncguard.guard import SyncGuard
-
     guard = SyncGuard("test", device="cuda")
     with guard.generation(tokens=2) as region:
         _runtime().cudaDeviceSynchronize()
@@ -229,6 +228,27 @@ def test_a_capture_inside_a_counting_region_takes_cupti_keeps_its_kernels_and_gi
             path.unlink(missing_ok=True)
     assert inside.not_counted == CAPTURE_HOLDS_CUPTI and outer.not_counted == CAPTURE_HOLDS_CUPTI
     assert after == ([("cudaDeviceSynchronize", _line(case))], 0)
+
+
+def test_a_region_holds_the_subscriber_over_its_timed_span_and_gives_it_up_after() -> None:
+    """The subscriber is taken when the region is entered, before its clock starts, and stays while it counts (a
+    region's counting only registers its watch, so a timed run pays for no subscribing); after the region the slot
+    is free, and a profiler capture records the device's kernels."""
+    guard = SyncGuard("test", device="cuda")
+    with guard.generation(tokens=1) as region:
+        assert CUDA_CALLS._subscribed
+        with CUDA_CALLS.counting() as inside:
+            pass
+        assert CUDA_CALLS._subscribed, "the inner region gave the subscriber up inside the timed one"
+        _runtime().cudaDeviceSynchronize()
+    assert not CUDA_CALLS._subscribed
+    assert inside.not_counted is None and region.syncs == 1
+    with cupti_detached_afterwards(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        torch.ones(1 << 16, device="cuda").mul_(2)
+        torch.cuda.synchronize()
+    assert any(e.device_type == torch.autograd.DeviceType.CUDA for e in p.events()), "the capture recorded no kernel"
+    torch.ones(4, device="cuda").sum()  # kineto detaches CUPTI on the exit of the first runtime call after a capture
+    torch.cuda.synchronize()
 
 
 OUTSIDE = """

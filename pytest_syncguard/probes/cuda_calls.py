@@ -11,11 +11,11 @@ plugin's, counted there or not at all. So each blocking call counts once, whoeve
 
 A process has one CUPTI subscriber at most. torch.profiler's kineto takes it when a capture starts (and finds
 nothing to record on the device if it is taken: it warns "CUPTI initialization failed") and holds it until it
-detaches CUPTI after a capture that asked it to (the plugin's captures do). So this probe subscribes at the start
-of each region it counts and unsubscribes at its end, and gives the subscriber up while the plugin's captures run
-(:meth:`CudaCallProbe.yielding`, a region around a captured one: a test's whole call around a ``measure()``'s
-counting run); where the slot is taken, or there is no CUPTI or no CUDA, it counts nothing and says why
-(:attr:`CudaCallWatch.not_counted`).
+detaches CUPTI after a capture that asked it to (the plugin's captures do). So this probe subscribes before each
+region it counts starts its clock and unsubscribes after the clock stops (:meth:`CudaCallProbe.held`), and gives
+the subscriber up while the plugin's captures run (:meth:`CudaCallProbe.yielding`, a region around a captured one:
+a test's whole call around a ``measure()``'s counting run); where the slot is taken, or there is no CUPTI or no
+CUDA, it counts nothing and says why (:attr:`CudaCallWatch.not_counted`).
 
 Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
 "CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. What
@@ -31,7 +31,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,8 @@ class CudaCallProbe:
         self._wanted: dict[tuple[int, int], tuple[str, BlockingCall]] = {}
         self._thread = _Thread()
         self._watches: list[CudaCallWatch] = []
+        self._holders = 0
+        """Open :meth:`held` blocks: the subscriber stays while any is open."""
         self._subscribed = False
         self._yielded: str | None = None
         """Why CUPTI's subscriber is given up now (:meth:`yielding`), if it is."""
@@ -214,8 +216,26 @@ class CudaCallProbe:
             with self._lock:
                 if watch in self._watches:
                     self._watches.remove(watch)
-                    if not self._watches and self._subscribed:
+                    if not self._watches and not self._holders and self._subscribed:
                         self._unsubscribe()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the subscriber over the block: a measured region's whole span, entered before its clock starts and
+        left after it stops, so that a timed run pays neither for subscribing (loading CUPTI, enabling each
+        catalogued callback) nor for giving it up; the region's :meth:`counting` inside then only registers its
+        watch. Where it cannot subscribe, that counting says why."""
+        with self._lock:
+            self._holders += 1
+            if self._yielded is None and not self._subscribed:
+                self._subscribe()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if not self._holders and not self._watches and self._subscribed:
+                    self._unsubscribe()
 
     @contextmanager
     def yielding(self, why: str) -> Iterator[None]:
@@ -233,7 +253,7 @@ class CudaCallProbe:
         finally:
             with self._lock:
                 self._yielded = outer
-                if outer is None and self._watches and not self._subscribed:
+                if outer is None and (self._watches or self._holders) and not self._subscribed:
                     again = self._subscribe()
                     for watch in self._watches:
                         watch.not_counted = watch.not_counted or again
@@ -241,12 +261,6 @@ class CudaCallProbe:
     def _unsubscribe(self) -> None:
         self._cupti.cuptiUnsubscribe(self._handle)
         self._subscribed = False
-
-    def prepare(self) -> None:
-        """Load CUPTI and find the catalogued callbacks now, so that no measured region pays for it (a failure is
-        said by the region's watch)."""
-        with suppress(OSError):
-            self._load()
 
     def _subscribe(self) -> str | None:
         """Subscribe and enable the catalogued callbacks; why not, where it cannot."""
