@@ -3,8 +3,8 @@ there, on the suite's strategies (GPT-2 124M, batch 32, prompt 16, 100 new token
 
 Per strategy and round, three runs in an order that rotates: the sync probe alone, the sync probe with the
 CUDA-call probe counting (its subscriber held from before the timed span to after it, as a region holds it), and
-the sync probe alone again; wall-time ratios of the second and third
-to the first (the A/A beside the A/B), medians with 90% signed-rank intervals. Each probed run's blocking CUDA calls
+the sync probe alone again; wall-time ratios of the second and third to the first (the A/A beside the A/B),
+medians with 90% signed-rank intervals. Each probed run's blocking CUDA calls
 outside torch are printed (the suite's strategies make none that torch does not count: a count here changes the
 baselines). ``--budget SECONDS`` stops adding rounds once spent, after at least two per strategy.
 
