@@ -16,7 +16,6 @@ Run from the repository root: ``python -m bench.bench_cuda_call_parts [--strateg
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from contextlib import ExitStack
 import torch
 
 from bench.bench_timeline_capture import NEW_TOKENS, timed, workload
+from devtools.cupti_callbacks import torch_runtime
 from examples.strategies import STRATEGIES
 from pytest_syncguard.probes.cuda_calls import CudaCallProbe
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
@@ -42,12 +42,6 @@ class CountingProbe(CudaCallProbe):
     def _on_call(self, userdata: object, domain: int, cbid: int, data: int) -> None:
         self.callbacks += 1
         super()._on_call(userdata, domain, cbid, data)
-
-
-def _runtime() -> ctypes.CDLL:
-    torch.cuda.init()
-    with open("/proc/self/maps") as maps:
-        return ctypes.CDLL(sorted({line.split()[-1] for line in maps if "/libcudart" in line})[0])
 
 
 def _region(probe: CudaCallProbe, counted: bool) -> ExitStack:
@@ -79,7 +73,7 @@ def per_call(probe: CountingProbe, calls: int) -> float:
     """Part 2; returns the probe's time per callback on a torch sync (what the suite's loops make)."""
     one = torch.ones(1, device="cuda")
     x = torch.zeros(1 << 10, device="cuda")
-    runtime = _runtime()
+    runtime = torch_runtime()
     loops: dict[str, Callable[[], object]] = {
         "torch sync (.item())": one.item,
         "cudaStreamSynchronize through ctypes": lambda: runtime.cudaStreamSynchronize(None),

@@ -89,8 +89,10 @@ class Recorder:
             found[name] = self.calls
 
 
-def _runtime() -> ctypes.CDLL:
-    """The CUDA runtime torch loaded (a shared libcudart in its process), else the one beside it."""
+def torch_runtime() -> ctypes.CDLL:
+    """The CUDA runtime torch loaded (a shared libcudart in its process), as ctypes sees it: the same library, so
+    the same state (bench/bench_cuda_call_parts.py calls through it too)."""
+    torch.cuda.init()
     with open("/proc/self/maps") as maps:
         paths = sorted({line.split()[-1] for line in maps if "/libcudart" in line})
     if not paths:
@@ -100,7 +102,7 @@ def _runtime() -> ctypes.CDLL:
 
 def cases(recorder: Recorder) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
-    cudart, driver = _runtime(), ctypes.CDLL("libcuda.so.1")
+    cudart, driver = torch_runtime(), ctypes.CDLL("libcuda.so.1")
     x = torch.ones(1 << 20, device="cuda")
     pinned = torch.empty(1 << 20, pin_memory=True)
     pageable = torch.empty(1 << 20)
