@@ -208,16 +208,20 @@ def _label(kind: int, address: int) -> str:
     return "dtod" if ctypes.c_uint8.from_address(address + 4).value == MEMCPY_DTOD else "copy"
 
 
-def as_gpu_op(start_ns: int, end_ns: int, label: str) -> GpuOp:
-    """A device record as the trace analysis reads an op (µs)."""
+def as_gpu_op(start_ns: int, end_ns: int, label: str, origin_ns: int = 0) -> GpuOp:
+    """A device record as the trace analysis reads an op (µs from ``origin_ns``)."""
     category, name = RECORD_LABELS[label]
-    return GpuOp(start_ns / 1e3, end_ns / 1e3, 0, name, category, None)
+    return GpuOp((start_ns - origin_ns) / 1e3, (end_ns - origin_ns) / 1e3, 0, name, category, None)
 
 
 def truth(ops: Sequence[tuple[int, int, str]]) -> tuple[float, list[float]]:
     """Busy time and gaps (us) of device records (ns), by the one definition: the union of the records that occupy
-    the GPU (kernels, device-to-device copies), idle stretches under a microsecond busy."""
-    busy, found = gaps.merge([op for op in (as_gpu_op(*record) for record in sorted(ops)) if gaps.occupies(op)])
+    the GPU (kernels, device-to-device copies), idle stretches under a microsecond busy. Times are taken from the
+    first record: as µs since 1970 (about 1.8e15) a float holds them only to a quarter of a microsecond, which moved
+    thousands of no_cache's gaps across the microsecond (docs/explanation/timeline.md)."""
+    records = sorted(ops)
+    origin = records[0][0] if records else 0
+    busy, found = gaps.merge([op for op in (as_gpu_op(*r, origin) for r in records) if gaps.occupies(op)])
     return busy, [g.duration for g in found]
 
 

@@ -73,7 +73,7 @@ def forward_steps(model: torch.nn.Module, name: str) -> Iterator[None]:
 
 
 def agreement(
-    name: str, fn: Callable[[], object], model: Any, records: DeviceRecords, args: argparse.Namespace
+    name: str, fn: Callable[[], object], model: Any, records: DeviceRecords, args: argparse.Namespace, keep: bool
 ) -> None:
     with SAMPLER.arming() as regions, records.recording(), forward_steps(model, name), SAMPLER.region(1):
         fn()
@@ -101,8 +101,8 @@ def agreement(
         "(plugin / records)",
         flush=True,
     )
-    if args.keep is not None:
-        keep(args.keep / f"{name}.json.gz", region, records.ops, begin + int(args.keep_ms * 1e6))
+    if keep and args.keep is not None:
+        kept(args.keep / f"{name}.json.gz", region, records.ops, begin + int(args.keep_ms * 1e6))
 
 
 def traced(name: str, fn: Callable[[], object], model: Any, warmup_steps: int) -> None:
@@ -132,7 +132,7 @@ def traced(name: str, fn: Callable[[], object], model: Any, warmup_steps: int) -
     )
 
 
-def keep(path: Path, region: SampledRegion, ops: list[tuple[int, int, str]], until: int) -> None:
+def kept(path: Path, region: SampledRegion, ops: list[tuple[int, int, str]], until: int) -> None:
     """The region's samples up to ``until`` (ns), its step events and the device records that start before it."""
     samples = region.samples
     rows = [i for i, start in enumerate(samples.start_ns) if region.window[0] <= start < until]
@@ -158,6 +158,7 @@ def write_kept(path: Path, region: SampledRegion, ops: Sequence[tuple[int, int, 
         "marker_end_us": region.events.marker_end_us,
         "steps_us": list(region.events.steps_us),
         "steps_from": region.events.steps_from,
+        "interval_ns": samples.interval_ns,
         "device_ops_ns": [[a, b] for a, b, _ in sorted(ops)],
         "device_ops_label": [label for _, _, label in sorted(ops)],
     }
@@ -173,7 +174,9 @@ def read_kept(path: Path) -> tuple[SampledRegion, list[tuple[int, int, str]]]:
     starts = tuple(accumulate(data["start_step_ns"], initial=data["first_ns"]))[1:]
     ends = tuple(start + length for start, length in zip(starts, data["length_ns"], strict=True))
     values = tuple(zip(data["active"], data["elapsed"], strict=True))
-    samples = Samples.of_rows((ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, values)
+    samples = Samples.of_rows(
+        (ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, values, interval_ns=data.get("interval_ns", 0)
+    )
     events = StepEvents(data["marker_end_us"], tuple(data["steps_us"]), data["steps_from"])
     region = SampledRegion(samples, (data["window_ns"][0], data["window_ns"][1]), events)
     ops = zip(data["device_ops_ns"], data["device_ops_label"], strict=True)
@@ -235,6 +238,7 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=GuardOptions().warmup_steps)
     parser.add_argument("--traced", default="", help="strategies run once under the plugin's trace capture, last")
     parser.add_argument("--keep", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="agreement runs per strategy (the first is kept)")
     parser.add_argument("--keep-ms", type=float, default=60.0)
     parser.add_argument(
         "--interval-ns",
@@ -248,12 +252,14 @@ def main() -> None:
         raise SystemExit("bench_sampled_timeline needs CUDA")
     began = time.monotonic()
     model, prompt, eos = workload()
-    print(f"machine: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    uuid = str(torch.cuda.get_device_properties(0).uuid)[:8]
+    print(f"machine: {torch.cuda.get_device_name()} (GPU-{uuid}); torch {torch.__version__}", flush=True)
     runs = {n: (lambda s=STRATEGIES[n]: s(model, prompt, NEW_TOKENS, eos)) for n in STRATEGIES}
     records = DeviceRecords(cupti_library() or load_cupti())
     for name in [n for n in args.agreement.split(",") if n]:
         runs[name]()  # warm-up (static_compiled compiles here)
-        agreement(name, runs[name], model, records, args)
+        for repeat in range(args.repeat):
+            agreement(name, runs[name], model, records, args, keep=repeat == 0)
     names = [n for n in args.strategies.split(",") if n]
     for name, deadline in shared_deadlines(names, args.budget, began):
         overhead(name, runs[name], model, args.rounds, deadline, intervals)

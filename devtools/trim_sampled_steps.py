@@ -27,7 +27,9 @@ def main() -> None:
     samples = region.samples
     fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
     assert region.events is not None
-    placed = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window, region.events)
+    placed = sampled.place_steps(
+        samples.start_ns, samples.end_ns, fractions, region.window, region.events, samples.interval_ns
+    )
     if isinstance(placed, str):
         raise SystemExit(f"{args.kept}: {placed}")
     begin = placed.judged_from(args.warmup_steps)

@@ -395,7 +395,9 @@ def judge_sampled_region(
     fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
     placed, judged = None, region.window
     if region.events is not None:
-        found = sampled.place_steps(samples.start_ns, samples.end_ns, fractions, region.window, region.events)
+        found = sampled.place_steps(
+            samples.start_ns, samples.end_ns, fractions, region.window, region.events, samples.interval_ns
+        )
         if isinstance(found, str):
             return SampledJudgement(None, found)
         placed, judged = found, (found.judged_from(warmup_steps), region.window[1])

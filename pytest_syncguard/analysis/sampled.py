@@ -156,10 +156,12 @@ def place_steps(
     fractions: Sequence[float],
     window: tuple[int, int],
     events: StepEvents,
+    interval_ns: int = 0,
 ) -> PlacedSteps | str:
     """The region's steps on the samples' clock: the marker kernel is the first active stretch of samples in
     ``window`` (the device was idle when the region began); its end, less the events' time from the anchor to
-    it, is the anchor's time. A string says why the steps could not be placed."""
+    it, is the anchor's time. A string says why the steps could not be placed. ``interval_ns`` is the sampler's
+    interval (0: a row's length, where each row is one sample)."""
     count = len(start_ns)
     first = next((i for i in range(count) if end_ns[i] > window[0] and start_ns[i] < window[1]
                   and fractions[i] >= IDLE_BELOW), None)  # fmt: skip
@@ -172,7 +174,7 @@ def place_steps(
         return "the samples show no idle time after the marker kernel that places the steps"
     began = start_ns[first] + round((end_ns[first] - start_ns[first]) * (1.0 - fractions[first]))
     ended = end_ns[last] - round((end_ns[last] - start_ns[last]) * (1.0 - fractions[last]))
-    interval = end_ns[first] - start_ns[first]
+    interval = interval_ns or end_ns[first] - start_ns[first]
     if ended - began > events.marker_end_us * 1e3 + 2 * interval:
         return (
             f"the marker kernel that places the steps ran into other device work (active for "

@@ -13,6 +13,7 @@ queued), timed from an anchor event that a short marker kernel follows.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..analysis.gaps import FORWARD_STEPS, GRAPH_STEPS, MARKED_STEPS
-from ..analysis.sampled import StepEvents
+from ..analysis.sampled import IDLE_BELOW, StepEvents
 from .patches import Patches
 from .pm_sampling import NOT_INITIALIZED, PmSampler, PmSamplingError, Samples, load_cupti
 from .syncs import PROBE
@@ -33,6 +34,10 @@ INTERVAL_NS = 1000
 BUFFER_BYTES = 1 << 30
 #: The most samples decoded per region: 2 s at :data:`INTERVAL_NS`. A longer region's timeline is unreliable.
 MAX_SAMPLES = 2_000_000
+#: Threads that evaluate a region's samples (each with a CUPTI host object of its own), after its timed run: CUPTI
+#: evaluates a sample in about 1 µs, 1.5 s for no_cache's run on one thread of an H100 host, 0.69 s on four
+#: (bench/bench_pm_decode.py).
+DECODE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
 #: The marker kernel's length in clock cycles (``torch.cuda._sleep``): about 50 µs on an H100, long enough that the
 #: host has recorded the event after it before it ends (that event then completes at the marker's end).
 MARKER_CYCLES = 100_000
@@ -161,7 +166,7 @@ class SamplerProbe:
             self._sampling, self._clock = False, None
             stopped = self._tried(sampler.stop)
         decoded: list[Samples] = []
-        if stopped and self._tried(lambda: decoded.append(sampler.decode(MAX_SAMPLES))):
+        if stopped and self._tried(lambda: decoded.append(_rows(sampler.decode(MAX_SAMPLES, threads=DECODE_THREADS)))):
             try:
                 events = clock.resolve()
             except RuntimeError as exc:  # CUDA's answer for an event it cannot time
@@ -206,6 +211,12 @@ class SamplerProbe:
         if self._unavailable is None:
             self._unavailable = _unavailable()
         return self._unavailable or None
+
+
+def _rows(samples: Samples) -> Samples:
+    """A region's samples as the timeline reads them: runs of wholly active or idle samples merged into one row
+    each (a region keeps about a fifteenth of its samples' memory; the analysis reads it as fast)."""
+    return samples.compacted(ACTIVE_CYCLES, ELAPSED_CYCLES, IDLE_BELOW)
 
 
 def _enabled_sampler() -> PmSampler:

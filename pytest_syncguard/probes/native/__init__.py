@@ -1,5 +1,5 @@
-"""The native extension: kernels for scalar reads and copies (``kernels.cpp``), the operator counter (``ops.cpp``)
-and the race probe's access check (``races.cpp``),
+"""The native extension: kernels for scalar reads and copies (``kernels.cpp``), the operator counter (``ops.cpp``),
+the race probe's access check (``races.cpp``) and the PM sampler's decode loop (``samples.cpp``),
 built once per machine and torch version, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
@@ -21,7 +21,7 @@ from types import ModuleType
 import torch
 
 ENVIRONMENT = "SYNCGUARD_NATIVE"
-SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp", "races.cpp"))
+SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp", "races.cpp", "samples.cpp"))
 
 
 class NativeKernelError(RuntimeError):

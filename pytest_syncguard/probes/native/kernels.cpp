@@ -32,6 +32,7 @@
 
 namespace py = pybind11;
 
+void bind_pm_samples(py::module_& m);                                     // samples.cpp
 size_t race_watched();                                                     // races.cpp
 void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads);  // races.cpp
 bool race_extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end);  // races.cpp
@@ -481,9 +482,11 @@ void bind_op_counter(py::module_& m);  // ops.cpp
 void bind_race_watch(py::module_& m);  // races.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_, and its operator counter";
+  m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_, its operator counter and "
+          "the PM sampler's decode loop";
   bind_op_counter(m);
   bind_race_watch(m);
+  bind_pm_samples(m);
   m.def("install", &install, "Register the kernels (copy_ with copies=True); they queue the calls that count");
   m.def("uninstall", &uninstall, "Remove the kernels and drop the probe's objects (the queue is kept)");
   m.def("drain", &drain, "Take the queued calls: (wait, code or None, lasti, allowed, compiling, stack above or None)");
