@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The GPU suite on a self-hosted runner: the examples under --syncguard (CUDA budgets required), compared with
-# this GPU model's baseline file, with JUnit, JSON results, a Markdown report and the traces and allocator
-# snapshots of failing tests, all under OUT (default syncguard-out/) for upload as one artifact.
+# The GPU suite on a self-hosted runner: the tests under --syncguard (CUDA budgets required), compared with this
+# GPU model's baseline file, with JUnit, JSON results, a Markdown report and the traces and allocator snapshots of
+# failing tests, all under OUT (default syncguard-out/) for upload as one artifact. It runs in the working
+# directory: this repository's (.github/workflows/gpu.yml), or another one's through the composite action
+# .github/actions/syncguard, which sets the variables below from its inputs.
 #
 #   bash ci/run_gpu_suite.sh [OUT]
 #
-# PR_NUMBER (optional) is written to OUT/pr-number for the comment workflow, which checks it again. BASE_SHA
-# (optional, a pull request's base commit): the timing tests are also run A/B against the merge base on this
-# runner (syncguard ab, each test until its verdict is settled, within 20 minutes), since host timings are not
-# judged against a baseline recorded on another machine.
+# SYNCGUARD_TESTS (default "examples"): the pytest arguments that select the suite. SYNCGUARD_BASELINES (default
+# "baselines"): the baselines folder. SYNCGUARD_INSTALL (default: this checkout's tools/install.sh examples): the
+# command that installs what the suite needs, run first. PR_NUMBER (optional) is written to OUT/pr-number for the
+# comment workflow, which checks it again. BASE_SHA (optional, a pull request's base commit): the tests of
+# SYNCGUARD_AB_TESTS (default: the strategy suite's speed tests) are also run A/B against the merge base on this
+# runner (syncguard ab, each test until its verdict is settled, within SYNCGUARD_AB_BUDGET seconds, default 1200),
+# since host timings are not judged against a baseline recorded on another machine.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
 mkdir -p "$out/artifacts"
+read -ra tests <<< "${SYNCGUARD_TESTS:-examples}"
+baselines="${SYNCGUARD_BASELINES:-baselines}"
+read -ra ab_tests <<< "${SYNCGUARD_AB_TESTS:-examples/test_strategies.py -k test_speed}"
 
-bash tools/install.sh examples || exit 1
+if [ -n "${SYNCGUARD_INSTALL:-}" ]; then
+    bash -c "$SYNCGUARD_INSTALL" || exit 1
+else
+    bash "$here/tools/install.sh" examples || exit 1
+fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
     || exit 1
 slug="$(syncguard device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')" || exit 1
@@ -23,9 +35,9 @@ if [[ "${PR_NUMBER:-}" =~ ^[0-9]+$ ]]; then
     printf '%s\n' "$PR_NUMBER" > "$out/pr-number"
 fi
 syncguard device > "$out/device.txt"
-if [ ! -f "baselines/$slug.json" ]; then
-    echo "no baselines/$slug.json: every test is reported as new; record it with" \
-        "pytest examples --syncguard --syncguard-update-baselines" >&2
+if [ ! -f "$baselines/$slug.json" ]; then
+    echo "no $baselines/$slug.json: every test is reported as new; record it with" \
+        "pytest ${tests[*]} --syncguard --syncguard-baselines $baselines --syncguard-update-baselines" >&2
 fi
 
 # One xdist worker per GPU when the runner has several (each worker takes its own GPU).
@@ -35,8 +47,8 @@ if [ "${gpus:-0}" -gt 1 ]; then
     workers=(-n "$gpus")
 fi
 
-python -m pytest examples -p no:cacheprovider "${workers[@]}" \
-    --syncguard --syncguard-require-gpu --syncguard-baselines baselines \
+python -m pytest "${tests[@]}" -p no:cacheprovider "${workers[@]}" \
+    --syncguard --syncguard-require-gpu --syncguard-baselines "$baselines" \
     --junitxml "$out/junit-$slug.xml" --syncguard-json "$out/results-$slug.json" \
     --syncguard-artifacts "$out/artifacts"
 status=$?
@@ -44,13 +56,13 @@ status=$?
 ab=()
 if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
-    syncguard ab --base "$merge_base" --time-budget 1200 --out "$out/ab" --json "$out/ab-$slug.json" \
-        --markdown "$out/ab-$slug.md" --fail-on-regression -- examples/test_strategies.py -k test_speed \
+    syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" \
+        --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
         || status=1
     ab=(--ab "$out/ab-$slug.json")
 fi
 
-syncguard report "$out/results-$slug.json" --baselines baselines "${ab[@]}" \
+syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 # The report in the job's log: its verdict, then every test's device time against the baseline with the tolerance
 # and recorded spread that judged it, then the rest.

@@ -1,14 +1,19 @@
 """Write the reference pages of the manual (docs/reference/*.md) from the code: every marker with its signature,
 every pytest option and ini key, every ``syncguard`` subcommand with its options, every metric with its unit and
-comparison rule. ``python devtools/reference_docs.py`` rewrites them; tests/test_docs.py fails when a page
-differs from what this makes, so the reference cannot drift from the code."""
+comparison rule, and the fixture's API. ``python devtools/reference_docs.py`` rewrites them; tests/test_docs.py
+fails when a page differs from what this makes, so the reference cannot drift from the code."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import itertools
 import os
+import re
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 from _pytest.config.argparsing import Parser
@@ -18,6 +23,7 @@ from pytest_syncguard.analysis.counts import COUNTERS
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
 from pytest_syncguard.codec import layout
+from pytest_syncguard.guard import GenerationRegion, Measurement, SyncGuard
 from pytest_syncguard.metrics import METRICS
 from pytest_syncguard.result import MeasuredTest
 
@@ -26,8 +32,8 @@ GENERATED = "<!-- Made by devtools/reference_docs.py from the code: edit the cod
 
 
 def _rst(text: str) -> str:
-    """Docstring text as Markdown: ``literal`` becomes `literal`."""
-    return text.replace("``", "`")
+    """Docstring text as Markdown: ``literal`` becomes `literal`, a cross-reference (:meth:`x`) its name."""
+    return re.sub(r":(?:meth|attr|class|func|data|mod):`[~.]*([^`]+)`", r"`\1`", text.replace("``", "`"))
 
 
 def markers() -> str:
@@ -121,7 +127,75 @@ def results() -> str:
     return "\n".join(lines)
 
 
-PAGES = {"markers.md": markers, "options.md": options, "cli.md": cli, "metrics.md": metrics, "results.md": results}
+#: The fixture's API, class by class: the members a test uses, in the order the page gives them.
+FIXTURE_API: tuple[tuple[type, str, tuple[str, ...]], ...] = (
+    (SyncGuard, "the `syncguard` fixture", ("generation", "measure", "allow", "step", "last", "measurements")),
+    (GenerationRegion, "a region (what `generation()` yields)",
+     ("tokens", "device", "model", "forward_calls", "measurement", "syncs", "allowed_syncs", "syncs_per_token",
+      "sites", "by_kind", "count", "step", "marked_steps")),
+    (Measurement, "a measurement (what `measure()` returns, `region.measurement`, `syncguard.last`)",
+     ("device", "tokens", "syncs", "allowed_syncs", "syncs_per_token", "sites", "by_kind", "count", "count_top",
+      "per_token", "uncounted", "regions", "timings", "gpu_timelines", "memory", "races")),
+)  # fmt: skip
+
+
+def _member(cls: type, name: str) -> tuple[str, str]:
+    """A member's heading (its signature, or its type for an attribute) and its docstring."""
+    found = inspect.getattr_static(cls, name, None)
+    if isinstance(found, property):
+        hint = inspect.signature(found.fget).return_annotation if found.fget else ""
+        return f"`{name}` (property: `{hint}`)", inspect.getdoc(found) or ""
+    if callable(found) or isinstance(found, (staticmethod, classmethod)):
+        function = getattr(cls, name)
+        signature = str(inspect.signature(function)).replace("(self, ", "(").replace("(self)", "()").replace("'", "")
+        return f"`{name}{signature}`", inspect.getdoc(function) or ""
+    annotations = {k: v for c in reversed(cls.__mro__) for k, v in getattr(c, "__annotations__", {}).items()}
+    if name in annotations:
+        return f"`{name}`: `{annotations[name]}`", _attribute_doc(cls, name)
+    if name in cls.__init__.__code__.co_names or name in _assigned(cls):
+        return f"`{name}`", _attribute_doc(cls, name)
+    raise AttributeError(f"{cls.__name__}.{name}: not a member")
+
+
+def _assigned(cls: type) -> set[str]:
+    """The attributes ``__init__`` assigns (``self.name = ...``)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    return {t.attr for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Attribute)}  # fmt: skip
+
+
+def _attribute_doc(cls: type, name: str) -> str:
+    """The string literal right after an attribute's declaration or assignment in the class's source, if any."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for statement, following in itertools.pairwise(body):
+            targets = [statement.target] if isinstance(statement, ast.AnnAssign) else getattr(statement, "targets", [])
+            named = {t.id if isinstance(t, ast.Name) else getattr(t, "attr", None) for t in targets}
+            if name in named and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                return inspect.cleandoc(str(following.value.value))
+    return ""
+
+
+def fixture() -> str:
+    lines = ["# The `syncguard` fixture", "", GENERATED, "",
+             "A test measures its loop through the `syncguard` fixture: `generation()` around a loop it runs itself, "
+             "`measure()` around one it hands over (run `repeat` times after `warmup` unmeasured runs). Budget "
+             "markers judge the test's outermost regions; the objects below hold their numbers for assertions of "
+             "your own. Misuse (a bad `tokens`, `repeat` or `warmup`, `step()` outside a region) is a usage error "
+             "that names the test.", ""]  # fmt: skip
+    for cls, what, names in FIXTURE_API:
+        lines += [f"## `{cls.__name__}`: {what}", "", _rst(inspect.getdoc(cls) or ""), ""]
+        for name in names:
+            heading, doc = _member(cls, name)
+            lines += [f"### {heading}", "", _rst(doc) or "(no description)", ""]
+    return "\n".join(lines)
+
+
+PAGES = {"markers.md": markers, "options.md": options, "cli.md": cli, "metrics.md": metrics, "results.md": results,
+         "fixture.md": fixture}  # fmt: skip
 
 
 def render() -> dict[Path, str]:

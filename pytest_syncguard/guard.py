@@ -213,10 +213,16 @@ class GenerationRegion:
     """
 
     tokens: int | None
+    """Decode steps of the region: given to ``generation()``, set inside the block, or after it the model's forward
+    calls (a positive int once the block has ended)."""
     device: str
+    """Where the region runs: ``cpu``, ``cuda``."""
     model: torch.nn.Module | None = None
+    """The model whose forward calls count the tokens and mark the decode steps, if one was passed."""
     measurement: Measurement | None = None
+    """What the region measured, after its block."""
     forward_calls: int = 0
+    """Forward calls of :attr:`model` in the region."""
     track_memory: bool = False
     count_ops: bool = True
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""

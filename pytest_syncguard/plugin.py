@@ -277,8 +277,11 @@ class SyncguardSession:
         self.notes: list[str] = []
         self.interrupted = False
         self.json_written = False
+        self._restore_threads: Callable[[], None] | None = None
         if self.enabled and self.is_worker:
             self._assign_gpu()
+        if self.is_worker:
+            self._share_cores()
 
     def _timeline_dir(self) -> Path:
         """Where judged timelines are written: --syncguard-artifacts, else pytest's temporary directory of the run
@@ -304,6 +307,21 @@ class SyncguardSession:
             self.sampler_obstacle = (
                 f"{workers} xdist workers share {gpus} GPU(s), and a GPU's PM sampler serves one process at a time"
             )
+
+    def _share_cores(self) -> None:
+        """Torch's threads for this worker: its share of the cores (environment.share_cores), restored at the end."""
+        from .environment import share_cores
+
+        workerinput = getattr(self.config, "workerinput", {})
+        shared = share_cores(str(workerinput.get("workerid", "")), int(workerinput.get("workercount", 1)))
+        if shared is not None:
+            self._restore_threads, note = shared
+            self.notes.append(note)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        restore, self._restore_threads = self._restore_threads, None
+        if restore is not None:
+            restore()
 
     def timeline_source(self) -> TimelineSource:
         """The source of this process's GPU timelines, chosen when a test first needs one (the sampler is tried

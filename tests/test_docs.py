@@ -127,3 +127,20 @@ def test_the_tutorials_allowed_sync_is_recorded_and_not_counted(pytester: pytest
     assert (test["syncs"], test["allowed_syncs"]) == (0, 1), where
     tutorial = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
     assert '`"syncs": 0` and `"allowed_syncs": 1`' in tutorial
+
+
+def test_the_readmes_docs_command_installs_what_it_runs() -> None:
+    """`python -m sphinx` alone failed on a fresh install (`No module named sphinx`): the README's command installs
+    the `docs` extra first, and that extra holds what the manual's configuration loads."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"`([^`]*python -m sphinx[^`]*)`", readme)
+    install, build = command.split(" && ")
+    assert shlex.split(install) == ["bash", "tools/install.sh", "docs"]
+    assert shlex.split(build)[:3] == ["python", "-m", "sphinx"]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    names = {re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in extra}
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    assert {"sphinx", "myst-parser", "furo"} <= names
+    assert "myst_parser" in conf and '"furo"' in conf

@@ -14,6 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
+ACTION = ROOT / ".github" / "actions" / "syncguard" / "action.yml"
 
 
 def load(name: str) -> dict[Any, Any]:
@@ -33,7 +34,7 @@ def test_pinned_actions_least_privilege_and_no_injection(name: str) -> None:
     assert "pull_request_target" not in workflow["on"]
     assert "permissions" in workflow, "every workflow sets its token's permissions"
     for step in steps(workflow):
-        if "uses" in step:
+        if "uses" in step and not step["uses"].startswith("./"):  # a local action comes with the checked-out commit
             assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
         if "actions/checkout" in step.get("uses", ""):
             assert step.get("with", {}).get("persist-credentials") is False
@@ -74,12 +75,37 @@ def test_the_comment_job_has_only_comment_rights_and_checks_out_no_pr_code() -> 
     assert post["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
 
 
+def test_the_action_takes_its_inputs_through_the_environment_and_the_gpu_workflow_runs_it() -> None:
+    """Other repositories adopt the plugin with one step (.github/actions/syncguard); this repository's GPU job runs
+    that step on its own suite, so it cannot rot."""
+    action = yaml.safe_load(ACTION.read_text())
+    assert action["runs"]["using"] == "composite"
+    assert {"tests", "baselines", "ab-tests", "comment", "token"} <= set(action["inputs"])
+    for step in action["runs"]["steps"]:
+        assert "${{" not in step["run"], step["run"]  # inputs and event data reach the scripts through env
+    poster = next(step for step in action["runs"]["steps"] if "syncguard comment" in step["run"])
+    assert "inputs.comment == 'true'" in poster["if"]  # posting is asked for, never a default
+    assert action["inputs"]["comment"]["default"] == "false"
+    (job,) = load("gpu.yml")["jobs"].values()
+    (used,) = [step for step in job["steps"] if step.get("uses") == "./.github/actions/syncguard"]
+    assert used["with"]["tests"] == "examples" and "comment" not in used["with"]  # gpu-comment.yml posts
+
+
+def test_the_readme_shows_the_step_a_user_copies() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```yaml") + len("```yaml") : readme.index("```", readme.index("```yaml") + 7)]
+    workflow = yaml.safe_load(block)
+    steps_ = [step for job in workflow["jobs"].values() for step in job["steps"]]
+    assert any(str(step.get("uses", "")).endswith("/.github/actions/syncguard@" + "0" * 40) for step in steps_)
+    assert len(block.strip().splitlines()) <= 12
+
+
 def test_zizmor_finds_nothing() -> None:
     zizmor = shutil.which("zizmor")
     if zizmor is None:
         pytest.skip("zizmor is not installed (pip install zizmor)")
     done = subprocess.run(
-        [zizmor, "--offline", "--persona", "auditor", "--no-progress", str(WORKFLOWS)],
+        [zizmor, "--offline", "--persona", "auditor", "--no-progress", str(WORKFLOWS), str(ACTION.parent)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
