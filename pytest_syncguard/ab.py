@@ -159,13 +159,18 @@ class ABReport:
     before there were warm sides)."""
     elapsed_s: float | None = None
     """Seconds from the A/B's start to the end of its last round (None in reports written before it was kept)."""
+    failed_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Tests whose call raised (failed, errored or was skipped) in a round of a side ("base" or "head"), with
+    how: ``node id: failed in rounds 1, 2``. Not compared: on the head, a verdict of its own, the report's first."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
 
     @property
     def regressions(self) -> int:
-        return len(self.with_verdict("regression"))
+        """Regressed tests, and tests that failed on the head: what ``--fail-on-regression`` fails on."""
+        failed = [t for t in self.failed_in.get("head", ()) if "failed in" in t or "error in" in t]
+        return len(self.with_verdict("regression")) + len(failed)
 
 
 def document(report: ABReport) -> dict[str, Any]:
@@ -205,9 +210,12 @@ def compare_sides(
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
-    whether ``max_rounds`` rounds could settle it."""
-    seen_base = set().union(*base) if base else set()
-    seen_head = set().union(*head) if head else set()
+    whether ``max_rounds`` rounds could settle it. A test whose call raised in a round of a side is not compared:
+    :func:`failures` names it."""
+    failed = failures(base, head)
+    raised = {text.split(": ", 1)[0] for texts in failed.values() for text in texts}
+    seen_base = (set().union(*base) if base else set()) - raised
+    seen_head = (set().union(*head) if head else set()) - raised
     only_in = {
         side: tuple(sorted(ids))
         for side, ids in (("base", seen_base - seen_head), ("head", seen_head - seen_base))
@@ -223,6 +231,26 @@ def compare_sides(
         tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
                                         max_rounds))  # fmt: skip
     return tests, only_in
+
+
+def failures(
+    base: Sequence[Mapping[str, MeasuredTest]], head: Sequence[Mapping[str, MeasuredTest]]
+) -> dict[str, tuple[str, ...]]:
+    """Per side, the tests whose call raised in one of its rounds, each as ``node id: failed in rounds 1, 2``."""
+    found: dict[str, tuple[str, ...]] = {}
+    for side, rounds in (("base", base), ("head", head)):
+        how: dict[str, dict[str, list[int]]] = {}
+        for number, results in enumerate(rounds, 1):
+            for nodeid, test in results.items():
+                if test.error is not None or test.outcome is not None:
+                    how.setdefault(nodeid, {}).setdefault(test.verdict, []).append(number)
+        if how:
+            found[side] = tuple(
+                f"{nodeid}: " + ", ".join(f"{verdict} in round{'s' if len(n) > 1 else ''} {', '.join(map(str, n))}"
+                                          for verdict, n in sorted(verdicts.items()))
+                for nodeid, verdicts in sorted(how.items())
+            )  # fmt: skip
+    return found
 
 
 def min_effect_of(name: str, asked: float | None) -> float:
@@ -432,11 +460,14 @@ def run_rounds(
             if index >= plan.min_rounds:
                 tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
                                          confidence=plan.confidence, max_rounds=plan.rounds)  # fmt: skip
+                failed = {text.split(": ", 1)[0] for texts in failures(measured["base"], measured["head"]).values()
+                          for text in texts}  # fmt: skip
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
+                newly += sorted(failed - set(done) - set(newly))  # a failure is its verdict: no more rounds
                 done.extend(newly)
                 if newly:
                     progress(f"syncguard ab: settled after {index} rounds: {', '.join(newly)}")
-                if tests and all(t.settled for t in tests):
+                if (tests or failed) and all(t.settled for t in tests):
                     stopped = [f"every test settled after {index} rounds"]
                     break
     except ABInterrupted as exc:
@@ -494,6 +525,7 @@ def run(
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
         tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
+        failed_in=failures(base_side, head_side),
     )  # fmt: skip
 
 
@@ -507,6 +539,9 @@ def summary_lines(report: ABReport) -> list[str]:
         f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {rounds_text(report)}, "
         f"{report.confidence:.0%} intervals, {effect}",
     ]
+    for side in ("head", "base"):
+        lines += [f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {text}"
+                  for text in report.failed_in.get(side, ())]  # fmt: skip
     for test in report.tests:
         lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
         for c in test.counts:
@@ -518,8 +553,11 @@ def summary_lines(report: ABReport) -> list[str]:
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
+    failed = {side: len(report.failed_in.get(side, ())) for side in ("head", "base")}
     lines.append(
-        f"syncguard ab: {len(report.tests)} tests, " + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
+        f"syncguard ab: {len(report.tests)} tests, "
+        + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
+        + "".join(f", {n} failed on the {side} (not compared)" for side, n in failed.items() if n)
     )
     return lines
 

@@ -42,12 +42,13 @@ class Side(Protocol):
 
 
 def read_results(path: Path) -> dict[str, MeasuredTest]:
-    """The measured tests of a round's results file whose call did not raise, by node id."""
+    """The measured tests of a round's results file, by node id: also those whose call raised (a test that fails
+    on one side is the A/B's first verdict, :func:`.ab.compare_sides`)."""
     try:
         tests = results_file.read(path)
     except results_file.ResultsError as exc:
         raise ABError(str(exc)) from exc
-    return {t.nodeid: t for t in tests if t.error is None and t.outcome is None}
+    return {t.nodeid: t for t in tests}
 
 
 def side_environment(directory: Path, environ: Mapping[str, str]) -> dict[str, str]:

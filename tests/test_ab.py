@@ -245,6 +245,40 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
 
 
+def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_path: Path) -> None:
+    """The head adds ``assert False`` after a test's measure(): that test read "measured only in the base, not
+    compared" and the A/B "0 regressions", exit 0 under --fail-on-regression. It is the first verdict now."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    failing = textwrap.dedent(LOOP).replace(
+        "    syncguard.measure(lambda: [step(x) for _ in range(10)], tokens=10, repeat=3)\n",
+        "    syncguard.measure(lambda: [step(x) for _ in range(10)], tokens=10, repeat=3)\n    assert False\n",
+    )
+    assert failing != textwrap.dedent(LOOP)
+    (repo / "test_loop.py").write_text(failing)
+    _git(repo, "commit", "-qam", "head")
+    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
+               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
+               "test_loop.py", "-q"]  # fmt: skip
+    done = subprocess.run(command, cwd=repo, env={**os.environ, "SYNCGUARD_NATIVE": "0"}, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED       on the head: test_loop.py::test_steady: failed in round" in done.stdout
+    assert "1 failed on the head (not compared)" in done.stdout.splitlines()[-1]
+    report = read_report(repo / "ab.json")
+    assert [t.nodeid for t in report.tests] == ["test_loop.py::test_decode"] and report.regressions == 1
+    assert not report.only_in
+    markdown = (repo / "ab.md").read_text()
+    assert "A/B on one runner: 1 tests failed on the head" in markdown.splitlines()[0]
+    assert "**failed on the head** (not compared)" in markdown
+
+
 DATA = Path(__file__).parent / "data"
 GATE = DATA / "h100_gate"
 

@@ -136,10 +136,17 @@ def ab_lines(report: ABReport) -> list[str]:
     from ..ab import ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
-    mark = "❌" if regressed else "✅"
+    failed = report.failed_in.get("head", ())
+    mark = "❌" if regressed or failed else "✅"
+    verdict = f"{len(regressed)} regressions in {len(report.tests)} tests"
+    if failed:
+        verdict = f"{len(failed)} tests failed on the head; {verdict} compared"
     lines = [
-        f"### {mark} A/B on one runner: {len(regressed)} regressions in {len(report.tests)} tests",
+        f"### {mark} A/B on one runner: {verdict}",
         "",
+        *(f"- **failed on the head** (not compared): {escape(text)}" for text in failed),
+        *(f"- failed on the base (not compared): {escape(text)}" for text in report.failed_in.get("base", ())),
+        *([""] if report.failed_in else []),
         f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
         f"{escape(rounds_text(report))}; head/base with "
         f"{report.confidence:.0%} intervals (exact signed-rank); a regression or improvement lies wholly beyond "
