@@ -58,17 +58,14 @@ def _out_of_memory_note(nodeid: str, measurement: Measurement) -> str | None:
 
 
 def _python_kernel_note() -> str | None:
-    """Why scalar reads and copies were counted by the slower Python kernels, unless the user switched the native
-    ones off."""
-    from .probes.native import NATIVE
+    """What the native extension's absence cost the measurement (every counter it feeds), why it is absent and
+    the fix, unless the user switched it off."""
+    from .probes.native import FEEDS, FIX, NATIVE
 
     why = NATIVE.unavailable
     if why is None or why.startswith("switched off"):
         return None
-    return (
-        "syncguard: scalar reads and copies were counted by the Python kernels (same counts, slower): the native "
-        f"kernels {why}"
-    )
+    return f"syncguard: the native kernels {why}: {FEEDS}. Fix: {FIX}"
 
 
 def outcome_of(raised: BaseException) -> str:

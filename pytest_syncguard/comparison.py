@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from .analysis.explain import Details, Explanation, explain
 from .metrics import Metrics, metric
 
+#: A test's status against its baseline entry when a count the entry holds was not measured now.
+NOT_MEASURED = "not measured"
+
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
 #: Noisy metrics without calibrated recordings are compared only when they aggregate at least this many runs.
@@ -100,8 +103,8 @@ class Comparison:
     device: str
     file: str
     status: str
-    """regression, improvement, unchanged, new (no entry), updated (written by this run) or "not compared" (the
-    test's call raised: its numbers are partial)."""
+    """regression, improvement, unchanged, new (no entry), updated (written by this run), "not compared" (the
+    test's call raised: its numbers are partial) or "not measured" (a count of the entry was not measured now)."""
     changes: tuple[Change, ...] = ()
     tolerance: float | None = None
     """Set by the test or the run for every noisy metric; None: each metric's own (:func:`tolerance_of`)."""
@@ -214,7 +217,10 @@ def compare(
         runs, spread = metrics.runs.get(name, 1), (spreads or {}).get(name)
         changes.append(_change(name, float(old), float(new), runs, tolerance, host_timings, spread))
     statuses = {c.status for c in changes}
-    overall = "regression" if "regression" in statuses else "improvement" if "improvement" in statuses else "unchanged"
+    # A count the baseline holds that this run could not measure (its probe could not run) is no "unchanged".
+    lost = any(c.status == "missing" and _counted(c.metric) for c in changes)
+    overall = ("regression" if "regression" in statuses else "improvement" if "improvement" in statuses
+               else NOT_MEASURED if lost else "unchanged")  # fmt: skip
     moved = [c.metric for c in changes if c.status in ("regression", "improvement") and _counted(c.metric)]
     explanation = explain(*details, moved) if moved else Explanation()
     return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift, explanation, host_timings)

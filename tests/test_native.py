@@ -218,11 +218,56 @@ def test_a_kernel_that_cannot_be_built(
     if setting == "auto":
         result.assert_outcomes(passed=1)
         result.stdout.fnmatch_lines(
-            [
-                "*scalar reads and copies were counted by the Python kernels (same counts, slower): the native kernels "
-                "could not be built*"
-            ]
-        )
+            ["*the native kernels could not be built*scalar reads and copies were counted by the Python kernels "
+             "(same counts, slower)*"]
+        )  # fmt: skip
     else:
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(["*NativeKernelError: syncguard: the native kernels could not be built*"])
+
+
+UNBUILT = """
+import os
+import pytest
+import torch
+
+EXTRA = os.environ.get("EXTRA") == "1"
+
+
+@pytest.mark.max_ops_per_token(100)
+def test_loop(syncguard):
+    x = torch.ones(4)
+
+    def loop():
+        y = x
+        for _ in range(5):
+            y = y * 1.0
+            if EXTRA:
+                y = y + 0.0  # one more operator per step
+
+    syncguard.measure(loop, tokens=5, repeat=2)
+"""
+
+
+def test_an_extension_that_cannot_be_built_leaves_every_counter_it_feeds_not_measured(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no compiler (CXX=/nonexistent/c++), an extra operator per step read "unchanged" against the baseline
+    and the note spoke of scalar reads only. Now the baseline compare says "not measured", the budget on operators
+    is unmeasured, and the note names every counter the extension feeds, the cause and the fix."""
+    pytester.makepyfile(test_loop=UNBUILT)
+    recorded = pytester.runpytest_subprocess("--syncguard", "--syncguard-baselines", "b",
+                                             "--syncguard-update-baselines", "-p", "no:cacheprovider")  # fmt: skip
+    recorded.assert_outcomes(passed=1)
+    monkeypatch.setenv("SYNCGUARD_NATIVE", "auto")  # .ci/run requires the build: here it must fail quietly
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(pytester.path / "no-extensions"))
+    monkeypatch.setenv("EXTRA", "1")
+    result = pytester.runpytest_subprocess("--syncguard", "--syncguard-baselines", "b", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)  # its one budget could not be measured
+    result.stdout.fnmatch_lines(["*test_loop.py::test_loop*not measured*NOT MEASURED*"])
+    result.stdout.fnmatch_lines([
+        "*the native kernels could not be built (*/nonexistent/c++: not found)*operators were not counted (ops "
+        "and ops_per_token read not measured*Fix: install a C++ compiler*",
+    ])  # fmt: skip
+    result.stderr.fnmatch_lines(["*syncguard: building the native kernels*"])

@@ -79,7 +79,7 @@ def _tolerance(change: Change) -> str:
 def device_time_block(run: RunComparison) -> list[str]:
     """Every test's device time per token against its baseline, regressions first, with the tolerance it was
     judged within and the recorded spread that set it: the gate's most sensitive timing, shown first."""
-    order = {"regression": 0, "improvement": 1, "not compared": 2, "unchanged": 3}
+    order = {"regression": 0, "improvement": 1, "not measured": 2, "not compared": 2, "unchanged": 3}
     rows = sorted(
         ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
         key=lambda pair: (order.get(pair[1].status, 2), pair[0].case.nodeid),

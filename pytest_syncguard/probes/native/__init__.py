@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -57,6 +58,11 @@ class NativeKernel:
             if setting == "off":
                 self.unavailable = f"switched off by {ENVIRONMENT}=0"
                 return None
+            if not _built():
+                # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
+                print(
+                    "syncguard: building the native kernels (once per machine and torch version)", file=sys.__stderr__
+                )
             try:
                 self._module = _build()
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
@@ -67,27 +73,50 @@ class NativeKernel:
 
 
 def _reason(exc: Exception) -> str:
-    """The line of a build failure that says what went wrong: the compiler's first error, else the last line."""
+    """The line of a build failure that says what went wrong: the compiler's first error, or the shell's word that
+    a program is missing, else the last line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-    compiler = [line for line in lines if "error:" in line]
-    return (compiler[0] if compiler else lines[-1])[:300]
+    telling = [line for line in lines if "error:" in line or line.endswith(("not found", "No such file or directory"))]
+    return (telling[0] if telling else lines[-1])[:300]
+
+
+#: What the extension feeds, for a note where it could not be built: what is slower, and what is not measured.
+FEEDS = (
+    "scalar reads and copies were counted by the Python kernels (same counts, slower); operators were not counted "
+    "(ops and ops_per_token read not measured, their budgets too); sampled GPU timelines were decoded in Python "
+    "(about 7 us a sample)"
+)
+#: How to get the extension built.
+FIX = (
+    "install a C++ compiler and ninja (pip install ninja), or point CXX at one; SYNCGUARD_NATIVE=1 makes a failed "
+    "build an error"
+)
+
+
+def _name() -> str:
+    """The extension's name: one build per torch version (the kernel links against torch's C++ ABI) and per
+    sources (the builder's ninja file names the sources' paths, so another checkout under the same name would
+    rebuild)."""
+    version = re.sub(r"\W", "_", torch.__version__)
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.encode() + b"\0" + Path(source).read_bytes())
+    return f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}"
+
+
+def _built() -> bool:
+    """Whether the extension lies built in the builder's cache (loading it then takes no compiler)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return any(Path(_get_build_directory(_name(), verbose=False)).glob("*.so"))
 
 
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    # One build per torch version (the kernel links against torch's C++ ABI) and per sources: the builder's
-    # ninja file names the sources' paths, so another checkout under the same name would rebuild.
-    version = re.sub(r"\W", "_", torch.__version__)
-    digest = hashlib.sha256()
-    for source in SOURCES:
-        digest.update(source.encode() + b"\0" + Path(source).read_bytes())
     # NDEBUG as torch's release builds have it: RecordFunction has a debug-only member without it, and the access
     # check would read the inputs of a class laid out differently from torch's.
-    module: ModuleType = load(
-        name=f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}", sources=list(SOURCES),
-        extra_cflags=["-O2", "-DNDEBUG"], verbose=False,
-    )  # fmt: skip
+    module: ModuleType = load(name=_name(), sources=list(SOURCES), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
     return module
 
 
