@@ -19,7 +19,7 @@ LOWEST = [
 #: The tests run under them: hooks and markers, the probes, the CLI's report, the examples' strategies.
 REDUCED = [
     "tests/test_markers.py", "tests/test_sync_counts.py", "tests/test_counters.py", "tests/test_native.py",
-    "tests/test_report.py", "tests/test_strategies.py", "tests/test_xdist_threads.py",
+    "tests/test_report.py", "tests/test_strategies.py", "tests/test_xdist_threads.py", "tests/test_rootdir.py",
 ]  # fmt: skip
 
 

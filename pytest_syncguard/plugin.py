@@ -22,6 +22,7 @@ from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_line
 from .comparison import DEFAULT_TOLERANCE
 from .files import file_problem, folder_problem
 from .report.perfetto import TimelineFiles
+from .rootdir import space_form_problem
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
@@ -248,6 +249,8 @@ class SyncguardSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        if (spaced := space_form_problem(config)) is not None:
+            raise pytest.UsageError(spaced)
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
         self.json_path = _checked(config.getoption("syncguard_json"), "--syncguard-json", file_problem)
