@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -195,7 +196,7 @@ def _ab_report(path: str | None) -> ABReport | None:
 def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
     from .report.junit import JUnitError
-    from .report.markdown import render
+    from .report.markdown import COMMENT_LIMIT, render
     from .report.run import compare_run
     from .results_file import ResultsError
 
@@ -224,7 +225,9 @@ def _report(args: argparse.Namespace) -> int:
     if args.json:
         write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
-    text, truncated = render(run, full_report=full_path.name if full_path else None, ab=ab)
+    # Only a comment is cut to GitHub's limit: printed, the report is whole (there is no file for the rest).
+    limit = COMMENT_LIMIT if args.markdown else sys.maxsize
+    text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab)
     if args.markdown:
         write_atomically(Path(args.markdown), text)
         if truncated and full_path is not None:
@@ -452,8 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "explain a count's change, nor the environment's differences)")  # fmt: skip
     report.add_argument("--baselines", metavar="DIR", help="compare with this baselines folder (default: with the "
                         "values the run compared with)")  # fmt: skip
-    report.add_argument("--markdown", metavar="OUT", help="write the PR comment here (else print it); when cut to "
-                        "GitHub's limit the full report goes to OUT with suffix .full.md")  # fmt: skip
+    report.add_argument("--markdown", metavar="OUT", help="write the PR comment here (else print the whole report); "
+                        "when cut to GitHub's limit the full report goes to OUT with suffix .full.md")  # fmt: skip
     report.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
     report.add_argument("--tolerance", type=_tolerance, default=None, help="relative tolerance of noisy metrics "
                         "(default: each test's own, as the run recorded it)")  # fmt: skip
@@ -553,6 +556,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a command's own handling of it (ab's first half second): no traceback
         print(f"syncguard {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`syncguard trace f.json | head -1`): nothing more to say
+        # Python flushes stdout again at exit: point it at nothing, or that flush raises once more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -191,6 +191,15 @@ def test_cli_truncates_a_report_over_65536_characters(pytester: pytest.Pytester)
     assert "Report truncated" in comment and "comment\\.full\\.md" in comment
     assert comment.count("<details>") == comment.count("</details>")
     assert "full report in comment.full.md" in done.stderr
+    # Printed (`syncguard report many.xml > out.md`), the report was cut as a comment is, and its stderr said
+    # "full report in None": the full text was written nowhere. Printed, it is whole.
+    printed = cli(pytester.path, "many.xml")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.strip() == full.strip() and "truncated" not in printed.stderr
+    # A reader that goes away (`| head -1`) ends the command quietly, as a shell's pipeline expects.
+    head = subprocess.run(f"{sys.executable} -m pytest_syncguard.cli report many.xml | head -1", shell=True,
+                          cwd=pytester.path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert head.stdout.count("\n") == 1 and "Traceback" not in head.stderr and "BrokenPipe" not in head.stderr
 
 
 def test_bad_input_names_the_file(tmp_path: Path) -> None:
