@@ -39,7 +39,8 @@ def _rst(text: str) -> str:
 def markers() -> str:
     lines = ["# Markers", "", GENERATED, "",
              "Budget markers are assertions: they are enforced with or without `--syncguard`. A bad argument is a "
-             "usage error that names the test and the marker.", ""]  # fmt: skip
+             "usage error that names the test and the marker. A budget that fails under `@pytest.mark.xfail` "
+             "(without `raises=`) is the failure the mark expects: the test is XFAIL, strict or not.", ""]  # fmt: skip
     for name, signature, description in marker_docs():
         lines += [f"## `{name}`", "", "```text", f"@pytest.mark.{name}{signature}", "```", "", _rst(description), ""]
     return "\n".join(lines)

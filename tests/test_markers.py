@@ -407,3 +407,42 @@ def test_bad_gpu_budget_arguments_are_usage_errors(pytester: pytest.Pytester, ma
     result.assert_outcomes(errors=1)
     name = marker.split("(")[0]
     result.stdout.fnmatch_lines([f"*syncguard usage error: test_*.py::test_it: @pytest.mark.{name}*{message}*"])
+
+
+def test_an_exceeded_budget_is_the_failure_an_xfail_mark_expects(pytester: pytest.Pytester) -> None:
+    """An xfail mark plus an exceeded budget was reported FAILED (the plugin rewrote the report): it is XFAIL, strict
+    or not, with the budget's text in its report; an xfail test whose budget holds still XPASSes."""
+    pytester.makepyfile(
+        LOOP
+        + """
+@pytest.mark.xfail(reason="known host read")
+@pytest.mark.max_syncs(0)
+def test_expected(syncguard):
+    with syncguard.generation(tokens=1):
+        loop(1, 1)
+
+
+@pytest.mark.xfail(reason="known host read", strict=True)
+@pytest.mark.max_syncs(0)
+def test_expected_strictly(syncguard):
+    with syncguard.generation(tokens=1):
+        loop(1, 1)
+
+
+@pytest.mark.xfail(reason="not this one")
+@pytest.mark.max_syncs(5)
+def test_held(syncguard):
+    with syncguard.generation(tokens=1):
+        loop(1, 1)
+
+
+@pytest.mark.max_syncs(0)
+def test_plain(syncguard):
+    with syncguard.generation(tokens=1):
+        loop(1, 1)
+"""
+    )
+    result = pytester.runpytest("-rxX")
+    result.assert_outcomes(xfailed=2, xpassed=1, failed=1)
+    result.stdout.fnmatch_lines(["XFAIL *::test_expected - syncguard budget failed: known host read"])
+    result.stdout.fnmatch_lines(["XFAIL *::test_expected_strictly - syncguard budget failed: known host read"])
