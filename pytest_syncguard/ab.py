@@ -35,6 +35,7 @@ from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, ro
 from .analysis.explain import Explanation, explain
 from .codec import CodecError, decode, encode, read_document
 from .comparison import count_status
+from .files import ignored_folder
 from .metrics import metric, timing_order
 from .result import MeasuredTest
 
@@ -496,8 +497,7 @@ def run(
     (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
     started = time.monotonic()
     with stopping_on_signals():
-        out = out.resolve()
-        out.mkdir(parents=True, exist_ok=True)
+        out = ignored_folder(out.resolve())
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
                 f"syncguard ab: {plan.rounds} rounds cannot give a {plan.confidence:.0%} interval (needs "

@@ -31,7 +31,7 @@ from . import upgrades
 from .analysis.explain import Details
 from .codec import CodecError, decode, encode
 from .comparison import Comparison, Spread, compare
-from .files import write_atomically
+from .files import lock_path, write_atomically
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -215,7 +215,7 @@ def update(
     """Write ``entries`` (node id -> metrics) and their ``details`` into the baseline at ``path``, keeping every
     other test's entry; each calibrated metric's value joins its history as measured on ``host``
     (:func:`recorded`)."""
-    lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    lock = FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S)
     written = Written(path, len(entries))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +269,7 @@ def recorded(
 def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
     """Empty the histories of ``nodeids`` (all tests when none) in the baseline at ``path``, keeping every value;
     returns how many tests had one. The next update starts each again from its value."""
-    lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    lock = FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S)
     try:
         with lock:
             current = read(path)

@@ -3,6 +3,8 @@ run starts, that the paths it will write can be written."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import stat
 import tempfile
@@ -34,8 +36,28 @@ def write_atomically(path: Path, text: str) -> None:
             os.fsync(sink.fileno())
         os.replace(temporary, path)
     except BaseException:
-        os.unlink(temporary)
+        # Interrupted after the rename, the temporary file is the new ``path``: nothing to remove, and the
+        # interrupt (not a FileNotFoundError that says the write failed) is what goes on.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
         raise
+
+
+def lock_path(path: Path) -> Path:
+    """Where the lock of ``path`` lies: in the temporary folder, named by ``path``'s absolute path, so that no lock
+    file is left beside it in the user's working tree (every process of the machine finds the same one)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"syncguard-{path.name}-{digest}.lock"
+
+
+def ignored_folder(folder: Path) -> Path:
+    """``folder``, made if needed, holding a ``.gitignore`` that ignores everything in it (git status then does
+    not list what the tool writes there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# Written by pytest-syncguard: nothing here is tracked.\n*\n", encoding="utf-8")
+    return folder
 
 
 def _existing_ancestor(path: Path) -> Path:

@@ -344,3 +344,43 @@ def test_baselines_record_into_a_file_names_the_folder_to_give(
         f"--record writes into a baselines folder (one file per GPU model, named by its slug), not into {written}: "
         f"give its folder, `syncguard baselines {baselines} --record ...`"
     ) in capsys.readouterr().err
+
+
+def test_an_interrupt_after_the_rename_leaves_the_new_file_and_says_only_that_it_was_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C just after os.replace reported "NOT recorded: FileNotFoundError" (the cleanup unlinked the renamed
+    temporary file) while the file held the new content."""
+    import os
+
+    from pytest_syncguard import files
+
+    path = tmp_path / "cpu.json"
+    path.write_text("old")
+    replace = os.replace
+
+    def replaced_then_interrupted(source: str, target: Path) -> None:
+        replace(source, target)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "replace", replaced_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_atomically(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]  # no temporary file left either
+
+
+def test_no_lock_file_is_left_beside_a_baseline_nor_an_ab_folder_in_git_status(tmp_path: Path) -> None:
+    """--syncguard-update-baselines left cpu.json.lock, and syncguard ab its syncguard-ab/, in the working tree."""
+    import subprocess
+
+    from pytest_syncguard.baselines import update
+    from pytest_syncguard.files import ignored_folder
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    update(tmp_path / "baselines" / "cpu.json", "cpu", {"t::a": {"syncs": 1}}, {}, {})
+    ignored_folder(tmp_path / "syncguard-ab")
+    (tmp_path / "syncguard-ab" / "round1-base.json").write_text("{}")
+    status = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert status == ["??", "baselines/cpu.json"]

@@ -325,7 +325,9 @@ from pathlib import Path
 
 @pytest.mark.max_syncs(0)
 def test_breaks_the_folders(syncguard):
-    Path("baselines/cpu.json.lock").mkdir(parents=True)  # the lock cannot be taken
+    from pytest_syncguard.files import lock_path
+
+    lock_path(Path("baselines/cpu.json")).mkdir()  # the lock cannot be taken
     Path("kept").write_text("now a file")
     Path("out").write_text("now a file")
     reads(2)
@@ -335,6 +337,9 @@ def test_breaks_the_folders(syncguard):
         "--syncguard", "--syncguard-update-baselines", "--syncguard-artifacts", "kept",
         "--syncguard-json", "out/results.json",
     )  # fmt: skip
+    from pytest_syncguard.files import lock_path
+
+    lock_path(pytester.path / "baselines" / "cpu.json").rmdir()
     result.assert_outcomes(failed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
