@@ -434,6 +434,26 @@ def _validated_tokens(tokens: Any, where: str) -> int | None:
     return tokens
 
 
+class _Once(AbstractContextManager[GenerationRegion]):
+    """A region's context manager, entered once: entering it again is a usage error that says what to do (the
+    generator beneath it cannot run twice)."""
+
+    def __init__(self, manager: AbstractContextManager[GenerationRegion], nodeid: str) -> None:
+        self._manager, self._nodeid, self._entered = manager, nodeid, False
+
+    def __enter__(self) -> GenerationRegion:
+        if self._entered:
+            raise SyncguardUsageError(
+                f"{self._nodeid}: a syncguard.generation() region is entered once: call syncguard.generation() "
+                "again for another region"
+            )
+        self._entered = True
+        return self._manager.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._manager.__exit__(*exc)
+
+
 class SyncGuard:
     """The ``syncguard`` fixture: measured regions, intended syncs, and the measurements of this test."""
 
@@ -472,15 +492,16 @@ class SyncGuard:
             return self._device
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    @contextmanager
-    def generation(self, tokens: int | None = None, model: torch.nn.Module | None = None) -> Iterator[GenerationRegion]:
+    def generation(
+        self, tokens: int | None = None, model: torch.nn.Module | None = None
+    ) -> AbstractContextManager[GenerationRegion]:
         """Measure a generation loop; tokens are given, set on the region later, or counted as ``model`` calls.
 
         A region inside another one is measured on its own (its object holds its numbers) and is part of the
-        outer one: only outermost regions make the test's measurement, so nothing is counted twice.
+        outer one: only outermost regions make the test's measurement, so nothing is counted twice. What it
+        returns is entered once: a second region is a second ``generation()``.
         """
-        with self._region(tokens, model, count_ops=True, timeline_run=SAMPLED_RUN) as region:
-            yield region
+        return _Once(self._region(tokens, model, count_ops=True, timeline_run=SAMPLED_RUN), self.nodeid)
 
     @contextmanager
     def _region(
@@ -494,13 +515,24 @@ class SyncGuard:
         )  # fmt: skip
         outermost = not self._open
         self._open.append(region)
+        finished = False
         try:
             with region.recording():
                 yield region
+            finished = True
         finally:
             if region in self._open:
                 self._open.remove(region)
+            if not finished and outermost and region.measurement is not None:
+                # The test's call raised in the region: its budgets are judged on what it measured (partial
+                # numbers, never compared), with the tokens it counted, rather than on nothing.
+                self.measurements.append(region.measurement)
         assert region.measurement is not None
+        if region.tokens is None and model is not None and not region.measurement.tokens:
+            raise SyncguardUsageError(
+                f"{self.nodeid}: syncguard.generation(model=...): 0 forward calls of the model you passed "
+                f"({type(model).__name__}) in the region: call that model in it, or pass tokens="
+            )
         tokens = _validated_tokens(region.measurement.tokens, f"{self.nodeid}: region.tokens")
         region.measurement = replace(region.measurement, tokens=tokens)
         region.tokens = tokens

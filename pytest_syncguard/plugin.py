@@ -8,6 +8,7 @@ pytest runs that do not use it.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Generator
@@ -244,6 +245,15 @@ def _with_allocation_sites(
     return replace(result, allocation_sites=sites, artifacts=(*result.artifacts, *kept), notes=notes)
 
 
+def _misuse_line(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """A misuse of the fixture as ``file:line: message``, the line the test's own code where it happened (the
+    innermost frame outside the plugin and contextlib), without the traceback through them."""
+    here = str(Path(__file__).parent)
+    frames = [e for e in excinfo.traceback if not str(e.path).startswith(here) and "contextlib" not in str(e.path)]
+    where = f"{os.path.relpath(frames[-1].path)}:{frames[-1].lineno + 1}: " if frames else ""
+    return f"{where}{excinfo.value}"
+
+
 def _expected_failure(item: pytest.Item, report: pytest.TestReport) -> str | None:
     """The reason of an xfail mark that a failed budget satisfies, where the test's body did not fail (pytest read
     it as XPASS, or a strict mark as a failure): None where no such mark applies (or it expects an exception)."""
@@ -437,6 +447,14 @@ class SyncguardSession:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        guard = sys.modules.get(f"{__package__}.guard")  # not loaded: no fixture was used, nothing misused
+        misused = (
+            call.excinfo is not None and guard is not None and report.failed
+            and isinstance(call.excinfo.value, guard.SyncguardUsageError)
+        )  # fmt: skip
+        if misused:
+            assert call.excinfo is not None
+            report.longrepr = _misuse_line(call.excinfo)  # one clean line, as a bad marker gives
         result = item.stash.get(_RESULT, None)
         if call.when != "call" or result is None:
             return report
@@ -454,6 +472,8 @@ class SyncguardSession:
             # run again has only its last run's.
             item.user_properties[:] = [p for p in item.user_properties if not str(p[0]).startswith(PREFIX)]
             item.user_properties.extend(properties(result))
+        if misused:  # the misuse is the failure: what the budgets made of a region it cut short is no news
+            return report
         if result.failed:
             text = failure_text(result)
             expected = _expected_failure(item, report)

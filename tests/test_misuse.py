@@ -455,3 +455,77 @@ def test_idle(syncguard):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*max_gpu_idle_us: not measured*"])
     assert "diagnostic rerun" not in result.stdout.str() and "no diagnosis" not in result.stdout.str()
+
+
+MISUSES = """
+import pytest
+import torch
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_raises_after_forward_calls(syncguard):
+    model = torch.nn.Linear(4, 4)
+    with syncguard.generation(model=model):
+        for _ in range(8):
+            model(torch.ones(1, 4))
+        raise RuntimeError("the loop's own error")
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_model_never_called(syncguard):
+    with syncguard.generation(model=torch.nn.Linear(4, 4)):
+        torch.ones(1).sum().item()
+
+
+def test_tokens_not_an_int(syncguard):
+    with syncguard.generation(tokens=2.5):
+        pass
+
+
+def test_negative_region_tokens(syncguard):
+    with syncguard.generation() as region:
+        region.tokens = -5
+
+
+def test_repeat_zero(syncguard):
+    syncguard.measure(lambda: None, tokens=1, repeat=0)
+
+
+def test_step_outside_a_region(syncguard):
+    syncguard.step()
+
+
+def test_entered_twice(syncguard):
+    region = syncguard.generation(tokens=1)
+    with region:
+        pass
+    with region:
+        pass
+"""
+
+
+def test_misuse_of_the_fixture_is_one_clean_line_at_the_tests_own_line(pytester: pytest.Pytester) -> None:
+    """Misuse showed tracebacks through contextlib (and re-entering a region an AttributeError of contextlib's); a
+    model never called read "region.tokens must be a positive int, got 0"; an exception inside a region after
+    8 forward calls read "needs a token count". Each misuse is now one line naming the test's line, and a
+    region that raised is judged on the tokens it counted."""
+    pytester.makepyfile(test_uses=MISUSES)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=7)
+    result.stdout.fnmatch_lines([
+        "test_uses.py:16: test_uses.py::test_model_never_called: syncguard.generation(model=...): 0 forward "
+        "calls of the model you passed (Linear) in the region: call that model in it, or pass tokens=",
+        "test_uses.py:21: test_uses.py::test_tokens_not_an_int: syncguard.generation(): tokens must be a "
+        "positive int, got 2.5",
+        "test_uses.py:26: test_uses.py::test_negative_region_tokens: region.tokens: tokens must be a positive "
+        "int, got -5",
+        "test_uses.py:31: test_uses.py::test_repeat_zero: syncguard.measure(): repeat must be an int >= 1, got 0",
+        "test_uses.py:35: test_uses.py::test_step_outside_a_region: syncguard.step() is called inside "
+        "syncguard.generation() or syncguard.measure()",
+        "test_uses.py:42: test_uses.py::test_entered_twice: a syncguard.generation() region is entered once: "
+        "call syncguard.generation() again for another region",
+    ])  # fmt: skip
+    output = result.stdout.str()
+    assert "contextlib" not in output and "AttributeError" not in output
+    assert "needs a token count" not in output  # the raising region counted its 8 tokens
+    assert "RuntimeError: the loop's own error" in output
