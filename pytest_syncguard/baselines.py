@@ -32,6 +32,7 @@ from .analysis.explain import Details
 from .codec import CodecError, decode, encode
 from .comparison import Comparison, Spread, compare
 from .files import lock_path, write_atomically
+from .metrics import value_problem
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -128,6 +129,10 @@ def read(path: Path) -> Baseline | None:
         for entry in tests.values()
     ):
         raise BaselineError(f"{path}: 'tests' must map node ids to {{metric: number}}")
+    for nodeid, entry in tests.items():  # as a results or JUnit file's values are checked (metrics.value_problem)
+        problem = next((p for name, v in entry.items() if (p := value_problem(name, float(v))) is not None), None)
+        if problem is not None:
+            raise BaselineError(f"{path}: {nodeid}: {problem}; fix or delete it, it was left as it is")
     fingerprint = data.get("fingerprint") or {}
     if not isinstance(fingerprint, dict):
         raise BaselineError(f"{path}: 'fingerprint' must be an object")

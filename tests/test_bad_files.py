@@ -33,6 +33,9 @@ def _document(**overrides: object) -> str:
         (_document(schema_version=4), "baseline schema version 4, this syncguard reads up to 3"),
         (_document().replace('"syncs": 2', '"syncs": NaN'), "NaN is not a number a baseline can hold"),
         (_document().replace('"syncs": 2', '"syncs": -Infinity'), "-Infinity is not a number a baseline can hold"),
+        # Read as valid before: -140.0% against a run, or a 309-digit improvement. Checked as a results file is.
+        (_document().replace('"syncs": 2', '"syncs": -5'), "t::a: syncs = -5.0: a measurement cannot be negative"),
+        (_document().replace('"syncs": 2', '"syncs": 1e308'), "t::a: syncs = 1e[+]308: past any measurement"),
     ],
 )
 def test_a_broken_baseline_is_an_error_naming_it(
