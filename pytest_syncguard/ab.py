@@ -498,6 +498,8 @@ def run(
     started = time.monotonic()
     with stopping_on_signals():
         out = ignored_folder(out.resolve())
+        for earlier in [*out.glob("round*-*.*"), *(out / f"{side}.log" for side in ("base", "head"))]:
+            earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
                 f"syncguard ab: {plan.rounds} rounds cannot give a {plan.confidence:.0%} interval (needs "

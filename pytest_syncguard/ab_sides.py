@@ -97,6 +97,18 @@ def end_group(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
+def said(log: Path) -> str:
+    """What a side's pytest said last about why it stopped: its ``ERROR:`` line (a usage error, a file not found),
+    else its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return "its log cannot be read"
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith(("ERROR:", "error:", "E "))]
+    return ((errors or lines or ["it printed nothing"])[-1])[:300]
+
+
 class FreshSide:
     """A pytest process per round, with its own JSON results, JUnit file and log (``round3-base.json``, ...)."""
 
@@ -114,7 +126,7 @@ class FreshSide:
         except subprocess.TimeoutExpired as exc:
             raise ABError(f"{label}: pytest ran over {timeout:.0f} s (log: {log})") from exc
         if returncode not in MEASURED_EXITS:
-            raise ABError(f"{label}: pytest exited {returncode} in {self.directory} (log: {log})")
+            raise ABError(f"{label}: pytest exited {returncode} in {self.directory}: {said(log)} (log: {log})")
         if not results.is_file():
             raise ABError(f"{label}: pytest wrote no results (log: {log})")
         return read_results(results)
@@ -165,7 +177,9 @@ class WarmSide:
         except TimeoutError:
             raise ABError(f"{label}: the {self.name}'s pytest ran over {timeout:.0f} s (log: {self.log})") from None
         except ChannelClosed as exc:
-            raise ABError(f"{label}: the {self.name}'s pytest {self._ended()} ({exc}; log: {self.log})") from None
+            raise ABError(
+                f"{label}: the {self.name}'s pytest {self._ended()}: {said(self.log)} ({exc}; log: {self.log})"
+            ) from None
 
     def _ended(self) -> str:
         with suppress(subprocess.TimeoutExpired):

@@ -279,6 +279,28 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
     assert "**failed on the head** (not compared)" in markdown
 
 
+def test_a_side_that_cannot_start_says_why_and_a_rerun_keeps_no_earlier_rounds(tmp_path: Path) -> None:
+    """`syncguard ab -- nosuchfile.py` printed only "the base's pytest exited 4 (the other end closed its pipe)"; a
+    rerun into an --out folder kept the earlier run's round files beside the new ones."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    stale = repo / "syncguard-ab" / "round9-base.json"
+    stale.parent.mkdir()
+    stale.write_text("{}")
+    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD", "--rounds", "2", "--",
+               "nosuchfile.py"]  # fmt: skip
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "pytest exited 4: ERROR: file or directory not found: nosuchfile.py" in done.stderr
+    assert not stale.exists() and (repo / "syncguard-ab" / ".gitignore").is_file()
+
+
 DATA = Path(__file__).parent / "data"
 GATE = DATA / "h100_gate"
 

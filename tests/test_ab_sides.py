@@ -115,7 +115,7 @@ def test_a_warm_side_that_cannot_collect_names_itself_and_its_log(checkout: Path
     out.mkdir()
     side = WarmSide("base", checkout, ["-q"], out)
     try:
-        with pytest.raises(ABError, match=r"start: the base's pytest exited 2 .*log: .*base\.log"):
+        with pytest.raises(ABError, match=r"start: the base's pytest exited 2: E   SyntaxError: .*log: .*base\.log"):
             side.ready(120)
     finally:
         side.end()
