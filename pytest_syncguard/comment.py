@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PAGE_SIZE = 100
+#: The most pages of comments read (a gh that answers every page alike would page forever).
+MAX_PAGES = 300
 BODY_LIMIT = 65_536
 #: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
 GH_TIMEOUT_S = 60.0
@@ -102,28 +104,55 @@ class GitHub:
 
     def repository(self) -> str:
         data = self._run("repo", "view", "--json", "nameWithOwner")
-        return str(data["nameWithOwner"])
+        name = data.get("nameWithOwner") if isinstance(data, dict) else None
+        if not isinstance(name, str) or not _REPO.match(name):
+            raise CommentError(f"gh repo view named no repository ({str(data)[:100]!r}): pass --repo OWNER/NAME")
+        return name
 
     def comments(self, repo: str, pr: int) -> list[dict[str, Any]]:
-        """All comments of the PR, page by page."""
+        """All comments of the PR, page by page: at most :data:`MAX_PAGES` pages, and a page that repeats the one
+        before (a gh that answers every page alike) stops it."""
         found: list[dict[str, Any]] = []
-        page = 1
-        while True:
+        before: list[Any] = []
+        for page in range(1, MAX_PAGES + 1):
             batch = self._run("api", f"repos/{repo}/issues/{pr}/comments?per_page={PAGE_SIZE}&page={page}")
             if not isinstance(batch, list):
                 raise CommentError(f"gh api: unexpected answer for the comments of {repo}#{pr}")
-            found.extend(batch)
+            if batch and batch == before:
+                raise CommentError(f"gh api answered page {page} of the comments of {repo}#{pr} with page "
+                                   f"{page - 1}'s again: stopped rather than page forever")  # fmt: skip
+            found.extend(c for c in batch if isinstance(c, dict))  # anything else is no comment of this tool's
             if len(batch) < PAGE_SIZE:
                 return found
-            page += 1
+            before = batch
+        raise CommentError(f"the comments of {repo}#{pr} ran past {MAX_PAGES} pages of {PAGE_SIZE}: stopped")
 
     def create(self, repo: str, pr: int, body: str) -> dict[str, Any]:
-        return dict(self._run("api", "-X", "POST", f"repos/{repo}/issues/{pr}/comments", input_json={"body": body}))
+        answer = self._run("api", "-X", "POST", f"repos/{repo}/issues/{pr}/comments", input_json={"body": body})
+        return _comment(answer, "gh api -X POST (create)")
 
     def update(self, repo: str, comment_id: int, body: str) -> dict[str, Any]:
-        return dict(
-            self._run("api", "-X", "PATCH", f"repos/{repo}/issues/comments/{comment_id}", input_json={"body": body})
+        answer = self._run(
+            "api", "-X", "PATCH", f"repos/{repo}/issues/comments/{comment_id}", input_json={"body": body}
         )
+        return _comment(answer, "gh api -X PATCH (update)")
+
+    def delete(self, repo: str, comment_id: int) -> None:
+        self._run("api", "-X", "DELETE", f"repos/{repo}/issues/comments/{comment_id}")
+
+
+def _comment(answer: Any, call: str) -> dict[str, Any]:
+    """The comment a create or update answered, which must carry its id."""
+    if not isinstance(answer, dict) or comment_id(answer) is None:
+        raise CommentError(f"{call} answered no comment ({str(answer)[:100]!r}): nothing was posted as far as "
+                           "syncguard can tell; look at the pull request")  # fmt: skip
+    return answer
+
+
+def comment_id(comment: dict[str, Any]) -> int | None:
+    """A comment's id (None: none, or not a number)."""
+    value = comment.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def post(
@@ -159,14 +188,31 @@ def post(
             me = "github-actions[bot]"
         else:
             raise CommentError("cannot tell which account gh uses (gh api user failed): pass --author LOGIN")
-    mine = [
-        c
-        for c in github.comments(repo, pr)
-        if tag in str(c.get("body", "")) and str((c.get("user") or {}).get("login")) == me
-    ]
+    mine = _ours(github.comments(repo, pr), tag, me)
     if mine:
-        latest = max(mine, key=lambda c: int(c["id"]))
-        done = github.update(repo, int(latest["id"]), text)
-        return Posted("updated", int(latest["id"]), str(done.get("html_url", "")))
+        oldest = min(mine)
+        done = github.update(repo, oldest, text)
+        return Posted("updated", oldest, str(done.get("html_url", "")))
     done = github.create(repo, pr, text)
-    return Posted("created", int(done.get("id", 0)), str(done.get("html_url", "")))
+    created = comment_id(done)
+    assert created is not None
+    # Another run for the same key may have created one at the same time: the oldest stays, with this body.
+    older = [i for i in _ours(github.comments(repo, pr), tag, me) if i < created]
+    if older:
+        github.delete(repo, created)
+        kept = github.update(repo, min(older), text)
+        return Posted("updated", min(older), str(kept.get("html_url", "")))
+    return Posted("created", created, str(done.get("html_url", "")))
+
+
+def _ours(comments: list[dict[str, Any]], tag: str, me: str) -> list[int]:
+    """The ids of the comments with ``tag`` written by ``me``; one without a numeric id is an error."""
+    found = []
+    for c in comments:
+        user = c.get("user")
+        if tag in str(c.get("body", "")) and isinstance(user, dict) and str(user.get("login")) == me:
+            number = comment_id(c)
+            if number is None:
+                raise CommentError(f"gh api listed this tool's comment with id {c.get('id')!r}: not a number")
+            found.append(number)
+    return found

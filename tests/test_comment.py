@@ -19,7 +19,7 @@ MARK = marker("nvidia-h100-80gb-hbm3")
 
 
 class FakeGitHub:
-    def __init__(self, root: Path, comments: list[dict[str, Any]], login: str | None = "syncguard-bot") -> None:
+    def __init__(self, root: Path, comments: list[Any], login: str | None = "syncguard-bot", **state: Any) -> None:
         self.bin = root / "bin"
         self.bin.mkdir()
         gh = self.bin / "gh"
@@ -27,7 +27,7 @@ class FakeGitHub:
         gh.chmod(0o755)
         self.state = root / "state.json"
         self.log = root / "calls.jsonl"
-        self.state.write_text(json.dumps({"repo": "acme/decoder", "login": login, "comments": comments}))
+        self.state.write_text(json.dumps({"repo": "acme/decoder", "login": login, "comments": comments, **state}))
         self.body = root / "body.md"
         self.body.write_text("**✅ syncguard: no regressions** (3 tests)\n")
 
@@ -205,3 +205,52 @@ def test_the_poster_refuses_when_the_pr_moved_on(tmp_path: Path) -> None:
     gh, done = poster(tmp_path, "12", head="b" * 40)
     assert done.returncode == 1 and "not posting" in done.stderr
     assert not gh.comments
+
+
+def test_a_gh_that_answers_every_page_alike_is_stopped_not_paged_forever(tmp_path: Path) -> None:
+    """895 pages in 30 s and 560 MB, before."""
+    gh = FakeGitHub(tmp_path, others(100), repeat_pages=True)
+    done = gh.comment()
+    assert done.returncode == 2
+    assert "answered page 2 of the comments of acme/decoder#7 with page 1's again" in done.stderr
+    assert len([c for c in gh.calls if c["argv"][0] == "api" and "comments?" in c["argv"][1]]) == 2
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"repo_view": {}}, "gh repo view named no repository ('{}'): pass --repo OWNER/NAME"),  # was a KeyError
+        ({"post_answer": ""}, "gh api -X POST (create) answered no comment ('None')"),  # was a TypeError
+        ({"post_answer": "[]"}, "gh api -X POST (create) answered no comment ('[]')"),  # was 'created comment 0'
+    ],
+)
+def test_an_answer_gh_should_not_give_is_an_error_that_says_so(
+    tmp_path: Path, state: dict[str, Any], message: str
+) -> None:
+    gh = FakeGitHub(tmp_path, others(2), **state)
+    done = gh.comment()
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_odd_comments_in_a_listing_are_no_traceback(tmp_path: Path) -> None:
+    """A string entry raised an AttributeError; a comment of this tool's with id "abc" a ValueError."""
+    gh = FakeGitHub(tmp_path, ["just text", *others(2)])
+    done = gh.comment()
+    assert done.returncode == 0 and "created comment" in done.stdout, done.stderr
+    (tmp_path / "again").mkdir()
+    gh = FakeGitHub(tmp_path / "again", [{"id": "abc", "user": {"login": "syncguard-bot"}, "body": MARK}])
+    done = gh.comment()
+    assert done.returncode == 2 and "listed this tool's comment with id 'abc': not a number" in done.stderr
+
+
+def test_two_runs_that_post_at_once_leave_one_comment(tmp_path: Path) -> None:
+    """Two runs with the same key at once each created a comment. The one that finds an older one of its own
+    after creating deletes its new comment and updates the older."""
+    gh = FakeGitHub(tmp_path, others(2), race=True)
+    done = gh.comment()
+    assert done.returncode == 0, done.stderr
+    marked = [c for c in gh.comments if MARK in c["body"]]
+    assert len(marked) == 1 and marked[0]["id"] == 3
+    assert "updated comment 3" in done.stdout
+    assert any("DELETE" in c["argv"] for c in gh.calls)

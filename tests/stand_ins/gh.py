@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     if argv[:2] == ["repo", "view"]:
-        print(json.dumps({"nameWithOwner": state["repo"]}))
+        print(json.dumps(state.get("repo_view", {"nameWithOwner": state["repo"]})))
         return 0
     if argv[:2] == ["api", "user"]:
         if state.get("login") is None:
@@ -57,16 +57,29 @@ def main(argv: list[str]) -> int:
     if listing and method == "GET":
         query = parse_qs(url.query)
         size, page = int(query["per_page"][0]), int(query["page"][0])
+        if state.get("repeat_pages"):  # a gh (or proxy) that answers every page with the first
+            page = 1
         print(json.dumps(comments[(page - 1) * size : page * size]))
         return 0
+    if listing and method == "POST" and "post_answer" in state:
+        print(state["post_answer"])
+        return 0
     if listing and method == "POST":
-        new_id = max([c["id"] for c in comments], default=1000) + 1
+        numbers = [c["id"] for c in comments if isinstance(c, dict) and isinstance(c.get("id"), int)]
+        new_id = max(numbers, default=1000) + 1
+        if state.pop("race", False):  # another run for the same key posted just before this one
+            comments.append({"id": new_id, "user": {"login": state["login"]}, **call["input"]})
+            new_id += 1
         comment = {"id": new_id, "user": {"login": state["login"] or "github-actions[bot]"}, **call["input"]}
         comment["html_url"] = f"https://github.com/{state['repo']}/pull/1#issuecomment-{new_id}"
         comments.append(comment)
     elif single and method == "PATCH":
         comment = next(c for c in comments if c["id"] == int(single.group(2)))
         comment.update(call["input"])
+    elif single and method == "DELETE":
+        comments[:] = [c for c in comments if c["id"] != int(single.group(2))]
+        state_path.write_text(json.dumps(state))
+        return 0
     else:
         print(f"stand-in gh: unexpected API call {method} {endpoint}", file=sys.stderr)
         return 2
