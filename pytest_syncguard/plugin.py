@@ -554,7 +554,15 @@ class SyncguardSession:
         # Workers write their own tests' baselines (under the file's lock) and tell the controller; the
         # controller writes only what it ran itself.
         if self.store.updating and not self.distributing:
-            self.store.write(self.results.values())
+            try:
+                self.store.write(self.results.values())
+            except KeyboardInterrupt:  # Ctrl-C while another run holds the lock: say so, and finish the rest
+                self.interrupted = True
+                self.store.errors.append(
+                    "interrupted (KeyboardInterrupt) while writing or waiting for the baseline file's lock: "
+                    "nothing more was written; what each file holds is whole (each is replaced at once)"
+                )
+                session.exitstatus = pytest.ExitCode.INTERRUPTED
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
         if self.json_path is not None and not self.is_worker:
@@ -565,5 +573,6 @@ class SyncguardSession:
                 self.json_written = True
             except (OSError, ValueError) as exc:
                 self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")
-        if (self.store.errors or (self.json_path and not self.json_written)) and not self.is_worker:
+        failed = self.store.errors or (self.json_path and not self.json_written)
+        if failed and not self.is_worker and session.exitstatus != pytest.ExitCode.INTERRUPTED:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -432,3 +432,39 @@ def test_fragmentation_moved_by_a_reserved_peak_within_its_tolerance_is_no_regre
 
     assert status(964.0, 0.1858) == {"reserved_mb": "unchanged", "fragmentation": "unchanged"}
     assert status(1047.0, 0.25) == {"reserved_mb": "regression", "fragmentation": "regression"}
+
+
+def test_ctrl_c_while_waiting_for_the_lock_is_a_summary_not_a_traceback(tmp_path: Path) -> None:
+    """SIGINT while --syncguard-update-baselines waited on the lock printed a 73-line traceback from filelock, no
+    summary, and --syncguard-json was not written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from filelock import FileLock
+
+    from pytest_syncguard.files import lock_path
+
+    (tmp_path / "test_one.py").write_text(
+        "import pathlib\n\ndef test_one(syncguard):\n    with syncguard.generation(tokens=1):\n        pass\n"
+        "    pathlib.Path('ran').write_text('')\n"
+    )
+    baseline = tmp_path / "baselines" / "cpu.json"
+    with FileLock(str(lock_path(baseline))):  # another run holds it
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--syncguard", "--syncguard-update-baselines",
+             "--syncguard-json", "r.json", "test_one.py"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ran").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the session has finished its test and waits on the lock
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, out + err
+    assert "Traceback" not in out + err and "filelock" not in out + err
+    assert "baselines NOT updated: interrupted (KeyboardInterrupt) while writing or waiting" in out
+    assert "syncguard results written to r.json" in out and (tmp_path / "r.json").is_file()
+    assert not baseline.exists()
