@@ -20,6 +20,8 @@ from .metrics import Metrics, metric
 
 #: A test's status against its baseline entry when a count the entry holds was not measured now.
 NOT_MEASURED = "not measured"
+#: An update's status for a test whose entry was not written after all (its xdist worker went down first).
+NOT_UPDATED = "NOT updated"
 
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
@@ -104,7 +106,8 @@ class Comparison:
     file: str
     status: str
     """regression, improvement, unchanged, new (no entry), updated (written by this run), "not compared" (the
-    test's call raised: its numbers are partial) or "not measured" (a count of the entry was not measured now)."""
+    test's call raised: its numbers are partial), "not measured" (a count of the entry was not measured now) or
+    "NOT updated" (written by this run's xdist worker, which went down before it wrote)."""
     changes: tuple[Change, ...] = ()
     tolerance: float | None = None
     """Set by the test or the run for every noisy metric; None: each metric's own (:func:`tolerance_of`)."""

@@ -20,7 +20,7 @@ import pytest
 from .ab_channel import WORKER_OPTION, Channel
 from .baselines import BaselineStore
 from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
-from .comparison import DEFAULT_TOLERANCE
+from .comparison import DEFAULT_TOLERANCE, NOT_UPDATED
 from .files import file_problem, folder_problem
 from .report.perfetto import TimelineFiles
 from .rootdir import space_form_problem
@@ -306,6 +306,8 @@ class SyncguardSession:
         self.notes: list[str] = []
         self.interrupted = False
         self.json_written = False
+        self._ran_on: dict[str, int] = {}
+        """On the xdist controller: which worker (its node object's identity) measured each test."""
         self._restore_threads: Callable[[], None] | None = None
         if self.enabled and self.is_worker:
             self._assign_gpu()
@@ -509,6 +511,7 @@ class SyncguardSession:
             from .results_file import from_record
 
             self.results[report.nodeid] = from_record(data)
+            self._ran_on[report.nodeid] = id(getattr(report, "node", None))
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True
@@ -546,6 +549,13 @@ class SyncguardSession:
         """On the xdist controller: take in what a finished worker wrote, and what it could not."""
         if error is not None and self.store.updating:
             self.store.worker_lost(getattr(getattr(node, "gateway", None), "id", "?"), error)
+            # A worker writes its tests' entries as it finishes: those of one that went down were never written.
+            from dataclasses import replace
+
+            for nodeid, result in list(self.results.items()):
+                compared = result.comparison
+                if self._ran_on.get(nodeid) == id(node) and compared is not None and compared.status == "updated":
+                    self.results[nodeid] = replace(result, comparison=replace(compared, status=NOT_UPDATED))
         sent = getattr(node, "workeroutput", {}).get(BaselineStore.WORKER_KEY)
         if sent:
             self.store.add_worker_output(sent)

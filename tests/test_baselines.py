@@ -468,3 +468,38 @@ def test_ctrl_c_while_waiting_for_the_lock_is_a_summary_not_a_traceback(tmp_path
     assert "baselines NOT updated: interrupted (KeyboardInterrupt) while writing or waiting" in out
     assert "syncguard results written to r.json" in out and (tmp_path / "r.json").is_file()
     assert not baseline.exists()
+
+
+def test_a_worker_that_dies_leaves_no_test_reading_updated_that_was_not_written(pytester: pytest.Pytester) -> None:
+    """-n 2 --syncguard-update-baselines with a worker that died (os._exit): the note said its entries were lost
+    (true) while the table said all 6 passing tests were "updated", and the file held 2."""
+    import json
+    import re
+
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        test_w="""
+import os
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_ok(syncguard, n):
+    with syncguard.generation(tokens=1):
+        torch.ones(1).sum().item()
+
+
+def test_dies(syncguard):
+    os._exit(3)
+"""
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "--syncguard", "--syncguard-update-baselines",
+                                           "--syncguard-baselines=b", "-p", "no:cacheprovider")  # fmt: skip
+    rows = [line for line in result.stdout.lines if re.match(r"test_w\.py::test_ok\[\d\] ", line)]
+    assert len(rows) == 6
+    written = json.loads((pytester.path / "b" / "cpu.json").read_text())["tests"]
+    updated = {row.split()[0] for row in rows if re.search(r"(?<!NOT )updated", row)}
+    assert updated == set(written)
+    assert len(updated) + sum("NOT updated" in row for row in rows) == 6
+    result.stdout.fnmatch_lines(["*xdist worker gw* went down*its tests' entries are lost*"])
