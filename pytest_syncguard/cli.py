@@ -88,16 +88,26 @@ def _trace(args: argparse.Namespace) -> int:
     if timeline is not None:
         statistics = {"busy_fraction": timeline.busy_fraction, "max_gap_us": timeline.gap_stat("max"),
                       "p99_gap_us": timeline.gap_stat("p99")}  # fmt: skip
+    clocks = reliability.clock_problem(trace)
     if args.json:
         data: dict[str, object] = {"file": args.file, "events": trace.events_read, "timeline": None}
+        if clocks is not None:
+            data["warnings"] = [clocks]
         if timeline is not None:
             data["timeline"] = {**encode(timeline.summary()), **{k: round(v, 5) for k, v in statistics.items()}}
         print(json.dumps(data, indent=2, allow_nan=False))
         return 0
     print(f"{args.file}: {trace.events_read} events, {len(trace.gpu_ops)} device ops")
     if timeline is None:
+        steps, _ = gaps.step_starts(trace, window)
+        if trace.gpu_ops and steps and args.warmup_steps >= len(steps):
+            print(f"nothing judged: all {len(steps)} steps are warm-up steps (--warmup-steps {args.warmup_steps}); "
+                  f"give fewer than {len(steps)}")  # fmt: skip
+            return 2
         print("no device activity (kernels, memcpy, memset) in this trace")
         return 0
+    if clocks is not None:
+        print(f"warning: {clocks}")
     lines = gap_lines(
         timeline.summary(), statistics["busy_fraction"], statistics["max_gap_us"], statistics["p99_gap_us"]
     )

@@ -215,3 +215,42 @@ def test_what_a_graph_ran_counts_the_same_whatever_kind_cupti_records_it_as() ->
     assert recorded_as_copy["Memcpy DtoD (Device -> Device), 256 B"] == 12
     assert sum(recorded_as_copy.values()) == copies.values["graph_kernels"]
     assert kernels.values["graph_kernels"] > 0  # and the copies the host launched between replays stay copies
+
+
+def test_syncguard_trace_says_when_every_step_is_a_warm_up_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """--warmup-steps >= the trace's steps printed "325 device ops" then "no device activity"."""
+    from pytest_syncguard.cli import main
+
+    path = Path(__file__).parent / "data" / "capture_marked_steps.trace.json.gz"
+    assert main(["trace", str(path), "--warmup-steps", "12"]) == 2
+    out = capsys.readouterr().out
+    assert "nothing judged: all 12 steps are warm-up steps (--warmup-steps 12); give fewer than 12" in out
+    assert "no device activity" not in out
+    assert main(["trace", str(path), "--warmup-steps", "11"]) == 0
+
+
+def test_syncguard_trace_warns_of_kernels_that_start_before_their_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace whose kernels start before their own launch (a corrupt clock) had its gaps blamed on the launch,
+    with no warning. Here one kernel of the real H100 capture is moved 500 us before its launch call."""
+    import gzip
+    import json
+
+    from pytest_syncguard.cli import main
+
+    data = json.loads(
+        gzip.decompress((Path(__file__).parent / "data" / "capture_marked_steps.trace.json.gz").read_bytes())
+    )
+    events = data["traceEvents"]
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}  # fmt: skip
+    kernel = next(e for e in events if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches)
+    kernel["ts"] = launches[kernel["args"]["correlation"]] - 500.0
+    path = tmp_path / "corrupt.trace.json"
+    path.write_text(json.dumps(data))
+    main(["trace", str(path)])
+    out = capsys.readouterr().out
+    assert "warning: 1 of 325 device ops start before the host launched them (by up to 500.0 us)" in out
+    assert main(["trace", str(Path(__file__).parent / "data" / "capture_marked_steps.trace.json.gz")]) == 0
+    assert "warning" not in capsys.readouterr().out  # the real capture's clocks agree

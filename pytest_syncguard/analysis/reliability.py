@@ -20,6 +20,9 @@ from .trace_file import GRAPH_LAUNCHES, GpuOp, HostCall, Trace
 SENTINEL_ANNOTATION = "syncguard.sentinel"
 #: Overlap on one stream that is still taken for clock jitter, in us.
 OVERLAP_SLACK_US = 1.0
+#: How far before its launch call a device op may start before the trace's two clocks are taken to disagree (µs):
+#: a kernel cannot start before the host asked for it, and the profiler aligns the clocks to about a microsecond.
+LAUNCH_SLACK_US = 10.0
 
 
 def sentinel_problem(trace: Trace) -> str | None:
@@ -65,3 +68,19 @@ def overlap_problem(stream: int, ops: Sequence[GpuOp]) -> str | None:
                 f"{after.name[:60]}): ops of one stream cannot run at once, so the trace's timestamps are wrong"
             )
     return None
+
+
+def clock_problem(trace: Trace, slack_us: float = LAUNCH_SLACK_US) -> str | None:
+    """Why a trace's host and device clocks cannot be read against each other, if so: device ops that start more
+    than ``slack_us`` before the call that launched them (matched by correlation). A gap's cause reads the host's
+    calls against the device's time, so in such a trace it can blame the wrong call."""
+    launched = {c.correlation: c.start for c in trace.host_calls if c.correlation is not None}
+    early = [launched[op.correlation] - op.start for op in trace.gpu_ops
+             if op.correlation in launched and op.start < launched[op.correlation] - slack_us]  # fmt: skip
+    if not early:
+        return None
+    return (
+        f"{len(early)} of {len(trace.gpu_ops)} device ops start before the host launched them (by up to "
+        f"{max(early):.1f} us): the trace's host and device clocks disagree, and a gap's cause, read from the host's "
+        "calls, may name the wrong one"
+    )
