@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
@@ -474,6 +475,10 @@ class SyncGuard:
         self.measurements: list[Measurement] = []
         """The measurements of the test's outermost regions: what its budgets judge."""
         self._open: list[GenerationRegion] = []
+        self._thread: int | None = None
+        """The thread whose regions are open."""
+        self.misuse: str | None = None
+        """A misuse the test's own code may not have seen (raised in another thread): the test fails on it."""
 
     @property
     def last(self) -> Measurement | None:
@@ -508,12 +513,23 @@ class SyncGuard:
         self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool, timeline_run: str
     ) -> Iterator[GenerationRegion]:
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
+        thread = threading.get_ident()
+        if self._open and self._thread != thread:
+            # Raised in that thread, where the test may never see it: the test fails on it too.
+            self.misuse = self.misuse or (
+                f"a region opened in thread {threading.current_thread().name} while another thread's region was "
+                "open: a test's regions are measured from one thread (the probes count per process, so each would "
+                "count the other's syncs); open them one after another, or from one thread"
+            )
+            raise SyncguardUsageError(f"{self.nodeid}: {self.misuse}")
         device = (_device_of(model) if model is not None else None) or self.default_device()
         region = GenerationRegion(
             tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races,
             timeline_run=timeline_run,
         )  # fmt: skip
         outermost = not self._open
+        if outermost:
+            self._thread = thread
         self._open.append(region)
         finished = False
         try:

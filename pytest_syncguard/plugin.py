@@ -422,6 +422,7 @@ class SyncguardSession:
                 except BaseException as exc:
                     raised = exc
                     raise
+            capture.misuse = capture.misuse or guard.misuse  # a misuse the test may not have seen (another thread)
             if set(budgets_for(item)) != set(budgets):
                 capture.misuse = capture.misuse or (
                     "a budget marker was added during the test's call, after its measurement began: add it with "

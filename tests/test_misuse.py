@@ -529,3 +529,49 @@ def test_misuse_of_the_fixture_is_one_clean_line_at_the_tests_own_line(pytester:
     assert "contextlib" not in output and "AttributeError" not in output
     assert "needs a token count" not in output  # the raising region counted its 8 tokens
     assert "RuntimeError: the loop's own error" in output
+
+
+def test_a_second_threads_region_is_refused_and_fails_the_test(pytester: pytest.Pytester) -> None:
+    """Thread B opened a region while thread A's was open and ran 8 reads after A's closed: 2 syncs were judged
+    against max_syncs(5), the test passed, and B's 8 were never judged. B's region is refused, and since B's
+    exception may never reach the test, the test fails on it."""
+    pytester.makepyfile(
+        test_threads="""
+import threading
+import pytest
+import torch
+
+
+def loop(n):
+    x = torch.ones(4)
+    for _ in range(n):
+        x = x * 1.0
+        x.sum().item()
+
+
+@pytest.mark.max_syncs(5)
+def test_two_threads(syncguard):
+    a_open = threading.Event()
+
+    def a():
+        with syncguard.generation(tokens=2):
+            loop(2)
+            a_open.set()
+            b_thread.join(5)
+
+    def b():
+        a_open.wait(5)
+        try:
+            with syncguard.generation(tokens=8):
+                loop(8)
+        except Exception:
+            pass  # the thread swallows it: the test must fail all the same
+
+    b_thread = threading.Thread(target=b, name="B")
+    a_thread = threading.Thread(target=a, name="A")
+    b_thread.start(); a_thread.start(); a_thread.join(); b_thread.join()
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*a region opened in thread B while another thread's region was open*"])
