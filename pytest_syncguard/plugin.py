@@ -311,8 +311,8 @@ class SyncguardSession:
         self._restore_threads: Callable[[], None] | None = None
         if self.enabled and self.is_worker:
             self._assign_gpu()
-        if self.is_worker:
-            self._share_cores()
+        self._cores_shared = False
+        """This xdist worker has taken its share of the cores (at its first measured test)."""
 
     def _timeline_dir(self) -> Path:
         """Where judged timelines are written: --syncguard-artifacts, else pytest's temporary directory of the run
@@ -340,7 +340,8 @@ class SyncguardSession:
             )
 
     def _share_cores(self) -> None:
-        """Torch's threads for this worker: its share of the cores (environment.share_cores), restored at the end."""
+        """Torch's threads for this worker: its share of the cores (environment.share_cores), restored at the end.
+        Only a worker that measures does it: a project that runs no measured test keeps torch as it is."""
         from .environment import share_cores
 
         workerinput = getattr(self.config, "workerinput", {})
@@ -391,6 +392,9 @@ class SyncguardSession:
             message = f"syncguard usage error: {exc}"
         else:
             if item.stash[_BUDGETS] or "syncguard" in getattr(item, "fixturenames", ()):
+                if self.is_worker and not self._cores_shared:  # at a worker's first measured test, not before
+                    self._cores_shared = True
+                    self._share_cores()
                 _settle_allocator()  # the fixtures it creates go among live tensors, not into what others cached
             return
         pytest.fail(message, pytrace=False)  # outside the handler: no "During handling" chain in the report

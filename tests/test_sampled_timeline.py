@@ -365,12 +365,12 @@ def test_samples_are_held_as_one_object_each_to_the_garbage_collector() -> None:
 
 
 WORKER_SOURCE = """
-import os
 from pathlib import Path
 
 
 def pytest_sessionfinish(session):
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # The workers' own id: an outer xdist run (the suite under -n) sets PYTEST_XDIST_WORKER for the controller too.
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
     if worker:
         source = session.config.pluginmanager.get_plugin("syncguard-session").timeline_source()
         Path(f"source-{worker}.txt").write_text(f"{source.name}: {source.why}")

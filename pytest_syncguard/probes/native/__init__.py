@@ -105,10 +105,14 @@ def _name() -> str:
 
 
 def _built() -> bool:
-    """Whether the extension lies built in the builder's cache (loading it then takes no compiler)."""
-    from torch.utils.cpp_extension import _get_build_directory
+    """Whether the extension lies built in the builder's cache (loading it then takes no compiler); True where the
+    builder's folder cannot be found (then nothing is said before the build)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
 
-    return any(Path(_get_build_directory(_name(), verbose=False)).glob("*.so"))
+        return any(Path(_get_build_directory(_name(), verbose=False)).glob("*.so"))
+    except Exception:  # a private function of torch's: another release may lack it
+        return True
 
 
 def _build() -> ModuleType:
