@@ -188,10 +188,8 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
-def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_regression(tmp_path: Path) -> None:
-    """A base commit, and a head that adds a host read and 2 ms of sleep per step: the count regression names the
-    new site with its source line, the time's interval lies beyond the minimum effect, the other test's counts
-    hold, and the worktree of the base is removed."""
+def _repository(tmp_path: Path, head: str | None = None) -> Path:
+    """A git repository whose commit "base" holds LOOP, and a commit "head" over it holding ``head``, if given."""
     repo = tmp_path / "repo"
     repo.mkdir()
     _git(repo, "init", "-q")
@@ -200,12 +198,21 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "base")
+    if head is not None:
+        (repo / "test_loop.py").write_text(head)
+        _git(repo, "commit", "-qam", "head")
+    return repo
+
+
+def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_regression(tmp_path: Path) -> None:
+    """A base commit, and a head that adds a host read and 2 ms of sleep per step: the count regression names the
+    new site with its source line, the time's interval lies beyond the minimum effect, the other test's counts
+    hold, and the worktree of the base is removed."""
     slower = textwrap.dedent(LOOP).replace(
         "            y = step(y)\n            if bool",
         "            y = step(y)\n            time.sleep(0.002)\n            _ = y.sum().item()\n            if bool",
     )
-    (repo / "test_loop.py").write_text(slower)
-    _git(repo, "commit", "-qam", "head")
+    repo = _repository(tmp_path, slower)
     environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
     command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "3",
                "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
@@ -248,21 +255,12 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
 def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_path: Path) -> None:
     """The head adds ``assert False`` after a test's measure(): that test read "measured only in the base, not
     compared" and the A/B "0 regressions", exit 0 under --fail-on-regression. It is the first verdict now."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "ci@example.com")
-    _git(repo, "config", "user.name", "ci")
-    (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "base")
     failing = textwrap.dedent(LOOP).replace(
         "    syncguard.measure(lambda: [step(x) for _ in range(10)], tokens=10, repeat=3)\n",
         "    syncguard.measure(lambda: [step(x) for _ in range(10)], tokens=10, repeat=3)\n    assert False\n",
     )
     assert failing != textwrap.dedent(LOOP)
-    (repo / "test_loop.py").write_text(failing)
-    _git(repo, "commit", "-qam", "head")
+    repo = _repository(tmp_path, failing)
     command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
                "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
                "test_loop.py", "-q"]  # fmt: skip
@@ -282,14 +280,7 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
 def test_a_side_that_cannot_start_says_why_and_a_rerun_keeps_no_earlier_rounds(tmp_path: Path) -> None:
     """`syncguard ab -- nosuchfile.py` printed only "the base's pytest exited 4 (the other end closed its pipe)"; a
     rerun into an --out folder kept the earlier run's round files beside the new ones."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "ci@example.com")
-    _git(repo, "config", "user.name", "ci")
-    (repo / "test_loop.py").write_text(textwrap.dedent(LOOP))
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "base")
+    repo = _repository(tmp_path)
     stale = repo / "syncguard-ab" / "round9-base.json"
     stale.parent.mkdir()
     stale.write_text("{}")
