@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import ranks
 from .ab_channel import WORKER_OPTION, Channel
 from .baselines import BaselineStore
 from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
@@ -129,9 +130,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("syncguard_keep_timelines", type="bool", default=False, help="as --syncguard-keep-timelines")
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml's, which opens the file its option names
 def pytest_configure(config: pytest.Config) -> None:
     for line in marker_lines():
         config.addinivalue_line("markers", line)
+    rank = ranks.current()
+    if rank is not None and config.option.xmlpath:  # one rank's JUnit file must not overwrite another's
+        config.option.xmlpath = rank.path(str(config.option.xmlpath))
     session = SyncguardSession(config)
     config.pluginmanager.register(session, "syncguard-session")
     worker = config.getoption("syncguard_ab_worker")
@@ -279,7 +284,11 @@ class SyncguardSession:
             raise pytest.UsageError(spaced)
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
-        self.json_path = _checked(config.getoption("syncguard_json"), "--syncguard-json", file_problem)
+        rank = ranks.current()
+        json_option = config.getoption("syncguard_json")
+        if rank is not None and json_option:
+            json_option = rank.path(str(json_option))
+        self.json_path = _checked(json_option, "--syncguard-json", file_problem)
         self.artifacts = _checked(config.getoption("syncguard_artifacts"), "--syncguard-artifacts", folder_problem)
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         updating = bool(config.getoption("syncguard_update_baselines"))
@@ -303,7 +312,7 @@ class SyncguardSession:
         """Why this process's GPU cannot be sampled before the sampler is tried (xdist workers share it)."""
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, MeasuredTest] = {}
-        self.notes: list[str] = []
+        self.notes: list[str] = [f"syncguard: measured by {rank.describe()}"] if rank is not None else []
         self.interrupted = False
         self.json_written = False
         self._ran_on: dict[str, int] = {}
