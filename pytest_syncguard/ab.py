@@ -160,9 +160,10 @@ class ABReport:
     before there were warm sides)."""
     elapsed_s: float | None = None
     """Seconds from the A/B's start to the end of its last round (None in reports written before it was kept)."""
-    failed_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Tests whose call raised (failed, errored or was skipped) in a round of a side ("base" or "head"), with
-    how: ``node id: failed in rounds 1, 2``. Not compared: on the head, a verdict of its own, the report's first."""
+    failed_in: Mapping[str, Mapping[str, Mapping[str, tuple[int, ...]]]] = field(default_factory=dict)
+    """Per side ("base" or "head"), the tests whose call raised in a round: node id -> how (failed, error or
+    skipped) -> the rounds (:func:`failures`). Not compared: on the head, a verdict of its own, the report's
+    first."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
@@ -170,7 +171,7 @@ class ABReport:
     @property
     def regressions(self) -> int:
         """Regressed tests, and tests that failed on the head: what ``--fail-on-regression`` fails on."""
-        failed = [t for t in self.failed_in.get("head", ()) if "failed in" in t or "error in" in t]
+        failed = [how for how in self.failed_in.get("head", {}).values() if {"failed", "error"} & set(how)]
         return len(self.with_verdict("regression")) + len(failed)
 
 
@@ -213,8 +214,7 @@ def compare_sides(
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
     whether ``max_rounds`` rounds could settle it. A test whose call raised in a round of a side is not compared:
     :func:`failures` names it."""
-    failed = failures(base, head)
-    raised = {text.split(": ", 1)[0] for texts in failed.values() for text in texts}
+    raised = {nodeid for tests in failures(base, head).values() for nodeid in tests}
     seen_base = (set().union(*base) if base else set()) - raised
     seen_head = (set().union(*head) if head else set()) - raised
     only_in = {
@@ -236,9 +236,9 @@ def compare_sides(
 
 def failures(
     base: Sequence[Mapping[str, MeasuredTest]], head: Sequence[Mapping[str, MeasuredTest]]
-) -> dict[str, tuple[str, ...]]:
-    """Per side, the tests whose call raised in one of its rounds, each as ``node id: failed in rounds 1, 2``."""
-    found: dict[str, tuple[str, ...]] = {}
+) -> dict[str, dict[str, dict[str, tuple[int, ...]]]]:
+    """Per side, the tests whose call raised in one of its rounds: node id -> how (its verdict) -> the rounds."""
+    found: dict[str, dict[str, dict[str, tuple[int, ...]]]] = {}
     for side, rounds in (("base", base), ("head", head)):
         how: dict[str, dict[str, list[int]]] = {}
         for number, results in enumerate(rounds, 1):
@@ -246,12 +246,18 @@ def failures(
                 if test.error is not None or test.outcome is not None:
                     how.setdefault(nodeid, {}).setdefault(test.verdict, []).append(number)
         if how:
-            found[side] = tuple(
-                f"{nodeid}: " + ", ".join(f"{verdict} in round{'s' if len(n) > 1 else ''} {', '.join(map(str, n))}"
-                                          for verdict, n in sorted(verdicts.items()))
-                for nodeid, verdicts in sorted(how.items())
-            )  # fmt: skip
+            found[side] = {
+                nodeid: {v: tuple(n) for v, n in verdicts.items()} for nodeid, verdicts in sorted(how.items())
+            }
     return found
+
+
+def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
+    """A failed test as the report shows it: ``node id: failed in rounds 1, 2``."""
+    rounds = (
+        f"{verdict} in round{'s' if len(n) > 1 else ''} {', '.join(map(str, n))}" for verdict, n in sorted(how.items())
+    )
+    return f"{nodeid}: {', '.join(rounds)}"
 
 
 def min_effect_of(name: str, asked: float | None) -> float:
@@ -461,8 +467,7 @@ def run_rounds(
             if index >= plan.min_rounds:
                 tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
                                          confidence=plan.confidence, max_rounds=plan.rounds)  # fmt: skip
-                failed = {text.split(": ", 1)[0] for texts in failures(measured["base"], measured["head"]).values()
-                          for text in texts}  # fmt: skip
+                failed = {nodeid for tests in failures(measured["base"], measured["head"]).values() for nodeid in tests}
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
                 newly += sorted(failed - set(done) - set(newly))  # a failure is its verdict: no more rounds
                 done.extend(newly)
@@ -542,8 +547,8 @@ def summary_lines(report: ABReport) -> list[str]:
         f"{report.confidence:.0%} intervals, {effect}",
     ]
     for side in ("head", "base"):
-        lines += [f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {text}"
-                  for text in report.failed_in.get(side, ())]  # fmt: skip
+        lines += [f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {failure_text(nodeid, how)}"
+                  for nodeid, how in report.failed_in.get(side, {}).items()]  # fmt: skip
     for test in report.tests:
         lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
         for c in test.counts:
@@ -555,7 +560,7 @@ def summary_lines(report: ABReport) -> list[str]:
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
-    failed = {side: len(report.failed_in.get(side, ())) for side in ("head", "base")}
+    failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
     lines.append(
         f"syncguard ab: {len(report.tests)} tests, "
         + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())

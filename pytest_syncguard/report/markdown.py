@@ -79,7 +79,7 @@ def _tolerance(change: Change) -> str:
 def device_time_block(run: RunComparison) -> list[str]:
     """Every test's device time per token against its baseline, regressions first, with the tolerance it was
     judged within and the recorded spread that set it: the gate's most sensitive timing, shown first."""
-    order = {"regression": 0, "improvement": 1, "not measured": 2, "not compared": 2, "unchanged": 3}
+    order = {"regression": 0, "improvement": 1, "not compared": 2, "unchanged": 3}
     rows = sorted(
         ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
         key=lambda pair: (order.get(pair[1].status, 2), pair[0].case.nodeid),
@@ -133,10 +133,10 @@ def headline(run: RunComparison) -> str:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
-    from ..ab import ratio_text, rounds_text, verdict_note
+    from ..ab import failure_text, ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
-    failed = report.failed_in.get("head", ())
+    failed = report.failed_in.get("head", {})
     mark = "❌" if regressed or failed else "✅"
     verdict = f"{len(regressed)} regressions in {len(report.tests)} tests"
     if failed:
@@ -144,8 +144,11 @@ def ab_lines(report: ABReport) -> list[str]:
     lines = [
         f"### {mark} A/B on one runner: {verdict}",
         "",
-        *(f"- **failed on the head** (not compared): {escape(text)}" for text in failed),
-        *(f"- failed on the base (not compared): {escape(text)}" for text in report.failed_in.get("base", ())),
+        *(f"- **failed on the head** (not compared): {escape(failure_text(n, how))}" for n, how in failed.items()),
+        *(
+            f"- failed on the base (not compared): {escape(failure_text(n, how))}"
+            for n, how in report.failed_in.get("base", {}).items()
+        ),
         *([""] if report.failed_in else []),
         f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
         f"{escape(rounds_text(report))}; head/base with "
