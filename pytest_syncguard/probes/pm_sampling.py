@@ -292,16 +292,7 @@ class PmSampler:
             self._lib = None
             raise
         try:
-            chip = _ChipName(deviceIndex=self.device)
-            self._call("cuptiDeviceGetChipName", chip)
-            host = _HostInit(profilerType=_PM_SAMPLING, pChipName=chip.pChipName)
-            self._call("cuptiProfilerHostInitialize", host)
-            self._host = host.pHostObject
-            names, _keep = _c_names(self.metrics)
-            self._call(
-                "cuptiProfilerHostConfigAddMetrics",
-                _AddMetrics(pHostObject=self._host, ppMetricNames=names, numMetrics=len(self.metrics)),
-            )
+            self._host = self._host_object()
             size = _ConfigSize(pHostObject=self._host)
             self._call("cuptiProfilerHostGetConfigImageSize", size)
             self._config = (ctypes.c_uint8 * size.configImageSize)()
@@ -453,16 +444,22 @@ class PmSampler:
         return starts, ends, columns
 
     def _host_object(self) -> int:
-        """Another host object with :attr:`metrics` (one per evaluating thread)."""
+        """A host object of this device's chip with :attr:`metrics` added: the sampler's own (:meth:`enable`), and
+        one per further evaluating thread (:meth:`evaluate`). Deinitialized again if adding the metrics fails."""
         chip = _ChipName(deviceIndex=self.device)
         self._call("cuptiDeviceGetChipName", chip)
         host = _HostInit(profilerType=_PM_SAMPLING, pChipName=chip.pChipName)
         self._call("cuptiProfilerHostInitialize", host)
         names, _keep = _c_names(self.metrics)
-        self._call(
-            "cuptiProfilerHostConfigAddMetrics",
-            _AddMetrics(pHostObject=host.pHostObject, ppMetricNames=names, numMetrics=len(self.metrics)),
-        )
+        try:
+            self._call(
+                "cuptiProfilerHostConfigAddMetrics",
+                _AddMetrics(pHostObject=host.pHostObject, ppMetricNames=names, numMetrics=len(self.metrics)),
+            )
+        except BaseException:
+            assert self._lib is not None
+            self._lib.cuptiProfilerHostDeinitialize(ctypes.byref(_HostObject(pHostObject=host.pHostObject)))
+            raise
         return int(host.pHostObject)
 
 

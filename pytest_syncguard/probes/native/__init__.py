@@ -58,13 +58,13 @@ class NativeKernel:
             if setting == "off":
                 self.unavailable = f"switched off by {ENVIRONMENT}=0"
                 return None
-            if not _built():
-                # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
-                print(
-                    "syncguard: building the native kernels (once per machine and torch version)", file=sys.__stderr__
-                )
             try:
-                self._module = _build()
+                name = _name()  # the sources read and hashed once
+                if not _built(name):
+                    # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
+                    print("syncguard: building the native kernels (once per machine and torch version)",
+                          file=sys.__stderr__)  # fmt: skip
+                self._module = _build(name)
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
                 self.unavailable = f"could not be built ({type(exc).__name__}: {_reason(exc)})"
                 if setting == "require":
@@ -104,23 +104,23 @@ def _name() -> str:
     return f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}"
 
 
-def _built() -> bool:
-    """Whether the extension lies built in the builder's cache (loading it then takes no compiler); True where the
-    builder's folder cannot be found (then nothing is said before the build)."""
+def _built(name: str) -> bool:
+    """Whether extension ``name`` lies built in the builder's cache (loading it then takes no compiler); True where
+    the builder's folder cannot be found (then nothing is said before the build)."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
-        return any(Path(_get_build_directory(_name(), verbose=False)).glob("*.so"))
+        return any(Path(_get_build_directory(name, verbose=False)).glob("*.so"))
     except Exception:  # a private function of torch's: another release may lack it
         return True
 
 
-def _build() -> ModuleType:
+def _build(name: str) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     # NDEBUG as torch's release builds have it: RecordFunction has a debug-only member without it, and the access
     # check would read the inputs of a class laid out differently from torch's.
-    module: ModuleType = load(name=_name(), sources=list(SOURCES), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+    module: ModuleType = load(name=name, sources=list(SOURCES), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
     return module
 
 
