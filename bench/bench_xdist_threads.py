@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pytest_syncguard.environment import available_cores
 from tests.test_xdist_threads import LOOP
 
 TESTS = 8
@@ -33,7 +34,7 @@ def run(folder: Path, variant: str) -> list[float]:
     if variant != "serial":
         args += ["-n", "2"]
     if variant == "-n 2, every core per worker":
-        env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+        env["OMP_NUM_THREADS"] = str(available_cores())
     subprocess.run(args, cwd=folder, env=env, check=True, capture_output=True)
     return [statistics.median(json.loads(p.read_text())["seconds"]) for p in sorted(folder.glob("threads-*.json"))]
 
@@ -45,7 +46,7 @@ def main() -> None:
     variants = ["serial", "-n 2, the plugin's share", "-n 2, every core per worker"]
     found: dict[str, list[float]] = {v: [] for v in variants}
     print(
-        f"{len(os.sched_getaffinity(0))} cores; {TESTS} tests of 20 tokens (width {WIDTH}, batch {BATCH}), "
+        f"{available_cores()} cores; {TESTS} tests of 20 tokens (width {WIDTH}, batch {BATCH}), "
         f"{REPEAT} timed runs each",
         flush=True,
     )

@@ -150,6 +150,11 @@ def assign_worker_gpu(worker_id: str, workers: int) -> tuple[str | None, str | N
     return chosen, shared
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 #: Set by the user, these fix the threads of every process: the plugin then leaves torch's as they are.
 THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -164,7 +169,7 @@ def share_cores(worker_id: str, workers: int) -> tuple[Callable[[], None], str] 
         return None
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     before, share = torch.get_num_threads(), max(1, cores // max(workers, 1))
     if before <= share:
         return None

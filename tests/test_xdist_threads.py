@@ -6,9 +6,10 @@ region took 1.4-5.4 s under ``-n 2`` against about 20 ms serially, and nothing s
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+
+from pytest_syncguard.environment import available_cores
 
 pytest.importorskip("xdist")
 
@@ -30,20 +31,16 @@ def test_loop_{n}(syncguard):
 """
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def test_each_worker_takes_its_share_of_the_cores_and_says_so(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if _cores() < 2:
+    if available_cores() < 2:
         pytest.skip("one core: two workers of one thread each cannot oversubscribe it")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # tests/conftest.py sets it for the suite's own runs
     pytester.makepyfile(**{f"test_loop_{n}": LOOP.format(n=n, width=256, batch=8, repeat=3) for n in range(2)})
     result = pytester.runpytest("-n", "2", "--syncguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
-    share = max(1, _cores() // 2)
+    share = max(1, available_cores() // 2)
     for n in range(2):
         found = json.loads((pytester.path / f"threads-{n}.json").read_text())
         assert found["threads"] == share

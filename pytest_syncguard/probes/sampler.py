@@ -13,7 +13,6 @@ queued), timed from an anchor event that a short marker kernel follows.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ import torch
 
 from ..analysis.gaps import FORWARD_STEPS, GRAPH_STEPS, MARKED_STEPS
 from ..analysis.sampled import IDLE_BELOW, StepEvents
+from ..environment import available_cores
 from .patches import Patches
 from .pm_sampling import NOT_INITIALIZED, PmSampler, PmSamplingError, Samples, load_cupti
 from .syncs import PROBE
@@ -37,7 +37,7 @@ MAX_SAMPLES = 2_000_000
 #: Threads that evaluate a region's samples (each with a CUPTI host object of its own), after its timed run: CUPTI
 #: evaluates a sample in about 1 µs, 1.5 s for no_cache's run on one thread of an H100 host, 0.69 s on four
 #: (bench/bench_pm_decode.py).
-DECODE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
+DECODE_THREADS = min(8, available_cores())
 #: The marker kernel's length in clock cycles (``torch.cuda._sleep``): about 50 µs on an H100, long enough that the
 #: host has recorded the event after it before it ends (that event then completes at the marker's end).
 MARKER_CYCLES = 100_000
