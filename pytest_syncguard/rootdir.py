@@ -47,9 +47,11 @@ def space_form_problem(config: pytest.Config) -> str | None:
     moved, kept = _rootdir(positional, config), _rootdir(without, config)
     if moved is None or kept is None or moved == kept or moved != config.rootpath:
         return None
-    option, value = next((o, args[i + 1]) for i, o in spaced if _rootdir(
-        [a for j, a in enumerate(args) if not a.startswith("-") and j != i + 1], config) != moved)  # fmt: skip
+    given = [(option, args[i + 1]) for i, option in spaced]
+    paths = " and ".join(value for _, value in given)
     return (
-        f"{option} {value}: pytest took {value} for a test path when it chose the rootdir ({moved} instead of "
-        f"{kept}), and every node id, so every baseline key, would move with it: write {option}={value}"
+        f"{', '.join(f'{o} {v}' for o, v in given)}: pytest took {paths} for "
+        f"{'a test path' if len(given) == 1 else 'test paths'} when it chose the rootdir ({moved} instead of "
+        f"{kept}), and every node id, so every baseline key, would move with it: write "
+        f"{' '.join(f'{o}={v}' for o, v in given)}"
     )
