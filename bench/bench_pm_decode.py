@@ -29,7 +29,7 @@ from typing import Any
 from pytest_syncguard.analysis.sampled import IDLE_BELOW
 from pytest_syncguard.capture import judge_sampled_region
 from pytest_syncguard.probes import pm_sampling
-from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SampledRegion
+from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion, samples_for
 
 
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:
@@ -103,6 +103,7 @@ def device(strategy: str, rounds: int, threads: Sequence[int]) -> None:
     variants: list[tuple[str, bool, int]] = [("python loop", False, 1)]
     variants += [(f"native, {n} thread{'s' if n > 1 else ''}", True, n) for n in threads]
     times: dict[str, list[float]] = {}
+    cupti: list[float] = []  # CUPTI's steps per round, together
     try:
         for round_ in range(rounds):
             torch.cuda.synchronize()
@@ -113,9 +114,11 @@ def device(strategy: str, rounds: int, threads: Sequence[int]) -> None:
             end = time.time_ns()
             sampler.stop()
             parts: dict[str, float] = {}
-            data = sampler.counter_data(MAX_SAMPLES, parts)
+            # As the plugin decodes a region: into an image sized to its span, the first round's reused after.
+            data = sampler.counter_data(samples_for((begin, time.time_ns())), parts)
             for part, took in parts.items():
                 times.setdefault(f"CUPTI: {part}", []).append(took)
+            cupti.append(sum(parts.values()))
             decoded = {}
             for k in range(len(variants)):
                 name, native, count = variants[(k + round_) % len(variants)]
@@ -139,7 +142,6 @@ def device(strategy: str, rounds: int, threads: Sequence[int]) -> None:
     finally:
         sampler.disable()
     report(times)
-    cupti = [sum(v[i] for k, v in times.items() if k.startswith("CUPTI:")) for i in range(rounds)]
     for n in threads:
         name = f"evaluation: native, {n} thread{'s' if n > 1 else ''}"
         total = [cupti[i] + sum(times[k][i] for k in (name, "compaction (native)", "analysis of the compacted rows"))

@@ -8,6 +8,7 @@ On CUDA, the native loop and the Python loop decode one real region's counter da
 from __future__ import annotations
 
 import ctypes
+import time
 from array import array
 from dataclasses import replace
 from pathlib import Path
@@ -194,3 +195,45 @@ def test_native_and_python_loops_decode_a_real_region_alike() -> None:
                 assert apart <= len(ours) // 1000, apart
     finally:
         sampler.disable()
+
+
+def test_a_regions_image_is_sized_to_its_span_with_room_to_spare() -> None:
+    from pytest_syncguard.probes.sampler import INTERVAL_NS, MAX_SAMPLES, samples_for
+
+    second = 1_000_000_000
+    assert samples_for((0, second)) >= second // INTERVAL_NS * 1.05  # the samples a second holds, and a margin
+    assert samples_for((5, 5)) > 0
+    assert samples_for((0, 10 * second)) == MAX_SAMPLES  # a longer region is cut short and said so (overflow)
+
+
+@pytest.mark.gpu
+def test_a_reused_image_decodes_the_next_region_as_a_fresh_one_would() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from pytest_syncguard.probes.sampler import _enabled_sampler
+
+    try:
+        sampler = _enabled_sampler()
+    except pm_sampling.PmSamplingError as exc:
+        pytest.skip(f"the PM sampler cannot run here: {exc}")
+    assert sampler.metrics == (ACTIVE_CYCLES, ELAPSED_CYCLES)
+    x = torch.ones(2048, 2048, device="cuda")
+    busy = []
+    try:
+        for most in (200_000, 100_000):  # the second region fits in the first one's image
+            sampler.start()
+            for _ in range(300):
+                x = torch.tanh(x @ x)
+            torch.cuda.synchronize()
+            time.sleep(0.02)  # an idle stretch after the work
+            sampler.stop()
+            data = sampler.counter_data(most)
+            assert data.size <= len(data.image) and not data.overflow
+            _, _, (active, elapsed) = sampler.evaluate(data, data.completed)  # the timeline's metrics, in order
+            busy.append(sum(active) / sum(elapsed))
+            assert any(a == 0 for a in active[-1000:])  # the idle stretch reads idle
+        assert sampler._image is data.image
+    finally:
+        sampler.disable()
+    assert abs(busy[0] - busy[1]) < 0.1 * busy[0], busy

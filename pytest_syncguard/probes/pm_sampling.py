@@ -251,7 +251,9 @@ class CounterData:
     """A region's counter data as CUPTI decoded it: the image, its completed samples, whether any were lost."""
 
     image: Any
-    """The counter-data image (a ctypes byte array)."""
+    """The counter-data image (a ctypes byte array, the sampler's own: the next decode reuses it)."""
+    size: int
+    """The bytes of ``image`` that CUPTI initialized and decoded into (it may be larger)."""
     completed: int
     overflow: bool
 
@@ -268,6 +270,9 @@ class PmSampler:
         self._object: int | None = None
         self._host: int | None = None
         self._config: Any = None
+        self._image: Any = None
+        """The counter-data image of the last decode, kept for the next one that fits in it (reinitialized, its
+        pages already mapped)."""
 
     def _call(self, name: str, params: _Params) -> None:
         assert self._lib is not None
@@ -328,6 +333,7 @@ class PmSampler:
         if self._lib is None:
             return
         lib, self._lib = self._lib, None
+        self._image = None
         obj, self._object = self._object, None
         host, self._host = self._host, None
         if obj is not None:
@@ -372,9 +378,14 @@ class PmSampler:
             pPmSamplingObject=self._object, pMetricNames=names, numMetrics=len(self.metrics), maxSamples=max_samples
         )
         self._call("cuptiPmSamplingGetCounterDataSize", size)
-        image = (ctypes.c_uint8 * size.counterDataSize)()
-        address, length = ctypes.addressof(image), size.counterDataSize
-        clock.lap(f"image allocated ({length / 2**20:.0f} MiB)")
+        length = size.counterDataSize
+        fresh = self._image is None or len(self._image) < length
+        if fresh:
+            self._image = None  # the smaller one goes before the larger one is allocated
+            self._image = (ctypes.c_uint8 * length)()
+        image = self._image
+        address = ctypes.addressof(image)
+        clock.lap("image allocated" if fresh else "image reused")
         self._call(
             "cuptiPmSamplingCounterDataImageInitialize",
             _DataInit(pPmSamplingObject=self._object, counterDataSize=length, pCounterData=address),
@@ -386,7 +397,7 @@ class PmSampler:
         self._call("cuptiPmSamplingGetCounterDataInfo", info)
         clock.lap("decoded by CUPTI")
         overflow = bool(decode.overflow) or decode.decodeStopReason == _COUNTER_DATA_FULL
-        return CounterData(image, info.numCompletedSamples, overflow)
+        return CounterData(image, length, info.numCompletedSamples, overflow)
 
     #: Whether the last :meth:`evaluate` ran its loop in the native extension.
     decoded_natively = False
@@ -397,7 +408,7 @@ class PmSampler:
         """Start, end and metric values of the first ``count`` samples of ``data``: in the native extension unless
         ``native`` is False (None: where it is built), its evaluation split over ``threads`` host objects; else
         one Python loop."""
-        image, length = ctypes.addressof(data.image), len(data.image)
+        image, length = ctypes.addressof(data.image), data.size
         starts, ends = array("q", [0]) * count, array("q", [0]) * count
         columns = tuple(array("d", [0.0]) * count for _ in self.metrics)
         names, _keep = _c_names(self.metrics)

@@ -34,6 +34,19 @@ INTERVAL_NS = 1000
 BUFFER_BYTES = 1 << 30
 #: The most samples decoded per region: 2 s at :data:`INTERVAL_NS`. A longer region's timeline is unreliable.
 MAX_SAMPLES = 2_000_000
+#: Room for samples beyond a region's window (fractional, and a count): the image is sized to the window, its
+#: counter data allocated once per test and reused by its next region (no_cache: 0.63 s of 2.4 s a region,
+#: bench/bench_pm_decode.py).
+WINDOW_MARGIN, SAMPLE_MARGIN = 0.05, 10_000
+
+
+def samples_for(window: tuple[int, int]) -> int:
+    """The most samples a region sampled over ``window`` (ns) may hold: the window at :data:`INTERVAL_NS`, with a
+    margin, at most :data:`MAX_SAMPLES`."""
+    begin, end = window
+    return min(MAX_SAMPLES, int((end - begin) / INTERVAL_NS * (1 + WINDOW_MARGIN)) + SAMPLE_MARGIN)
+
+
 #: Threads that evaluate a region's samples (each with a CUPTI host object of its own), after its timed run: CUPTI
 #: evaluates a sample in about 1 µs, 1.5 s for no_cache's run on one thread of an H100 host, 0.69 s on four
 #: (bench/bench_pm_decode.py).
@@ -146,6 +159,7 @@ class SamplerProbe:
             return
         sampler = self._sampler
         assert sampler is not None
+        started = time.time_ns()  # the samples' span: from the sampler's start to its stop
         if not self._tried(sampler.start):
             yield
             return
@@ -165,8 +179,9 @@ class SamplerProbe:
             replays.undo()
             self._sampling, self._clock = False, None
             stopped = self._tried(sampler.stop)
+        most = samples_for((started, time.time_ns()))
         decoded: list[Samples] = []
-        if stopped and self._tried(lambda: decoded.append(_rows(sampler.decode(MAX_SAMPLES, threads=DECODE_THREADS)))):
+        if stopped and self._tried(lambda: decoded.append(_rows(sampler.decode(most, threads=DECODE_THREADS)))):
             try:
                 events = clock.resolve()
             except RuntimeError as exc:  # CUDA's answer for an event it cannot time
