@@ -11,13 +11,17 @@
 # "baselines"): the baselines folder. SYNCGUARD_INSTALL (default: this checkout's tools/install.sh examples): the
 # command that installs what the suite needs, run first. PR_NUMBER (optional) is written to OUT/pr-number for the
 # comment workflow, which checks it again. BASE_SHA (optional, a pull request's base commit): the tests of
-# SYNCGUARD_AB_TESTS (default: the strategy suite's speed tests) are also run A/B against the merge base on this
-# runner (syncguard ab, each test until its verdict is settled, within SYNCGUARD_AB_BUDGET seconds, default 1200),
-# since host timings are not judged against a baseline recorded on another machine.
+# SYNCGUARD_AB_TESTS (default: the strategy suite's speed tests) whose device time no baseline of this GPU model
+# judged are also run A/B against the merge base on this runner (syncguard ab --skip-judged, each test until its
+# verdict is settled, within SYNCGUARD_AB_BUDGET seconds, default 1200). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests
+# every one of them, for its host timings (not judged against a baseline recorded on another machine).
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
 mkdir -p "$out/artifacts"
+# Each stage's end, in seconds since the job's start, to OUT/stages.txt (what the job's time went to).
+: > "$out/stages.txt"
+stage() { printf '%s\t%s\n' "$1" "$SECONDS" >> "$out/stages.txt"; }
 read -ra tests <<< "${SYNCGUARD_TESTS:-examples}"
 baselines="${SYNCGUARD_BASELINES:-baselines}"
 read -ra ab_tests <<< "${SYNCGUARD_AB_TESTS:-examples/test_strategies.py -k test_speed}"
@@ -27,6 +31,7 @@ if [ -n "${SYNCGUARD_INSTALL:-}" ]; then
 else
     bash "$here/tools/install.sh" examples || exit 1
 fi
+stage install
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
     || exit 1
 slug="$(syncguard device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')" || exit 1
@@ -52,18 +57,25 @@ python -m pytest "${tests[@]}" -p no:cacheprovider "${workers[@]}" \
     --junitxml "$out/junit-$slug.xml" --syncguard-json "$out/results-$slug.json" \
     --syncguard-artifacts "$out/artifacts"
 status=$?
+stage suite
 
 ab=()
 if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
-    syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" \
+    judged=(--skip-judged "$out/results-$slug.json")
+    if [ "${SYNCGUARD_AB_HOST_TIMINGS:-false}" = "true" ] || [ ! -f "$out/results-$slug.json" ]; then
+        judged=()
+    fi
+    syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" "${judged[@]}" \
         --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
         || status=1
     ab=(--ab "$out/ab-$slug.json")
+    stage ab
 fi
 
 syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
+stage report
 # The report in the job's log: its verdict, then every test's device time against the baseline with the tolerance
 # and recorded spread that judged it, then the rest.
 cat "$out/report-$slug.md" 2>/dev/null

@@ -36,7 +36,7 @@ from .analysis.explain import Explanation, explain
 from .codec import CodecError, decode, encode, read_document
 from .comparison import count_status
 from .files import ignored_folder
-from .metrics import metric, timing_order
+from .metrics import DEVICE_TIME, metric, timing_order
 from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/ab"
@@ -46,6 +46,8 @@ SCHEMA_VERSION = 2
 DEFAULT_ROUNDS = 12
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
+#: A baseline comparison's statuses of a metric that it judged.
+JUDGED = frozenset({"regression", "improvement", "unchanged"})
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
 DERIVED = frozenset({"tokens_per_second"})
 
@@ -160,6 +162,12 @@ class ABReport:
     before there were warm sides)."""
     elapsed_s: float | None = None
     """Seconds from the A/B's start to the end of its last round (None in reports written before it was kept)."""
+    judged_by_baseline: Mapping[str, str] = field(default_factory=dict)
+    """Tests the A/B left out because the suite judged their device time against a baseline (node id -> its
+    file): their verdict is that comparison's (``--skip-judged``)."""
+    timed_rounds: bool = False
+    """The rounds after the first measured timed runs only (``--syncguard-timings-only``): the counts are the
+    first round's."""
     failed_in: Mapping[str, Mapping[str, Mapping[str, tuple[int, ...]]]] = field(default_factory=dict)
     """Per side ("base" or "head"), the tests whose call raised in a round: node id -> how (failed, error or
     skipped) -> the rounds (:func:`failures`). Not compared: on the head, a verdict of its own, the report's
@@ -260,6 +268,23 @@ def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
     return f"{nodeid}: {', '.join(rounds)}"
 
 
+def judged_by_baseline(results: Path) -> dict[str, str]:
+    """The tests of a results file (``pytest --syncguard-json``) whose device time was judged against a baseline
+    entry there: node id -> the baseline file. ValueError names what is wrong with the file."""
+    from . import results_file
+
+    try:
+        tests = results_file.read(results)
+    except results_file.ResultsError as exc:
+        raise ValueError(str(exc)) from exc
+    return {
+        t.nodeid: t.comparison.file
+        for t in tests
+        if t.comparison is not None
+        and any(c.metric == DEVICE_TIME and c.status in JUDGED for c in t.comparison.changes)
+    }
+
+
 def min_effect_of(name: str, asked: float | None) -> float:
     """The smallest relative change a metric's A/B calls a regression or improvement: the one asked for, else the
     metric's own (device time resolves far less than a host timing), else :data:`DEFAULT_MIN_EFFECT`."""
@@ -289,7 +314,7 @@ def _head_against_base(
         if spec is None or name in DERIVED:
             continue
         both = [(x, y) for x, y in paired if name in x.metrics and name in y.metrics]
-        if len(both) < len(paired):
+        if len(both) < len(paired) and not (spec.counted and both):  # a count is exact: one round that counted it
             unmeasured[name] = _unmeasured(name, paired, numbers, len(both))
         if not both:
             continue
@@ -434,15 +459,25 @@ class Plan:
 
 
 def run_rounds(
-    sides: Mapping[str, Side], plan: Plan, out: Path, *, timeout: float, progress: Any, started: float | None = None
+    sides: Mapping[str, Side],
+    plan: Plan,
+    out: Path,
+    *,
+    timeout: float,
+    progress: Any,
+    started: float | None = None,
+    left_out: Sequence[str] = (),
 ) -> tuple[list[dict[str, MeasuredTest]], list[dict[str, MeasuredTest]], list[str]]:
-    """Interleaved rounds (base first in odd ones), each without the tests already settled, until every test is
-    settled or the plan's rounds or time are spent; each side's results per round, and why it stopped. The time
-    counts from ``started`` (the A/B's start: the sides' start-up is spent time, but not a round's pace). An
-    interrupt (:class:`ABInterrupted`) is raised again with the run it stopped and the runs finished before it."""
+    """Interleaved rounds (base first in odd ones), each without the tests already settled or ``left_out``, until
+    every test is settled or the plan's rounds or time are spent; each side's results per round, and why it
+    stopped. The first round measures everything; the later ones the timed runs only, where both sides can
+    (:attr:`.ab_sides.Side.times_only`). The time counts from ``started`` (the A/B's start: the sides' start-up is
+    spent time, but not a round's pace). An interrupt (:class:`ABInterrupted`) is raised again with the run it
+    stopped and the runs finished before it."""
     measured: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
     pace = Progress(plan.rounds, progress, time.monotonic() if started is None else started)
-    done: list[str] = []
+    done: list[str] = list(left_out)
+    times_only = all(side.times_only for side in sides.values())
     label = None
     stopped = [f"ran the most rounds ({plan.rounds})"]
     try:
@@ -456,9 +491,12 @@ def run_rounds(
             order = ("base", "head") if index % 2 else ("head", "base")
             for side in order:
                 label = f"round{index}-{side}"
-                running = f"{len(done)} tests settled" if done else "every test"
+                settled_now = len(done) - len(left_out)
+                running = f"{settled_now} tests settled" if settled_now else "every test"
+                if left_out:
+                    running += f", {len(left_out)} judged against the baseline left out"
                 pace.starting(index, side, running)
-                results = sides[side].run(label, done, timeout)
+                results = sides[side].run(label, done, timeout, timings_only=times_only and index > 1)
                 if not results:
                     raise ABError(f"{label}: no measured test in its results (logs: {out})")
                 measured[side].append(results)
@@ -496,10 +534,14 @@ def run(
     timeout: float = 3600.0,
     fresh_processes: bool = False,
     progress: Any = print,
+    judged: Mapping[str, str] | None = None,
 ) -> ABReport:
     """The whole A/B: the base's checkout, its sides (one warm pytest each, or ``fresh_processes``: one per side
-    per round), the rounds the ``plan`` allows, the comparison. SIGINT or SIGTERM stops it at once
-    (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    per round), the rounds the ``plan`` allows, the comparison. Tests in ``judged`` (node id -> the baseline file
+    that judged it; warm sides only) are left out. SIGINT or SIGTERM stops it at once (:class:`ABInterrupted`), its
+    running pytest ended and the base's worktree removed."""
+    if judged and fresh_processes:
+        raise ABError("--skip-judged needs warm sides (they say what they collected): leave out --fresh-processes")
     started = time.monotonic()
     with stopping_on_signals():
         out = ignored_folder(out.resolve())
@@ -523,8 +565,17 @@ def run(
                 if fresh_processes
                 else warm_sides(folders, pytest_args, out, timeout, progress)
             )
-            base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
-                                                       started=started)  # fmt: skip
+            collected = {n for side in sides.values() for n in getattr(side, "collected", ())}
+            left_out = {n: f for n, f in (judged or {}).items() if n in collected}
+            if left_out and collected <= set(left_out):
+                base_side: list[dict[str, MeasuredTest]] = []
+                head_side: list[dict[str, MeasuredTest]] = []
+                stopped = [f"every test it selects ({len(left_out)}) was judged against the baseline: no round run"]
+                progress(f"syncguard ab: {stopped[0]}")
+            else:
+                base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
+                                                           started=started, left_out=sorted(left_out))  # fmt: skip
+            timed_rounds = len(base_side) > 1 and all(side.times_only for side in sides.values())
             elapsed = time.monotonic() - started
     tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
                                    max_rounds=plan.rounds)  # fmt: skip
@@ -532,6 +583,7 @@ def run(
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
         tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
+        judged_by_baseline=dict(sorted(left_out.items())), timed_rounds=timed_rounds,
         failed_in=failures(base_side, head_side),
     )  # fmt: skip
 
@@ -559,6 +611,8 @@ def summary_lines(report: ABReport) -> list[str]:
         lines.extend(f"    {name}: {why}" for name, why in sorted(test.unmeasured.items()))
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
+    if report.judged_by_baseline:
+        lines.append(f"judged against the baseline, not A/B-tested: {judged_text(report)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
     failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
     lines.append(
@@ -569,10 +623,19 @@ def summary_lines(report: ABReport) -> list[str]:
     return lines
 
 
+def judged_text(report: ABReport) -> str:
+    """The tests left out as judged against the baseline: ``2 tests (baselines/h100.json): id, id``."""
+    files = sorted(set(report.judged_by_baseline.values()))
+    ids = ", ".join(report.judged_by_baseline)
+    return f"{len(report.judged_by_baseline)} tests ({', '.join(files)}): {ids}"
+
+
 def rounds_text(report: ABReport) -> str:
     """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
     side)``."""
     processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
+    if report.timed_rounds:
+        processes += ", timed runs only after the first round"
     took = f", {_duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
     return f"{report.rounds} rounds interleaved ({report.stopped or 'as asked'}{took}; {processes})"
 

@@ -36,8 +36,15 @@ class ABError(Exception):
 class Side(Protocol):
     """One side of the A/B, run once per round."""
 
-    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
-        """The tests measured by the round's run ``label`` (``round3-base``), the ``settled`` ones left out."""
+    times_only: bool
+    """Its code can run a round's timed runs only (a base from before --syncguard-timings-only cannot: then neither
+    side does, so that both measure alike)."""
+
+    def run(
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+    ) -> dict[str, MeasuredTest]:
+        """The tests measured by the round's run ``label`` (``round3-base``), the ``settled`` ones left out;
+        ``timings_only``: their timed runs only (``--syncguard-timings-only``)."""
         ...
 
 
@@ -112,14 +119,20 @@ def said(log: Path) -> str:
 class FreshSide:
     """A pytest process per round, with its own JSON results, JUnit file and log (``round3-base.json``, ...)."""
 
+    #: Whether a fresh pytest knows the option is not asked: its rounds measure everything.
+    times_only = False
+
     def __init__(self, directory: Path, pytest_args: Sequence[str], out: Path) -> None:
         self.directory, self.pytest_args, self.out = directory, tuple(pytest_args), out
 
-    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
+    def run(
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+    ) -> dict[str, MeasuredTest]:
         results, log, junit = (self.out / f"{label}{suffix}" for suffix in (".json", ".log", ".xml"))
         deselected = (f"--deselect={nodeid}" for nodeid in settled)
+        timed = ("--syncguard-timings-only",) if timings_only else ()
         command = _pytest_command(self.directory, self.pytest_args, self.out, "--syncguard-json", str(results),
-                                  "--junitxml", str(junit), *deselected)  # fmt: skip
+                                  "--junitxml", str(junit), *timed, *deselected)  # fmt: skip
         process = _start(command, self.directory, log)
         try:
             returncode = run_until_done(process, timeout)
@@ -152,18 +165,28 @@ class WarmSide:
         os.close(to_worker[0])
         os.close(from_worker[1])
         self.channel = Channel(from_worker[0], to_worker[1])
+        self.times_only = False
+        self.collected: list[str] = []
+        """The node ids its pytest collected (:meth:`ready`)."""
 
     def ready(self, timeout: float) -> list[str]:
-        """The node ids its pytest collected, once it has (ABError if none, or if it ended first)."""
-        collected = self._receive("start", timeout).get("ready")
+        """The node ids its pytest collected, once it has (ABError if none, or if it ended first); whether it can
+        run timed runs only, it says with them."""
+        answer = self._receive("start", timeout)
+        self.times_only = answer.get("timings_only") is True
+        collected = answer.get("ready")
         if not isinstance(collected, list) or not collected:
             raise ABError(f"{self.name}: pytest collected no test in {self.directory} (log: {self.log})")
-        return [str(nodeid) for nodeid in collected]
+        self.collected = [str(nodeid) for nodeid in collected]
+        return self.collected
 
-    def run(self, label: str, settled: Sequence[str], timeout: float) -> dict[str, MeasuredTest]:
+    def run(
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+    ) -> dict[str, MeasuredTest]:
         results = self.out / f"{label}.json"
+        turn = {"turn": label, "skip": list(settled), "results": str(results), "timings_only": timings_only}
         try:
-            self.channel.send({"turn": label, "skip": list(settled), "results": str(results)})
+            self.channel.send(turn)
         except ChannelClosed:
             raise ABError(f"{label}: the {self.name}'s pytest has ended ({self._ended()}; log: {self.log})") from None
         answer = self._receive(label, timeout)

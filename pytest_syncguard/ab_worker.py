@@ -4,12 +4,13 @@ it over :class:`.ab_channel.Channel`, and writes each turn's results to the file
 The process starts, imports and collects once; between turns it keeps what the turn's first test's collectors set
 up (module and session fixtures: the model, say), and tears each test down as pytest would. What it says:
 
-- ``{"ready": [node ids collected]}`` once collected;
+- ``{"ready": [node ids collected], "timings_only": true}`` once collected (it can run a turn's timed runs only);
 - ``{"done": turn, "measured": n, "stopped": why}`` after each turn (``stopped`` empty unless pytest was told
   to stop: ``-x``, ``--maxfail``).
 
-What it is told: ``{"turn": label, "skip": [node ids], "results": path}``, or ``{"stop": true}``; the A/B's end of
-the pipe closing stops it too."""
+What it is told: ``{"turn": label, "skip": [node ids], "results": path, "timings_only": bool}`` (``timings_only``:
+the turn measures timed runs only, as ``--syncguard-timings-only``), or ``{"stop": true}``; the A/B's end of the
+pipe closing stops it too."""
 
 from __future__ import annotations
 
@@ -21,24 +22,24 @@ import pytest
 from .ab_channel import Channel, ChannelClosed
 
 if TYPE_CHECKING:
-    from .result import MeasuredTest
+    from .plugin import SyncguardSession
 
 
 class ABWorker:
     """The pytest plugin of a warm side: it takes over the run loop."""
 
-    def __init__(self, config: pytest.Config, channel: Channel, results: dict[str, MeasuredTest]) -> None:
-        """``results``: the session's measured tests by node id, which each test's report fills in."""
+    def __init__(self, config: pytest.Config, channel: Channel, session: SyncguardSession) -> None:
+        """``session``: the plugin's, whose measured tests by node id each test's report fills in."""
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("syncguard ab runs each side in one process: leave out -n (pytest-xdist)")
         self.channel = channel
-        self.results = results
+        self.session = session
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         if session.testsfailed and not session.config.option.continue_on_collection_errors:
             raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
-        self.channel.send({"ready": [item.nodeid for item in session.items]})
+        self.channel.send({"ready": [item.nodeid for item in session.items], "timings_only": True})
         try:
             while True:
                 message = self.channel.receive()
@@ -46,6 +47,7 @@ class ABWorker:
                     break
                 skip = set(message.get("skip", ()))
                 turn = [item for item in session.items if item.nodeid not in skip]
+                self.session.timings_only = bool(message.get("timings_only", False))
                 measured, stopped = self.run_turn(session, turn, Path(str(message["results"])))
                 self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
                 if stopped:
@@ -59,7 +61,7 @@ class ABWorker:
         stopped early or "")."""
         from . import results_file
 
-        results = self.results
+        results = self.session.results
         for item in turn:
             results.pop(item.nodeid, None)
         stopped = ""

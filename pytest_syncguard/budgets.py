@@ -71,6 +71,9 @@ def syncguard(
 
 
 Signal = Literal["syncs", "ops", "compiles", "timeline", "memory", "races"]
+#: The signals whose metrics vary from run to run (judged on medians, and A/B): the only budgets a timings-only run
+#: (--syncguard-timings-only) checks; the others are counts, judged once in a run that counts.
+TIMED_SIGNALS: frozenset[Signal] = frozenset({"timeline", "memory"})
 
 
 def closest_run(values: Sequence[float], value: float) -> int:

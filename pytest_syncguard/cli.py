@@ -158,7 +158,7 @@ def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) 
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABInterrupted, Plan, document, run, summary_lines
+    from .ab import ABInterrupted, Plan, document, judged_by_baseline, run, summary_lines
     from .ab_sides import ABError
     from .report.markdown import ab_lines
 
@@ -171,11 +171,16 @@ def _ab(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
+        judged = judged_by_baseline(Path(args.skip_judged)) if args.skip_judged else None
+    except ValueError as exc:
+        print(f"syncguard ab: --skip-judged {args.skip_judged}: {exc}", file=sys.stderr)
+        return 2
+    try:
         report = run(
             base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
             pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget),
             out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged,
         )  # fmt: skip
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
@@ -507,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--fresh-processes", action="store_true", help="a new pytest for each side in each round, "
                     "instead of one per side kept warm across the rounds: for a change whose effect is once per "
                     "process (import, compilation, the first run) or sides that cannot share the device")  # fmt: skip
+    ab.add_argument(
+        "--skip-judged",
+        metavar="RESULTS",
+        help="the suite's JSON results (pytest --syncguard-json): "
+        "leave out the tests whose device time they judged against a baseline (the A/B then settles "
+        "only what no baseline could)",
+    )
     ab.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
     ab.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="what each round runs")
     ab.set_defaults(run=_ab)

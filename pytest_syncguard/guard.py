@@ -479,6 +479,8 @@ class SyncGuard:
         """The thread whose regions are open."""
         self.misuse: str | None = None
         """A misuse the test's own code may not have seen (raised in another thread): the test fails on it."""
+        self.timings_only = False
+        """:meth:`measure` runs no counting run (--syncguard-timings-only: the counts were judged elsewhere)."""
 
     @property
     def last(self) -> Measurement | None:
@@ -506,7 +508,8 @@ class SyncGuard:
         outer one: only outermost regions make the test's measurement, so nothing is counted twice. What it
         returns is entered once: a second region is a second ``generation()``.
         """
-        return _Once(self._region(tokens, model, count_ops=True, timeline_run=SAMPLED_RUN), self.nodeid)
+        return _Once(self._region(tokens, model, count_ops=not self.timings_only, timeline_run=SAMPLED_RUN),
+                     self.nodeid)  # fmt: skip
 
     @contextmanager
     def _region(
@@ -569,7 +572,7 @@ class SyncGuard:
 
         With ``repeat`` >= 2 one more measured run comes first, the only one that counts operators: counting them
         slows a dispatch-bound loop by a few percent, so timings and GPU timelines (medians over runs) are the
-        other ``repeat`` runs'.
+        other ``repeat`` runs'. Under --syncguard-timings-only there is no such run.
 
         Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
         whose count varies fail on its worst run rather than pass on its best.
@@ -583,11 +586,12 @@ class SyncGuard:
             fn()
         outermost = not self._open
         runs: list[Measurement] = []
-        counting_run = repeat > 1
+        counting_run = repeat > 1 and not self.timings_only
         for run in range(repeat + counting_run):
             counting = counting_run and run == 0
             timeline_run = TRACED_RUN if counting else SAMPLED_RUN
-            with self._region(tokens, model, count_ops=run == 0, timeline_run=timeline_run) as region:
+            with self._region(tokens, model, count_ops=run == 0 and not self.timings_only,
+                              timeline_run=timeline_run) as region:  # fmt: skip
                 fn()
             assert region.measurement is not None
             runs.append(region.measurement)

@@ -20,7 +20,16 @@ import pytest
 from . import ranks
 from .ab_channel import WORKER_OPTION, Channel
 from .baselines import BaselineStore
-from .budgets import Budget, BudgetError, GuardOptions, budgets_for, marker_lines, options_for, parse_tolerance
+from .budgets import (
+    TIMED_SIGNALS,
+    Budget,
+    BudgetError,
+    GuardOptions,
+    budgets_for,
+    marker_lines,
+    options_for,
+    parse_tolerance,
+)
 from .comparison import DEFAULT_TOLERANCE, NOT_UPDATED
 from .files import file_problem, folder_problem
 from .report.perfetto import TimelineFiles
@@ -116,6 +125,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "GPU timeline budget keeps one), in --syncguard-artifacts or else under pytest's temporary directory",
     )
     group.addoption(
+        "--syncguard-timings-only",
+        action="store_true",
+        default=False,
+        help="measure each test's timed runs only: no counting run, no count, race or diagnostic check, and only "
+        "the timeline and memory budgets that time-dependent metrics need; what syncguard ab's rounds after the "
+        "first run (the first one counts)",
+    )
+    group.addoption(
         WORKER_OPTION,
         metavar="READ,WRITE",
         default=None,
@@ -147,7 +164,7 @@ def pytest_configure(config: pytest.Config) -> None:
             channel = Channel.of_option(str(worker))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config.pluginmanager.register(ABWorker(config, channel, session.results), "syncguard-ab-worker")
+        config.pluginmanager.register(ABWorker(config, channel, session), "syncguard-ab-worker")
 
 
 def _baselines_dir(config: pytest.Config) -> Path:
@@ -301,6 +318,8 @@ class SyncguardSession:
         host_timings = bool(config.getini("syncguard_judge_host_timings") if judge is None else judge)
         self.store = BaselineStore(baselines, _tolerance(config), updating=updating, host_timings=host_timings)
         self.timeline_request = _timeline_source(config)
+        self.timings_only = bool(config.getoption("syncguard_timings_only"))
+        """Measure timed runs only (--syncguard-timings-only; syncguard ab's warm side sets it per turn)."""
         self._timeline_source: TimelineSource | None = None
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
@@ -421,11 +440,16 @@ class SyncguardSession:
 
         _settle_allocator()  # what the fixtures' setup cached goes back too
         guard = _guard_of(item)
+        declared = budgets
+        if self.timings_only:  # the counts were judged in a run of their own (syncguard ab's first round)
+            budgets = tuple(b for b in budgets if b.signal in TIMED_SIGNALS)
+        guard.timings_only = self.timings_only
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
-            item.nodeid, guard, budgets, options, default_checks=self.enabled, source=self.timeline_source
-        )
+            item.nodeid, guard, budgets, options, default_checks=self.enabled and not self.timings_only,
+            source=self.timeline_source,
+        )  # fmt: skip
         guard.check_races = capture.races
         raised: BaseException | None = None
         try:
@@ -436,7 +460,7 @@ class SyncguardSession:
                     raised = exc
                     raise
             capture.misuse = capture.misuse or guard.misuse  # a misuse the test may not have seen (another thread)
-            if set(budgets_for(item)) != set(budgets):
+            if set(budgets_for(item)) != set(declared):
                 capture.misuse = capture.misuse or (
                     "a budget marker was added during the test's call, after its measurement began: add it with "
                     "a decorator, or from a fixture (request.node.add_marker)"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.ab import read_report
+from pytest_syncguard.ab import Plan, judged_by_baseline, read_report, run, summary_lines
 from pytest_syncguard.ab_sides import read_results
 from pytest_syncguard.analysis.ab_stats import (
     IMPROVEMENT,
@@ -238,6 +238,13 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert "worktree" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                                             text=True).stdout.split("\n", 1)[1]  # fmt: skip
     assert len(list((repo / "syncguard-ab").glob("round*-*.json"))) == (6 if third.exists() else 4)
+    # The first round checked the count budgets; the later ones ran the timed runs only (--syncguard-timings-only).
+    assert report.timed_rounds and "timed runs only after the first round" in done.stdout
+    first, second = (read_results(repo / "syncguard-ab" / f"round{n}-head.json") for n in (1, 2))
+    counted, timed = first["test_loop.py::test_decode"], second["test_loop.py::test_decode"]
+    assert [c.budget.marker for c in counted.checks] == ["max_syncs_per_token"] and timed.checks == ()
+    assert counted.metrics.runs["seconds"] == timed.metrics.runs["seconds"] == 3  # the same timed runs
+    assert not decode.unmeasured  # its counts were judged on the round that counted them
     # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
     (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
     head_results = repo / "syncguard-ab" / "round1-head.json"
@@ -551,3 +558,28 @@ def test_a_base_that_is_no_commit_or_cannot_be_checked_out_is_named_and_leaves_n
     err = capsys.readouterr().err
     assert "git worktree add --detach" in err and "failed: " in err and not err.rstrip().endswith("failed:")
     assert list(temp.iterdir()) == []
+
+
+def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) -> None:
+    """The tests whose device time a suite's results judged against a baseline (a real H100 run: its 7 timeline
+    tests) are found; an A/B told to skip them runs the others only, and one whose tests were all judged runs no
+    round, saying so rather than reading "0 regressions" of nothing."""
+    from examples.strategies import STRATEGIES
+
+    results = tmp_path / "results.json"
+    results.write_bytes(gzip.decompress((DATA / "h100_results" / "results-nvidia-h100-80gb-hbm3.json.gz").read_bytes()))
+    judged = judged_by_baseline(results)
+    assert sorted(n.split("::")[1] for n in judged) == [f"test_timeline[{s}]" for s in sorted(STRATEGIES)]
+    assert {Path(f).name for f in judged.values()} == {"nvidia-h100-80gb-hbm3.json"}
+
+    repo = _repository(tmp_path)
+    plan = Plan(2, None, 0.5)
+    common = {"base_ref": "HEAD", "base_dir": None, "head": repo, "pytest_args": ["test_loop.py", "-q"], "plan": plan,
+              "out": repo / "ab", "progress": lambda line: None}  # fmt: skip
+    some = run(**common, judged={"test_loop.py::test_steady": "baselines/x.json", "elsewhere.py::t": "b.json"})
+    assert [t.nodeid for t in some.tests] == ["test_loop.py::test_decode"]
+    assert some.judged_by_baseline == {"test_loop.py::test_steady": "baselines/x.json"}  # what it selects only
+    assert "judged against the baseline, not A/B-tested: 1 tests (baselines/x.json)" in "\n".join(summary_lines(some))
+    every = run(**common, judged={f"test_loop.py::{n}": "baselines/x.json" for n in ("test_decode", "test_steady")})
+    assert every.rounds == 0 and not every.tests and "no round run" in every.stopped
+    assert every.regressions == 0 and len(every.judged_by_baseline) == 2

@@ -209,6 +209,31 @@ def test_measured(syncguard):
     result.stdout.fnmatch_lines(["*measured 2.00: 8 syncs over 4 tokens"])
 
 
+def test_timings_only_runs_the_timed_runs_and_checks_no_count_budget(pytester: pytest.Pytester) -> None:
+    """What syncguard ab's rounds after the first run: no counting run before the timed ones, and a count budget
+    (judged in the round that counted) is not checked; the timings are measured as in a full run."""
+    pytester.makepyfile(
+        LOOP
+        + """
+calls = []
+
+@pytest.mark.max_syncs_per_token(1)
+def test_measured(syncguard):
+    def run():
+        calls.append(1)
+        loop(4, 2)
+    m = syncguard.measure(run, tokens=4, warmup=1, repeat=3)
+    print(f"CALLS={len(calls)} TIMED={len(m.timings)}")
+"""
+    )
+    full = pytester.runpytest("--syncguard", "-s")
+    full.assert_outcomes(failed=1)  # 2 syncs per token against a budget of 1
+    full.stdout.fnmatch_lines(["*CALLS=5 TIMED=3*"])  # a warm-up, the counting run, 3 timed runs
+    timed = pytester.runpytest("--syncguard", "--syncguard-timings-only", "-s")
+    timed.assert_outcomes(passed=1)
+    timed.stdout.fnmatch_lines(["*CALLS=4 TIMED=3*"])
+
+
 def test_several_regions_add_up(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         LOOP

@@ -133,7 +133,7 @@ def headline(run: RunComparison) -> str:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
-    from ..ab import failure_text, ratio_text, rounds_text, verdict_note
+    from ..ab import failure_text, judged_text, ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
     failed = report.failed_in.get("head", {})
@@ -190,6 +190,8 @@ def ab_lines(report: ABReport) -> list[str]:
         lines += [f"- {escape(nodeid)}" for nodeid in quiet] + ["", "</details>", ""]
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"Measured only in the {escape(side)}, not compared: {', '.join(escape(i) for i in ids)}")
+    if report.judged_by_baseline:
+        lines.append(f"Judged against the baseline, not A/B-tested: {escape(judged_text(report))}")
     return lines
 
 
