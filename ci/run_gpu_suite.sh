@@ -12,9 +12,10 @@
 # command that installs what the suite needs, run first. PR_NUMBER (optional) is written to OUT/pr-number for the
 # comment workflow, which checks it again. BASE_SHA (optional, a pull request's base commit): the tests of
 # SYNCGUARD_AB_TESTS (default: the strategy suite's speed tests) whose device time no baseline of this GPU model
-# judged are also run A/B against the merge base on this runner (syncguard ab --skip-judged, each test until its
-# verdict is settled, within SYNCGUARD_AB_BUDGET seconds, default 1200). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests
-# every one of them, for its host timings (not judged against a baseline recorded on another machine).
+# judged are also run A/B against the merge base on this runner (syncguard ab --skip-judged --no-host-timings: device
+# time and counts, from each test's traced run, each test until its verdict is settled, within SYNCGUARD_AB_BUDGET
+# seconds, default 1200). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests every one of them with its own timed runs, for
+# its host timings too (not judged against a baseline recorded on another machine).
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
@@ -62,9 +63,13 @@ stage suite
 ab=()
 if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
-    judged=(--skip-judged "$out/results-$slug.json")
-    if [ "${SYNCGUARD_AB_HOST_TIMINGS:-false}" = "true" ] || [ ! -f "$out/results-$slug.json" ]; then
+    # Device time, all the A/B judges here, comes from each measure()'s traced run: in the rounds after the first,
+    # that run alone (the rounds make the interval). Host timings need the tests' own timed runs.
+    judged=(--no-host-timings --timed-runs 0)
+    if [ "${SYNCGUARD_AB_HOST_TIMINGS:-false}" = "true" ]; then
         judged=()
+    elif [ -f "$out/results-$slug.json" ]; then
+        judged+=(--skip-judged "$out/results-$slug.json")
     fi
     syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" "${judged[@]}" \
         --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \

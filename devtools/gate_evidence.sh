@@ -30,7 +30,8 @@ planted_copy() {  # a copy of the checkout with PERCENT planted, in planted-NAME
     local percent="$1" folder="$work/planted-${2:-$1}"
     rm -rf "$folder" && mkdir -p "$folder"
     cp -r pytest_syncguard examples baselines pyproject.toml "$folder"/
-    python devtools/plant_gpu_work.py "$folder" --percent "$percent" >&2 || exit 1
+    # PLANT_ONLY (e.g. cuda_graph): plant PERCENT in that strategy only, the base's one-cycle spin in the others.
+    python devtools/plant_gpu_work.py "$folder" --percent "$percent" ${PLANT_ONLY:+--only "$PLANT_ONLY"} >&2 || exit 1
     echo "$folder"
 }
 

@@ -4,7 +4,7 @@ that spins for PERCENT of the step's device time in the committed H100 baseline.
 kernel spinning a single cycle: the base of a planted change, with the same operators, launches and syncs, so
 that only device time differs between the two.
 
-    python devtools/plant_gpu_work.py CHECKOUT --percent 3
+    python devtools/plant_gpu_work.py CHECKOUT --percent 3 [--only cuda_graph]
 
 rewrites CHECKOUT/examples/strategies.py in place (run it on a copy). The kernel's cycles per microsecond are
 measured once per process on the device it runs on (CUDA events around a long spin).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 #: Where each strategy's step ends, and the committed baseline test whose device time per step sets the spin.
@@ -43,8 +44,12 @@ def _planted_spin(us: float) -> None:
 '''
 
 
-def plant(checkout: Path, percent: float) -> dict[str, float]:
-    """Rewrite the checkout's strategies; returns the microseconds planted per step of each strategy."""
+def plant(checkout: Path, percent: float, only: Sequence[str] = ()) -> dict[str, float]:
+    """Rewrite the checkout's strategies (``percent`` in those of ``only``, default all; the others get the one-cycle
+    spin of a base); returns the microseconds planted per step of each strategy."""
+    unknown = set(only) - set(SITES)
+    if unknown:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: not one of {', '.join(SITES)}")
     source = checkout / "examples" / "strategies.py"
     text = source.read_text(encoding="utf-8")
     if "_planted_spin" in text:
@@ -54,7 +59,8 @@ def plant(checkout: Path, percent: float) -> dict[str, float]:
     for name, (line, test) in SITES.items():
         if text.count(line) != 1:
             raise SystemExit(f"{source}: the end of {name}'s step was not found once")
-        us = round(percent / 100 * baseline[test]["gpu_us_per_token"], 2)
+        share = percent if not only or name in only else 0.0
+        us = round(share / 100 * baseline[test]["gpu_us_per_token"], 2)
         indent = line[: len(line) - len(line.lstrip())]
         text = text.replace(line, f"{line}{indent}_planted_spin({us})\n")
         planted[name] = us
@@ -68,8 +74,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout", type=Path)
     parser.add_argument("--percent", type=float, required=True, help="of the step's device time; 0: the base")
+    parser.add_argument("--only", action="append", default=[], choices=sorted(SITES),
+                        help="plant PERCENT in this strategy only (repeatable; default: every one)")  # fmt: skip
     args = parser.parse_args()
-    print(json.dumps(plant(args.checkout, args.percent)))
+    print(json.dumps(plant(args.checkout, args.percent, args.only)))
 
 
 if __name__ == "__main__":

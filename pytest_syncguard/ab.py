@@ -168,6 +168,10 @@ class ABReport:
     timed_rounds: bool = False
     """The rounds after the first measured timed runs only (``--syncguard-timings-only``): the counts are the
     first round's."""
+    timed_runs: int | None = None
+    """Timed runs per test in those rounds (None: as each test asks)."""
+    host_timings: bool = True
+    """Host timings were judged; False: counts and device-side metrics only (``--no-host-timings``)."""
     failed_in: Mapping[str, Mapping[str, Mapping[str, tuple[int, ...]]]] = field(default_factory=dict)
     """Per side ("base" or "head"), the tests whose call raised in a round: node id -> how (failed, error or
     skipped) -> the rounds (:func:`failures`). Not compared: on the head, a verdict of its own, the report's
@@ -217,10 +221,13 @@ def compare_sides(
     min_effect: float | None,
     confidence: float,
     max_rounds: int | None = None,
+    host_timings: bool = True,
+    counted_rounds: int | None = None,
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
-    whether ``max_rounds`` rounds could settle it. A test whose call raised in a round of a side is not compared:
+    whether ``max_rounds`` rounds could settle it; host timings only with ``host_timings``; counts over the first
+    ``counted_rounds`` (None: every round). A test whose call raised in a round of a side is not compared:
     :func:`failures` names it."""
     raised = {nodeid for tests in failures(base, head).values() for nodeid in tests}
     seen_base = (set().union(*base) if base else set()) - raised
@@ -238,7 +245,7 @@ def compare_sides(
             continue
         paired = [(x, y) for _, x, y in rounds]
         tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
-                                        max_rounds))  # fmt: skip
+                                        max_rounds, host_timings, counted_rounds))  # fmt: skip
     return tests, only_in
 
 
@@ -301,9 +308,12 @@ def _head_against_base(
     confidence: float,
     numbers: Sequence[int] | None = None,
     max_rounds: int | None = None,
+    host_timings: bool = True,
+    counted_rounds: int | None = None,
 ) -> HeadAgainstBase:
     """One test over its paired rounds (numbered ``numbers``, default 1, 2, ...): each metric over the rounds that
-    measured it on both sides, and why a metric was not, or not in every round."""
+    measured it on both sides (a count over the first ``counted_rounds`` only, where given: the rounds that
+    counted), and why a metric was not, or not in every round."""
     numbers = list(numbers) if numbers is not None else list(range(1, len(paired) + 1))
     b, h = [x for x, _ in paired], [y for _, y in paired]
     counts: list[CountChange] = []
@@ -311,7 +321,7 @@ def _head_against_base(
     unmeasured: dict[str, str] = {}
     for name in sorted(set().union(*(m.metrics.values for m in (*b, *h)))):
         spec = metric(name)
-        if spec is None or name in DERIVED:
+        if spec is None or name in DERIVED or (spec.host and not host_timings):
             continue
         both = [(x, y) for x, y in paired if name in x.metrics and name in y.metrics]
         if len(both) < len(paired) and not (spec.counted and both):  # a count is exact: one round that counted it
@@ -319,8 +329,11 @@ def _head_against_base(
         if not both:
             continue
         if spec.counted:
-            old = {x.metrics[name] for x, _ in both}
-            new = {y.metrics[name] for _, y in both}
+            counted = [pair for pair, n in zip(paired, numbers, strict=True) if counted_rounds is None
+                       or n <= counted_rounds]  # fmt: skip
+            judged = [(x, y) for x, y in counted if name in x.metrics and name in y.metrics] or both
+            old = {x.metrics[name] for x, _ in judged}
+            new = {y.metrics[name] for _, y in judged}
             if len(old) > 1 or len(new) > 1:
                 counts.append(CountChange(name, max(old), max(new), "varies"))
             elif new != old:
@@ -452,6 +465,10 @@ class Plan:
     min_effect: float | None
     confidence: float
     time_budget: float | None = None
+    timed_runs: int | None = None
+    """Timed runs per test in each round after the first, after its traced run (None: as each test asks)."""
+    host_timings: bool = True
+    """Judge host timings (time, tokens/s, gaps, busy fraction); False: counts and device-side metrics only."""
 
     @property
     def min_rounds(self) -> int:
@@ -496,7 +513,8 @@ def run_rounds(
                 if left_out:
                     running += f", {len(left_out)} judged against the baseline left out"
                 pace.starting(index, side, running)
-                results = sides[side].run(label, done, timeout, timings_only=times_only and index > 1)
+                results = sides[side].run(label, done, timeout, timings_only=times_only and index > 1,
+                                          repeat=plan.timed_runs)  # fmt: skip
                 if not results:
                     raise ABError(f"{label}: no measured test in its results (logs: {out})")
                 measured[side].append(results)
@@ -504,7 +522,9 @@ def run_rounds(
                 label = None
             if index >= plan.min_rounds:
                 tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
-                                         confidence=plan.confidence, max_rounds=plan.rounds)  # fmt: skip
+                                         confidence=plan.confidence, max_rounds=plan.rounds,
+                                         host_timings=plan.host_timings,
+                                         counted_rounds=1 if times_only else None)  # fmt: skip
                 failed = {nodeid for tests in failures(measured["base"], measured["head"]).values() for nodeid in tests}
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
                 newly += sorted(failed - set(done) - set(newly))  # a failure is its verdict: no more rounds
@@ -578,12 +598,14 @@ def run(
             timed_rounds = len(base_side) > 1 and all(side.times_only for side in sides.values())
             elapsed = time.monotonic() - started
     tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
-                                   max_rounds=plan.rounds)  # fmt: skip
+                                   max_rounds=plan.rounds, host_timings=plan.host_timings,
+                                   counted_rounds=1 if timed_rounds else None)  # fmt: skip
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
         tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
         judged_by_baseline=dict(sorted(left_out.items())), timed_rounds=timed_rounds,
+        timed_runs=plan.timed_runs if timed_rounds else None, host_timings=plan.host_timings,
         failed_in=failures(base_side, head_side),
     )  # fmt: skip
 
@@ -635,7 +657,10 @@ def rounds_text(report: ABReport) -> str:
     side)``."""
     processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
     if report.timed_rounds:
-        processes += ", timed runs only after the first round"
+        runs = "" if report.timed_runs is None else f" ({report.timed_runs} per test, after the traced one)"
+        processes += f", timings only after the first round{runs}"
+    if not report.host_timings:
+        processes += ", host timings not judged"
     took = f", {_duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
     return f"{report.rounds} rounds interleaved ({report.stopped or 'as asked'}{took}; {processes})"
 

@@ -41,10 +41,11 @@ class Side(Protocol):
     side does, so that both measure alike)."""
 
     def run(
-        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
         """The tests measured by the round's run ``label`` (``round3-base``), the ``settled`` ones left out;
-        ``timings_only``: their timed runs only (``--syncguard-timings-only``)."""
+        ``timings_only``: their timed runs only (``--syncguard-timings-only``), ``repeat`` of them per measure()
+        where given (``--syncguard-repeat``)."""
         ...
 
 
@@ -126,11 +127,12 @@ class FreshSide:
         self.directory, self.pytest_args, self.out = directory, tuple(pytest_args), out
 
     def run(
-        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
         results, log, junit = (self.out / f"{label}{suffix}" for suffix in (".json", ".log", ".xml"))
         deselected = (f"--deselect={nodeid}" for nodeid in settled)
-        timed = ("--syncguard-timings-only",) if timings_only else ()
+        timed = [*(["--syncguard-timings-only"] if timings_only else []),
+                 *([f"--syncguard-repeat={repeat}"] if timings_only and repeat is not None else [])]  # fmt: skip
         command = _pytest_command(self.directory, self.pytest_args, self.out, "--syncguard-json", str(results),
                                   "--junitxml", str(junit), *timed, *deselected)  # fmt: skip
         process = _start(command, self.directory, log)
@@ -181,10 +183,11 @@ class WarmSide:
         return self.collected
 
     def run(
-        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False
+        self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
         results = self.out / f"{label}.json"
-        turn = {"turn": label, "skip": list(settled), "results": str(results), "timings_only": timings_only}
+        turn = {"turn": label, "skip": list(settled), "results": str(results), "timings_only": timings_only,
+                "repeat": repeat if timings_only else None}  # fmt: skip
         try:
             self.channel.send(turn)
         except ChannelClosed:

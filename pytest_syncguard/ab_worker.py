@@ -8,9 +8,9 @@ up (module and session fixtures: the model, say), and tears each test down as py
 - ``{"done": turn, "measured": n, "stopped": why}`` after each turn (``stopped`` empty unless pytest was told
   to stop: ``-x``, ``--maxfail``).
 
-What it is told: ``{"turn": label, "skip": [node ids], "results": path, "timings_only": bool}`` (``timings_only``:
-the turn measures timed runs only, as ``--syncguard-timings-only``), or ``{"stop": true}``; the A/B's end of the
-pipe closing stops it too."""
+What it is told: ``{"turn": label, "skip": [node ids], "results": path, "timings_only": bool, "repeat": n or
+null}`` (the turn measures timed runs only, as ``--syncguard-timings-only``; ``repeat`` of them per measure(), as
+``--syncguard-repeat``), or ``{"stop": true}``; the A/B's end of the pipe closing stops it too."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ class ABWorker:
                 skip = set(message.get("skip", ()))
                 turn = [item for item in session.items if item.nodeid not in skip]
                 self.session.timings_only = bool(message.get("timings_only", False))
+                repeat = message.get("repeat")
+                self.session.repeat = repeat if isinstance(repeat, int) and repeat >= 0 else None
                 measured, stopped = self.run_turn(session, turn, Path(str(message["results"])))
                 self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
                 if stopped:

@@ -178,7 +178,8 @@ def _ab(args: argparse.Namespace) -> int:
     try:
         report = run(
             base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
-            pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget),
+            pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget,
+                                                      args.timed_runs, args.host_timings),
             out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
             progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged,
         )  # fmt: skip
@@ -438,6 +439,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a number of runs (0 or more), got {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -512,6 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--fresh-processes", action="store_true", help="a new pytest for each side in each round, "
                     "instead of one per side kept warm across the rounds: for a change whose effect is once per "
                     "process (import, compilation, the first run) or sides that cannot share the device")  # fmt: skip
+    ab.add_argument("--no-host-timings", dest="host_timings", action="store_false", help="judge counts and "
+                    "device-side metrics only (device time, memory): host timings (time, tokens/s, gaps, busy "
+                    "fraction) are neither judged nor keep a test running")  # fmt: skip
+    ab.add_argument("--timed-runs", type=_count, default=None, metavar="N", help="timed runs of each test's "
+                    "measure() after its traced run, in each round after the first (default: its own repeat; 0: the "
+                    "traced run alone, which gives the device time); the rounds make the interval")  # fmt: skip
     ab.add_argument(
         "--skip-judged",
         metavar="RESULTS",

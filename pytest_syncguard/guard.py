@@ -480,7 +480,9 @@ class SyncGuard:
         self.misuse: str | None = None
         """A misuse the test's own code may not have seen (raised in another thread): the test fails on it."""
         self.timings_only = False
-        """:meth:`measure` runs no counting run (--syncguard-timings-only: the counts were judged elsewhere)."""
+        """Its regions count no operators (--syncguard-timings-only: the counts were judged elsewhere)."""
+        self.repeat: int | None = None
+        """The timed runs of :meth:`measure` after its traced run, instead of its ``repeat`` (--syncguard-repeat)."""
 
     @property
     def last(self) -> Measurement | None:
@@ -572,7 +574,8 @@ class SyncGuard:
 
         With ``repeat`` >= 2 one more measured run comes first, the only one that counts operators: counting them
         slows a dispatch-bound loop by a few percent, so timings and GPU timelines (medians over runs) are the
-        other ``repeat`` runs'. Under --syncguard-timings-only there is no such run.
+        other ``repeat`` runs'. --syncguard-repeat N makes it that run and N timed runs (0: that run alone, whose
+        trace gives the device time), whatever ``repeat`` says; under --syncguard-timings-only it counts no operators.
 
         Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
         whose count varies fail on its worst run rather than pass on its best.
@@ -582,11 +585,14 @@ class SyncGuard:
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): repeat must be an int >= 1, got {repeat!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): warmup must be an int >= 0, got {warmup!r}")
+        if self.repeat is not None:  # --syncguard-repeat: the traced run, then that many timed runs (maybe none)
+            repeat, counting_run = self.repeat, True
+        else:
+            counting_run = repeat > 1
         for _ in range(warmup):
             fn()
         outermost = not self._open
         runs: list[Measurement] = []
-        counting_run = repeat > 1 and not self.timings_only
         for run in range(repeat + counting_run):
             counting = counting_run and run == 0
             timeline_run = TRACED_RUN if counting else SAMPLED_RUN

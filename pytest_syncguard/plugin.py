@@ -128,9 +128,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--syncguard-timings-only",
         action="store_true",
         default=False,
-        help="measure each test's timed runs only: no counting run, no count, race or diagnostic check, and only "
-        "the timeline and memory budgets that time-dependent metrics need; what syncguard ab's rounds after the "
+        help="measure each test's timings only: no operator counting, no count, race or diagnostic check, only the "
+        "timeline and memory budgets (whose metrics vary from run to run); what syncguard ab's rounds after the "
         "first run (the first one counts)",
+    )
+    group.addoption(
+        "--syncguard-repeat",
+        metavar="N",
+        default=None,
+        help="each syncguard.measure() makes its traced run (whose trace gives the device time) and then N timed "
+        "runs (N >= 0), whatever repeat it asks for: what syncguard ab --timed-runs gives its rounds after the first",
     )
     group.addoption(
         WORKER_OPTION,
@@ -194,6 +201,15 @@ def _timeline_source(config: pytest.Config) -> str:
     if value not in REQUESTS:
         raise pytest.UsageError(f"ini syncguard_timeline = {value!r}: must be one of {', '.join(REQUESTS)}")
     return value
+
+
+def _repeat(config: pytest.Config) -> int | None:
+    value = config.getoption("syncguard_repeat")
+    if value is None:
+        return None
+    if not (str(value).isascii() and str(value).isdigit()):
+        raise pytest.UsageError(f"--syncguard-repeat {value}: not a number of timed runs (0 or more)")
+    return int(value)
 
 
 def _tolerance(config: pytest.Config) -> float | None:
@@ -320,6 +336,8 @@ class SyncguardSession:
         self.timeline_request = _timeline_source(config)
         self.timings_only = bool(config.getoption("syncguard_timings_only"))
         """Measure timed runs only (--syncguard-timings-only; syncguard ab's warm side sets it per turn)."""
+        self.repeat = _repeat(config)
+        """Timed runs of each measure() after its traced run (--syncguard-repeat; per turn, as above)."""
         self._timeline_source: TimelineSource | None = None
         gap_ops = config.getoption("syncguard_gap_ops")
         self.gap_ops = bool(config.getini("syncguard_gap_ops") if gap_ops is None else gap_ops)
@@ -443,7 +461,7 @@ class SyncguardSession:
         declared = budgets
         if self.timings_only:  # the counts were judged in a run of their own (syncguard ab's first round)
             budgets = tuple(b for b in budgets if b.signal in TIMED_SIGNALS)
-        guard.timings_only = self.timings_only
+        guard.timings_only, guard.repeat = self.timings_only, self.repeat
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(

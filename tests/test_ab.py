@@ -215,8 +215,8 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     repo = _repository(tmp_path, slower)
     environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
     command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "3",
-               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
-               "test_loop.py", "-q"]  # fmt: skip
+               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression",
+               "--timed-runs", "2", "--", "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
     report = read_report(repo / "ab.json")
@@ -238,12 +238,14 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert "worktree" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                                             text=True).stdout.split("\n", 1)[1]  # fmt: skip
     assert len(list((repo / "syncguard-ab").glob("round*-*.json"))) == (6 if third.exists() else 4)
-    # The first round checked the count budgets; the later ones ran the timed runs only (--syncguard-timings-only).
-    assert report.timed_rounds and "timed runs only after the first round" in done.stdout
+    # The first round checked the count budgets; the later ones measured timings only (--syncguard-timings-only).
+    assert (
+        report.timed_rounds and "timings only after the first round (2 per test, after the traced one)" in done.stdout
+    )
     first, second = (read_results(repo / "syncguard-ab" / f"round{n}-head.json") for n in (1, 2))
     counted, timed = first["test_loop.py::test_decode"], second["test_loop.py::test_decode"]
     assert [c.budget.marker for c in counted.checks] == ["max_syncs_per_token"] and timed.checks == ()
-    assert counted.metrics.runs["seconds"] == timed.metrics.runs["seconds"] == 3  # the same timed runs
+    assert (counted.metrics.runs["seconds"], timed.metrics.runs["seconds"]) == (3, 2)  # the test's 3, then --timed-runs
     assert not decode.unmeasured  # its counts were judged on the round that counted them
     # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
     (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
@@ -268,9 +270,10 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
     )
     assert failing != textwrap.dedent(LOOP)
     repo = _repository(tmp_path, failing)
+    # Host timings are not judged: two rounds of a CPU loop's wall time on a loaded machine may read a regression.
     command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
-               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression", "--",
-               "test_loop.py", "-q"]  # fmt: skip
+               "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression",
+               "--no-host-timings", "--", "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env={**os.environ, "SYNCGUARD_NATIVE": "0"}, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
@@ -573,11 +576,13 @@ def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) 
     assert {Path(f).name for f in judged.values()} == {"nvidia-h100-80gb-hbm3.json"}
 
     repo = _repository(tmp_path)
-    plan = Plan(2, None, 0.5)
+    plan = Plan(2, None, 0.5, timed_runs=0, host_timings=False)  # as the GPU job runs it
     common = {"base_ref": "HEAD", "base_dir": None, "head": repo, "pytest_args": ["test_loop.py", "-q"], "plan": plan,
               "out": repo / "ab", "progress": lambda line: None}  # fmt: skip
     some = run(**common, judged={"test_loop.py::test_steady": "baselines/x.json", "elsewhere.py::t": "b.json"})
     assert [t.nodeid for t in some.tests] == ["test_loop.py::test_decode"]
+    assert not some.tests[0].timings  # a CPU run has no device time, and host timings were not asked for
+    assert "host timings not judged" in summary_lines(some)[0]
     assert some.judged_by_baseline == {"test_loop.py::test_steady": "baselines/x.json"}  # what it selects only
     assert "judged against the baseline, not A/B-tested: 1 tests (baselines/x.json)" in "\n".join(summary_lines(some))
     every = run(**common, judged={f"test_loop.py::{n}": "baselines/x.json" for n in ("test_decode", "test_steady")})

@@ -359,3 +359,19 @@ def test_a_timing_more_rounds_cannot_settle_stops_and_says_what_the_host_resolve
     # Without the bound it would take more rounds: the test is not settled.
     assert not HeadAgainstBase("t", (), {"seconds": judge(noisy, higher_is_better=False, min_effect=0.03,
                                                           confidence=0.95)}).settled  # fmt: skip
+
+
+def test_timed_rounds_judge_counts_on_the_round_that_counted_and_host_timings_only_when_asked() -> None:
+    """After a first round that counts, an A/B's rounds measure timings only: a count that moves in them (a warm
+    process's allocator reusing what it cached) is no "varies"; with --no-host-timings a host timing that moved is
+    not judged, while device time is."""
+    base = [_measured("t", {"device_mallocs": 2, DEVICE_TIME: 2000.0 + i, "seconds": 1.0}) for i in range(6)]
+    head = [_measured("t", {"device_mallocs": 2 if i == 0 else 1, DEVICE_TIME: 2001.0 + i, "seconds": 1.5})
+            for i in range(6)]  # fmt: skip
+    pairs = list(zip(base, head, strict=True))
+    every = _head_against_base("t", pairs, None, 0.95)
+    assert [(c.metric, c.status) for c in every.counts] == [("device_mallocs", "varies")]
+    assert every.timings["seconds"].verdict == "regression"
+    first = _head_against_base("t", pairs, None, 0.95, host_timings=False, counted_rounds=1)
+    assert first.counts == () and set(first.timings) == {DEVICE_TIME}
+    assert first.timings[DEVICE_TIME].verdict == UNCHANGED and first.verdict == UNCHANGED

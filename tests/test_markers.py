@@ -210,8 +210,9 @@ def test_measured(syncguard):
 
 
 def test_timings_only_runs_the_timed_runs_and_checks_no_count_budget(pytester: pytest.Pytester) -> None:
-    """What syncguard ab's rounds after the first run: no counting run before the timed ones, and a count budget
-    (judged in the round that counted) is not checked; the timings are measured as in a full run."""
+    """What syncguard ab's rounds after the first run: a count budget (judged in the round that counted) is not
+    checked; the traced run (device time) and the timed runs are made as in a full run, or as many timed runs as
+    --syncguard-repeat says."""
     pytester.makepyfile(
         LOOP
         + """
@@ -231,7 +232,16 @@ def test_measured(syncguard):
     full.stdout.fnmatch_lines(["*CALLS=5 TIMED=3*"])  # a warm-up, the counting run, 3 timed runs
     timed = pytester.runpytest("--syncguard", "--syncguard-timings-only", "-s")
     timed.assert_outcomes(passed=1)
-    timed.stdout.fnmatch_lines(["*CALLS=4 TIMED=3*"])
+    timed.stdout.fnmatch_lines(["*CALLS=5 TIMED=3*"])
+    fewer = pytester.runpytest("--syncguard", "--syncguard-timings-only", "--syncguard-repeat", "1", "-s")
+    fewer.assert_outcomes(passed=1)
+    fewer.stdout.fnmatch_lines(["*CALLS=3 TIMED=1*"])  # the warm-up, the traced run, one timed run
+    traced = pytester.runpytest("--syncguard", "--syncguard-timings-only", "--syncguard-repeat", "0", "-s")
+    traced.assert_outcomes(passed=1)
+    traced.stdout.fnmatch_lines(["*CALLS=2 TIMED=0*"])  # the warm-up and the traced run: device time only
+    refused = pytester.runpytest("--syncguard", "--syncguard-repeat", "-1")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--syncguard-repeat -1: not a number of timed runs (0 or more)*"])
 
 
 def test_several_regions_add_up(pytester: pytest.Pytester) -> None:
