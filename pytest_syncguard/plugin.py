@@ -460,7 +460,10 @@ class SyncguardSession:
         guard = _guard_of(item)
         declared = budgets
         if self.timings_only:  # the counts were judged in a run of their own (syncguard ab's first round)
-            budgets = tuple(b for b in budgets if b.signal in TIMED_SIGNALS)
+            untimed = self.repeat == 0  # the traced run alone: no timed run has a timeline to judge
+            budgets = tuple(
+                b for b in budgets if b.signal in TIMED_SIGNALS and not (untimed and b.signal == "timeline")
+            )
         guard.timings_only, guard.repeat = self.timings_only, self.repeat
         guard.track_memory = any(b.signal == "memory" for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
