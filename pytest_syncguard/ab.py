@@ -458,8 +458,8 @@ def _duration(seconds: float) -> str:
 @dataclass(frozen=True)
 class Plan:
     """How long an A/B may go on: at most ``rounds`` rounds and, if given, ``time_budget`` seconds (a round that
-    would end past it at the pace so far is not started); a test stops once its verdict is settled, judged after
-    each round from ``min_rounds`` on with ``min_effect`` and ``confidence``."""
+    would end past it, at what the last round took for the tests still running, is not started); a test stops once
+    its verdict is settled, judged after each round from ``min_rounds`` on with ``min_effect`` and ``confidence``."""
 
     rounds: int
     min_effect: float | None
@@ -497,15 +497,18 @@ def run_rounds(
     times_only = all(side.times_only for side in sides.values())
     label = None
     stopped = [f"ran the most rounds ({plan.rounds})"]
+    next_round = 0.0
+    """What the next round will take: the last one's time, for the share of its tests still running."""
     try:
         for index in range(1, plan.rounds + 1):
             if index > 1 and plan.time_budget is not None:
-                per_round = 2 * pace.per_run()
+                per_round = next_round
                 if pace.elapsed() + per_round > plan.time_budget:
                     stopped = [f"another round ({_duration(per_round)}) would pass the time budget "
                                f"({_duration(plan.time_budget)})"]  # fmt: skip
                     break
             order = ("base", "head") if index % 2 else ("head", "base")
+            round_started, ran = time.monotonic(), 0
             for side in order:
                 label = f"round{index}-{side}"
                 settled_now = len(done) - len(left_out)
@@ -520,6 +523,8 @@ def run_rounds(
                 measured[side].append(results)
                 pace.finished.append(label)
                 label = None
+                ran = max(ran, len(results))
+            newly: list[str] = []
             if index >= plan.min_rounds:
                 tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
                                          confidence=plan.confidence, max_rounds=plan.rounds,
@@ -534,6 +539,7 @@ def run_rounds(
                 if (tests or failed) and all(t.settled for t in tests):
                     stopped = [f"every test settled after {index} rounds"]
                     break
+            next_round = (time.monotonic() - round_started) * max(ran - len(newly), 0) / max(ran, 1)
     except ABInterrupted as exc:
         if label is not None:  # what the stopped run wrote on its way out is not a round's results; its log stays
             for suffix in (".json", ".xml"):

@@ -504,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "more rounds cannot change is left out of the next rounds, and the A/B ends when every test is "
                     "settled")  # fmt: skip
     ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
-                    "would end later than this after the start, at the pace so far")  # fmt: skip
+                    "would end later than this after the start, at what the last round took for the tests still "
+                    "running")  # fmt: skip
     ab.add_argument("--min-effect", type=_fraction, default=None, metavar="FRACTION",
                     help="the smallest relative change judged a regression or improvement (default: each "
                     f"metric's own: device time 0.01, host timings {DEFAULT_MIN_EFFECT})")  # fmt: skip

@@ -375,3 +375,37 @@ def test_timed_rounds_judge_counts_on_the_round_that_counted_and_host_timings_on
     first = _head_against_base("t", pairs, None, 0.95, host_timings=False, counted_rounds=1)
     assert first.counts == () and set(first.timings) == {DEVICE_TIME}
     assert first.timings[DEVICE_TIME].verdict == UNCHANGED and first.verdict == UNCHANGED
+
+
+class _SleepingSide:
+    """A side of an A/B whose every test takes ``seconds`` per turn: ``steady`` tests measure the same device time
+    on both sides (they settle), the ``noisy`` one a head/base that swings ±5% (it stays inconclusive)."""
+
+    times_only = True
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name, self.seconds, self.turns = name, seconds, 0
+
+    def run(self, label: str, settled: Any, timeout: float, timings_only: bool = False, repeat: Any = None) -> Any:
+        import time
+
+        self.turns += 1
+        swing = 1.0 if self.name == "base" else (1.05 if self.turns % 2 else 0.95)
+        tests = {f"t::steady{i}": {DEVICE_TIME: 100.0} for i in range(3)} | {"t::noisy": {DEVICE_TIME: 100.0 * swing}}
+        running = {nodeid: values for nodeid, values in tests.items() if nodeid not in settled}
+        time.sleep(self.seconds * len(running))
+        return {nodeid: _measured(nodeid, values) for nodeid, values in running.items()}
+
+
+def test_the_time_budget_is_spent_on_the_tests_still_running(tmp_path: Path) -> None:
+    """Once three of four tests settle, the next round is judged by what the one left costs, not by the pace of the
+    rounds that ran all four: the A/B goes on within its budget instead of stopping at the first settling."""
+    from pytest_syncguard.ab import Plan, run_rounds
+
+    said: list[str] = []
+    sides = {name: _SleepingSide(name, 0.15) for name in ("base", "head")}
+    plan = Plan(1000, None, 0.5, time_budget=3.0)  # 2 rounds settle a test at 50%; 4 tests x 2 sides: 1.2 s a round
+    base, _, stopped = run_rounds(sides, plan, tmp_path, timeout=60, progress=said.append)
+    assert any("settled after 2 rounds: t::steady0, t::steady1, t::steady2" in line for line in said)
+    assert len(base) >= 3, said  # 2.4 s for two rounds of four tests, then 0.3 s a round for the one left
+    assert "would pass the time budget" in stopped[0] and set(base[-1]) == {"t::noisy"}
