@@ -99,6 +99,7 @@ def device(strategy: str, rounds: int, threads: Sequence[int]) -> None:
     print(f"machine: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).uuid}); torch "
           f"{torch.__version__}; {strategy}", flush=True)  # fmt: skip
     run(model, prompt, NEW_TOKENS, eos)  # warm-up
+    pm_sampling._native()  # built (once per machine) before any round times it
     sampler = _enabled_sampler()
     variants: list[tuple[str, bool, int]] = [("python loop", False, 1)]
     variants += [(f"native, {n} thread{'s' if n > 1 else ''}", True, n) for n in threads]

@@ -269,6 +269,9 @@ class PmSampler:
         self._lib: ctypes.CDLL | None = None
         self._object: int | None = None
         self._host: int | None = None
+        self._evaluators: list[int] = []
+        """The further host objects of evaluating threads, made at the first evaluation that needs them and kept
+        until :meth:`disable` (making eight took part of each region's decode)."""
         self._config: Any = None
         self._image: Any = None
         """The counter-data image of the last decode, kept for the next one that fits in it (reinitialized, its
@@ -336,6 +339,9 @@ class PmSampler:
         self._image = None
         obj, self._object = self._object, None
         host, self._host = self._host, None
+        evaluators, self._evaluators = self._evaluators, []
+        for evaluator in evaluators:
+            lib.cuptiProfilerHostDeinitialize(ctypes.byref(_HostObject(pHostObject=evaluator)))
         if obj is not None:
             lib.cuptiPmSamplingDisable(ctypes.byref(_Object(pPmSamplingObject=obj)))
         if host is not None:
@@ -418,39 +424,36 @@ class PmSampler:
         module = _native() if native is not False else None
         if native and module is None:
             raise RuntimeError("PmSampler.evaluate(native=True): the native extension is not built here")
-        hosts = [self._host]  # one host object per evaluating thread: the first is the sampler's own
-        try:
-            while module is not None and len(hosts) < min(threads, max(count // 10_000, 1)):
-                hosts.append(self._host_object())
-            values = [(ctypes.c_double * max(len(self.metrics), 1))() for _ in hosts]
-            evaluations = [
-                _Evaluate(pHostObject=host, pCounterDataImage=image, counterDataImageSize=length,
-                          ppMetricNames=names, numMetrics=len(self.metrics), pMetricValues=buffer)
-                for host, buffer in zip(hosts, values, strict=True)
-            ]  # fmt: skip
-            if module is not None and count:
-                status, call, index = module.pm_decode(
-                    ctypes.cast(lib.cuptiPmSamplingCounterDataGetSampleInfo, _ptr).value,
-                    ctypes.cast(lib.cuptiProfilerHostEvaluateToGpuValues, _ptr).value,
-                    ctypes.addressof(sample), _SampleInfo.sampleIndex.offset, _SampleInfo.startTimestamp.offset,
-                    _SampleInfo.endTimestamp.offset, [ctypes.addressof(e) for e in evaluations],
-                    _Evaluate.rangeIndex.offset, [ctypes.addressof(v) for v in values], len(self.metrics), count,
-                    _address(starts), _address(ends), [_address(column) for column in columns],
-                )  # fmt: skip
-                if status:
-                    raise PmSamplingError(f"{call} (sample {index})", status)
-            else:
-                evaluation, buffer = evaluations[0], values[0]
-                for index in range(count):
-                    sample.sampleIndex = evaluation.rangeIndex = index
-                    self._call("cuptiPmSamplingCounterDataGetSampleInfo", sample)
-                    self._call("cuptiProfilerHostEvaluateToGpuValues", evaluation)
-                    starts[index], ends[index] = sample.startTimestamp, sample.endTimestamp
-                    for column, value in zip(columns, buffer, strict=False):
-                        column[index] = value
-        finally:
-            for host in hosts[1:]:
-                lib.cuptiProfilerHostDeinitialize(ctypes.byref(_HostObject(pHostObject=host)))
+        wanted = min(threads, max(count // 10_000, 1)) if module is not None else 1
+        while len(self._evaluators) < wanted - 1:
+            self._evaluators.append(self._host_object())
+        hosts = [self._host, *self._evaluators[: wanted - 1]]  # one host object per evaluating thread
+        values = [(ctypes.c_double * max(len(self.metrics), 1))() for _ in hosts]
+        evaluations = [
+            _Evaluate(pHostObject=host, pCounterDataImage=image, counterDataImageSize=length,
+                      ppMetricNames=names, numMetrics=len(self.metrics), pMetricValues=buffer)
+            for host, buffer in zip(hosts, values, strict=True)
+        ]  # fmt: skip
+        if module is not None and count:
+            status, call, index = module.pm_decode(
+                ctypes.cast(lib.cuptiPmSamplingCounterDataGetSampleInfo, _ptr).value,
+                ctypes.cast(lib.cuptiProfilerHostEvaluateToGpuValues, _ptr).value,
+                ctypes.addressof(sample), _SampleInfo.sampleIndex.offset, _SampleInfo.startTimestamp.offset,
+                _SampleInfo.endTimestamp.offset, [ctypes.addressof(e) for e in evaluations],
+                _Evaluate.rangeIndex.offset, [ctypes.addressof(v) for v in values], len(self.metrics), count,
+                _address(starts), _address(ends), [_address(column) for column in columns],
+            )  # fmt: skip
+            if status:
+                raise PmSamplingError(f"{call} (sample {index})", status)
+        else:
+            evaluation, buffer = evaluations[0], values[0]
+            for index in range(count):
+                sample.sampleIndex = evaluation.rangeIndex = index
+                self._call("cuptiPmSamplingCounterDataGetSampleInfo", sample)
+                self._call("cuptiProfilerHostEvaluateToGpuValues", evaluation)
+                starts[index], ends[index] = sample.startTimestamp, sample.endTimestamp
+                for column, value in zip(columns, buffer, strict=False):
+                    column[index] = value
         self.decoded_natively = module is not None
         return starts, ends, columns
 
