@@ -78,7 +78,13 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     stage ab
 fi
 
-syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" \
+# Sites link to their lines at the commit measured, where the repository is known (GitHub Actions sets it).
+links=()
+commit="$(git rev-parse HEAD 2>/dev/null)"
+if [ -n "${GITHUB_REPOSITORY:-}" ] && [ -n "$commit" ]; then
+    links=(--repository "$GITHUB_REPOSITORY" --commit "$commit")
+fi
+syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" "${links[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 stage report
 # The report in the job's log: its verdict, then every test's device time against the baseline with the tolerance

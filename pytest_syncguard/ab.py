@@ -134,7 +134,14 @@ class HeadAgainstBase:
 
     @property
     def verdict(self) -> str:
-        statuses = {c.status for c in self.counts} | {v.verdict for v in self.timings.values()}
+        """The worst of its verdicts; a host timing that this runner cannot resolve (inconclusive past settling)
+        gives way to a device-side timing judged conclusively: the test reads as its device verdict, with the host
+        timing's note beside it."""
+        judged = {n for n, v in self.timings.items() if not _is_host(n) and v.verdict != INCONCLUSIVE}
+        statuses = {c.status for c in self.counts} | {
+            v.verdict for n, v in self.timings.items()
+            if not (judged and _is_host(n) and v.verdict == INCONCLUSIVE and not v.undecided)
+        }  # fmt: skip
         for status in ("regression", "varies", "improvement", INCONCLUSIVE):
             if status in statuses:
                 return status
@@ -185,6 +192,11 @@ class ABReport:
         """Regressed tests, and tests that failed on the head: what ``--fail-on-regression`` fails on."""
         failed = [how for how in self.failed_in.get("head", {}).values() if {"failed", "error"} & set(how)]
         return len(self.with_verdict("regression")) + len(failed)
+
+
+def _is_host(name: str) -> bool:
+    spec = metric(name)
+    return spec is not None and spec.host
 
 
 def document(report: ABReport) -> dict[str, Any]:

@@ -212,7 +212,7 @@ def _ab_report(path: str | None) -> ABReport | None:
 def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
     from .report.junit import JUnitError
-    from .report.markdown import COMMENT_LIMIT, render
+    from .report.markdown import COMMENT_LIMIT, SiteLinks, render
     from .report.run import compare_run
     from .results_file import ResultsError
 
@@ -243,20 +243,22 @@ def _report(args: argparse.Namespace) -> int:
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
     # Only a comment is cut to GitHub's limit: printed, the report is whole (there is no file for the rest).
     limit = COMMENT_LIMIT if args.markdown else sys.maxsize
-    text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab)
+    links = SiteLinks.of(args.repository, args.commit, Path.cwd())
+    text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab, links=links)
     if args.markdown:
         write_atomically(Path(args.markdown), text)
         if truncated and full_path is not None:
-            write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab)[0])
+            write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab, links=links)[0])
     else:
         print(text, end="")
-    regressions = len(run.with_status("regression"))
+    regressions, failed = len(run.with_status("regression")), len(run.failed_tests)
     print(
-        f"syncguard report: {len(run.cases)} tests, {regressions} regressions"
+        f"syncguard report: {len(run.cases)} tests, {regressions} regressions, {failed} failed (budgets, errors)"
         + (f"; markdown truncated, full report in {full_path}" if truncated else ""),
         file=sys.stderr,
     )
-    return 1 if args.fail_on_regression and regressions else 0
+    ab_failed = ab is not None and ab.regressions > 0
+    return 1 if args.fail_on_regression and (regressions or failed or ab_failed) else 0
 
 
 def _comment(args: argparse.Namespace) -> int:
@@ -485,7 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--judge-host-timings", action="store_true", help="judge host timings (time, tokens/s, "
                         "gaps, busy) against the baselines too: only where the runner recorded them")  # fmt: skip
     report.add_argument("--ab", metavar="FILE", help="add this A/B report (syncguard ab --json) to the Markdown")
-    report.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
+    report.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed, failed a "
+                        "budget or failed otherwise (in the run or on the A/B's head)")  # fmt: skip
+    report.add_argument("--repository", metavar="OWNER/NAME", help="with --commit: each sync site of a file of this "
+                        "checkout is a link to its line on GitHub")  # fmt: skip
+    report.add_argument("--commit", metavar="SHA", help="the head commit the run measured (with --repository)")
     report.set_defaults(run=_report)
 
     from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_ROUNDS

@@ -188,7 +188,7 @@ def test_the_poster_comments_and_removes_the_forks_approval(tmp_path: Path) -> N
     gh, done = poster(tmp_path, "12\n")
     assert done.returncode == 0, done.stderr
     (created,) = gh.comments
-    assert created["body"].startswith("**✅ syncguard: no regressions** (1 tests on nvidia\\-h100\\-80gb\\-hbm3")
+    assert created["body"].startswith("**✅ syncguard: no regressions**\n\n1 tests on `nvidia-h100-80gb-hbm3`")
     assert created["body"].rstrip().endswith(MARK)
     labels = json.loads(gh.state.read_text())["pulls"]["12"]["labels"]
     assert labels == [{"name": "perf"}]

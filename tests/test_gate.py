@@ -333,7 +333,7 @@ def test_a_metric_a_round_did_not_measure_is_judged_over_the_others_and_the_repo
     path.write_text(json.dumps(document(report)))
     assert read_report(path).tests[0].unmeasured == test.unmeasured
     markdown = "\n".join(ab_lines(report))
-    assert "| launches | | | measured on the head only |" in markdown
+    assert "| `t::a` | `launches` | | measured on the head only |" in markdown
 
 
 def test_a_timing_more_rounds_cannot_settle_stops_and_says_what_the_host_resolves() -> None:
@@ -352,7 +352,8 @@ def test_a_timing_more_rounds_cannot_settle_stops_and_says_what_the_host_resolve
     device = judge(quiet, higher_is_better=False, min_effect=0.01, confidence=0.95, max_rounds=12)
     assert device.verdict == "unchanged" and device.spread is None
     test = HeadAgainstBase("t.py::test_speed[kv_cache]", (), {"seconds": wall, DEVICE_TIME: device})
-    assert test.settled and test.verdict == INCONCLUSIVE
+    # Its device time settled unchanged: the test reads so, the host time's note beside it (not "inconclusive").
+    assert test.settled and test.verdict == "unchanged"
     note = verdict_note(wall, "seconds")
     assert note.startswith(f" (8 rounds; host time not resolvable on this runner: ±{wall.spread:.1%} after the most")
     assert "wider than the minimum effect 3%" in note
@@ -409,3 +410,18 @@ def test_the_time_budget_is_spent_on_the_tests_still_running(tmp_path: Path) -> 
     assert any("settled after 2 rounds: t::steady0, t::steady1, t::steady2" in line for line in said)
     assert len(base) >= 3, said  # 2.4 s for two rounds of four tests, then 0.3 s a round for the one left
     assert "would pass the time budget" in stopped[0] and set(base[-1]) == {"t::noisy"}
+
+
+def test_a_settled_device_time_is_the_ab_verdict_when_host_time_cannot_be_resolved_here() -> None:
+    """Device time unchanged, its host time past settling (±10% rounds on a runner that cannot resolve 3%): the
+    test reads unchanged, not "inconclusive", with the host timing's note kept."""
+    seconds = [1.0, 1.2, 0.85, 1.1, 0.9, 1.15, 0.95, 1.05]
+    base = [_measured("t", {DEVICE_TIME: 2000.0, "seconds": 1.0}) for _ in seconds]
+    head = [_measured("t", {DEVICE_TIME: 2000.5, "seconds": s}) for s in seconds]
+    test = _head_against_base("t", list(zip(base, head, strict=True)), None, 0.95, max_rounds=8)
+    assert test.timings[DEVICE_TIME].verdict == UNCHANGED
+    host = test.timings["seconds"]
+    assert host.verdict == INCONCLUSIVE and not host.undecided  # more rounds would not settle it
+    assert test.verdict == UNCHANGED and test.settled
+    assert "not resolvable on this runner" in "\n".join(summary_lines(ABReport("b", "h", 8, None, 0.95, "d", (),
+                                                                               (test,))))  # fmt: skip

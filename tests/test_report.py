@@ -11,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cmarkgfm
 import pytest
 
-from pytest_syncguard.report.markdown import COMMENT_LIMIT, escape, render
+from pytest_syncguard.report.markdown import COMMENT_LIMIT, SiteLinks, code, render
 from pytest_syncguard.report.run import compare_run
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
@@ -85,30 +86,50 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_report_lists_regressions_first_then_improvements_new_and_missing(pr_run: Path) -> None:
-    done = cli(pr_run, "pr.xml", "--baselines", "baselines", "--markdown", "out/comment.md", "--json", "out/r.json")
+def html(markdown: str) -> str:
+    """The comment as GitHub renders it: GitHub's own Markdown (cmark-gfm, its tables and tag filter), with raw
+    HTML let through so that any tag a test id opened would show."""
+    return cmarkgfm.github_flavored_markdown_to_html(markdown, options=cmarkgfm.cmark.Options.CMARK_OPT_UNSAFE)
+
+
+def visible(markdown: str) -> list[str]:
+    """The lines a reader sees before opening any collapsed section."""
+    shown, depth = [], 0
+    for line in markdown.splitlines():
+        depth += line.startswith("<details>")
+        if depth == 0:
+            shown.append(line)
+        depth -= line == "</details>"
+    return shown
+
+
+def test_the_verdict_comes_first_with_each_regressions_chain_and_the_rest_collapsed(pr_run: Path) -> None:
+    done = cli(pr_run, "pr.json", "--baselines", "baselines", "--markdown", "out/comment.md", "--json", "out/r.json")
     assert done.returncode == 0, done.stderr
     text = (pr_run / "out" / "comment.md").read_text()
     lines = text.splitlines()
-    assert lines[0] == "**❌ syncguard: 1 regressions** (8 tests on cpu: 1 regressed, 1 improved, 5 new, 1 missing)"
-    order = [lines.index(h) for h in ("### Regressions", "### Improvements", "### New tests (no baseline entry)")]
-    assert order == sorted(order)
-    assert (
-        order[0]
-        < lines.index("### In the baselines, not in this run")
-        < lines.index("<details><summary>All measured tests</summary>")
+    assert lines[0] == "**❌ syncguard: 1 regression**"
+    assert lines[2] == (
+        "8 tests on `cpu`, judged against `cpu.json`: 1 regressed, 1 improved, 1 unchanged, 5 new, 1 missing; host "
+        "timings not judged."
     )
-    # Each regressed metric has its row: the syncs, and the operators the extra reads dispatched.
-    regressed = lines[order[0] + 4 : lines.index("### Improvements")]
-    assert r"| test\_suite\.py\:\:test\_regresses | cpu | syncs | 4 → 12 | \+8 \(\+200\.0\%\) |" in regressed
-    assert any(r"| test\_suite\.py\:\:test\_regresses | cpu | ops |" in line for line in regressed)
-    assert r"| test\_suite\.py\:\:test\_improves | cpu | syncs | 8 → 4 | \-4 \(\-50\.0\%\) |" in lines
-    assert r"- test\_suite\.py\:\:test\_removed on cpu" in lines
+    shown = visible(text)
+    assert "### ❌ Regressions" in shown and "- **`test_suite.py::test_regresses`** on `cpu`" in shown
+    entry = shown[shown.index("- **`test_suite.py::test_regresses`** on `cpu`") :]
+    assert entry[1].startswith("  - **regressed:** `ops` ")  # the reads' operators, then the syncs
+    assert entry[1].endswith("; `syncs` 4 → 12 (+200.0%); `syncs_per_token` 1 → 3 (+200.0%)")
+    assert entry[2].startswith("  - **what changed:** sync site grew at `test_suite.py:")
+    assert "`x.sum().item()` (scalar read): 4 → 12 syncs" in entry[2]
+    # Improvements, new and missing tests are counted above and listed only in the collapsed details.
+    assert not any("test_improves" in line or "test_removed" in line or "test_new" in line for line in shown)
+    rendered = html(text)
+    assert "<code>test_suite.py::test_improves</code></td>" in rendered
+    assert "<li><code>test_suite.py::test_removed</code> on <code>cpu</code></li>" in rendered
     data = json.loads((pr_run / "out" / "r.json").read_text())
     assert {t["nodeid"]: t["comparison"]["status"] for t in data["tests"]}["test_suite.py::test_steady"] == "unchanged"
     assert data["missing"] == [{"device": "cpu", "nodeid": "test_suite.py::test_removed"}]
     failing = cli(pr_run, "pr.xml", "--baselines", "baselines", "--fail-on-regression")
-    assert failing.returncode == 1 and failing.stdout.startswith("**❌ syncguard: 1 regressions**")
+    assert failing.returncode == 1 and failing.stdout.startswith("**❌ syncguard: 1 regression**")
 
 
 def test_the_results_file_gives_the_junit_files_verdicts_and_what_explains_them(pr_run: Path) -> None:
@@ -125,29 +146,42 @@ def test_the_results_file_gives_the_junit_files_verdicts_and_what_explains_them(
     (without,) = from_junit.with_status("regression")
     assert not without.comparison.explanation  # a JUnit file carries no details
     done = cli(pr_run, "pr.json", "--baselines", "baselines")
-    assert done.returncode == 0 and "x\\.sum\\(\\)\\.item\\(\\)" in done.stdout, done.stderr
+    assert done.returncode == 0 and "`x.sum().item()`" in done.stdout, done.stderr
 
 
-def test_without_a_baselines_folder_the_runs_own_comparison_is_reported(pr_run: Path) -> None:
-    done = cli(pr_run, "pr.xml", "--json", "r.json")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("**❌ syncguard: 1 regressions** (8 tests on cpu: 1 regressed, 1 improved, 5 new, 0")
+def test_without_a_baselines_folder_the_runs_own_comparison_is_reported_with_its_sites(pr_run: Path) -> None:
+    """``report results.json`` without ``--baselines`` keeps what changed in the counts: the results document holds
+    the sites (file, line, source text) that the run compared."""
+    junit = cli(pr_run, "pr.xml", "--json", "r.json")
+    assert junit.returncode == 0, junit.stderr
+    assert junit.stdout.startswith("**❌ syncguard: 1 regression**")
+    results = cli(pr_run, "pr.json")
+    assert results.returncode == 0, results.stderr
+    assert "**what changed:** sync site grew at `test_suite.py:" in results.stdout
+    assert "`x.sum().item()`" in results.stdout
 
 
 def test_hostile_test_ids_cannot_inject_markdown_html_or_mentions(pr_run: Path) -> None:
-    text = cli(pr_run, "pr.xml", "--baselines", "baselines").stdout
-    hostile = [line for line in text.splitlines() if "test\\_new" in line]
-    assert len(hostile) == 10  # in the new-tests list and in the details table
-    for line in hostile:  # every bracket, star, backtick and angle from the run is escaped
-        assert not re.search(r"(?<!\\)[<>\[\]()*`]", line), line
-    assert "@octocat" not in text and "**bold**" not in text
-    assert "#1" not in text and "`code`" not in text
-    assert "@\u200boctocat" in text and r"\<img src\=x onerror\=alert\(1\)\>" in text
-    for line in text.splitlines():
-        if line.startswith("| ") and not line.startswith("|---"):
-            # Every table row has as many cells as its header: no '|' from a test id splits a cell.
-            assert len(re.findall(r"(?<!\\)\|", line)) in (4, 5, 6), line
-    assert escape("a\nb\x1b[31m\u202e") == "a b \\[31m "
+    """Test ids holding a tag, a mention, an issue reference, a link, a table's pipe and backticks, rendered by
+    GitHub's Markdown: each stays text in a code span, every table keeps its columns, and nothing is backslash-
+    escaped."""
+    text = cli(pr_run, "pr.xml", "--baselines", "baselines", "--repository", "o/r", "--commit", "a" * 40).stdout
+    rendered = html(text)
+    assert "<img" not in rendered
+    assert 'href="http://e.vil' not in rendered and "<strong>bold</strong>" not in rendered
+    for hostile in ("@octocat", "#1 ", "**bold**", "a|b", "&lt;img src=x onerror=alert(1)&gt;"):
+        at = rendered.index(hostile)
+        assert rendered.rfind("<code>", 0, at) > rendered.rfind("</code>", 0, at), hostile  # inside a code span
+    assert (
+        "<code>test_suite.py::test_new[#1 `code`]</code>" in rendered
+    )  # a backtick in an id: a longer fence, still one span
+    for table in re.findall(r"<table>.*?</table>", rendered, flags=re.S):
+        header = len(re.findall(r"<th[ >]", table.split("</thead>")[0]))
+        for row in re.findall(r"<tr>(.*?)</tr>", table.split("</thead>")[1], flags=re.S):
+            assert len(re.findall(r"<td[ >]", row)) == header, row
+    assert "\\_" not in text and "\\(" not in text and "\u200b" not in text
+    assert code("a\nb\x1b[31m\u202e") == "`a b [31m `"
+    assert code("``x`") == "``` ``x` ```" and code("a|b", cell=True) == "`a\\|b`"
 
 
 def test_files_from_several_jobs_are_merged_and_deduplicated(pr_run: Path) -> None:
@@ -161,10 +195,8 @@ def test_a_long_report_is_cut_to_githubs_limit_with_the_full_one_as_a_file(pr_ru
     run_ = compare_run([pr_run / "pr.xml"], pr_run / "baselines")
     text, cut = render(run_, limit=1200, full_report="comment.full.md")
     assert cut and len(text) <= 1200
-    assert text.startswith("**❌ syncguard: 1 regressions**") and "### Regressions" in text
-    assert text.rstrip().endswith(
-        "more lines left out to fit a GitHub comment. The full report is comment\\.full\\.md._"
-    )
+    assert text.startswith("**❌ syncguard: 1 regression**") and "### ❌ Regressions" in text
+    assert text.rstrip().endswith("more lines left out to fit a GitHub comment. The full report is `comment.full.md`._")
     full, cut_full = render(run_)
     assert not cut_full and len(full) < COMMENT_LIMIT
 
@@ -188,7 +220,7 @@ def test_cli_truncates_a_report_over_65536_characters(pytester: pytest.Pytester)
     comment = (pytester.path / "comment.md").read_text()
     full = (pytester.path / "comment.full.md").read_text()
     assert len(comment) <= COMMENT_LIMIT < len(full)
-    assert "Report truncated" in comment and "comment\\.full\\.md" in comment
+    assert "Report truncated" in comment and "`comment.full.md`" in comment
     assert comment.count("<details>") == comment.count("</details>")
     assert "full report in comment.full.md" in done.stderr
     # Printed (`syncguard report many.xml > out.md`), the report was cut as a comment is, and its stderr said
@@ -223,13 +255,14 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
     own = {c.case.nodeid: c.case.baseline_status for c in judged.cases}
     assert {c.case.nodeid: c.comparison.status for c in judged.cases} == own  # same verdicts as the run's
     text, _ = render(judged)
-    assert text.splitlines()[0].startswith("**❌ syncguard: 6 regressions** (17 tests on nvidia\\-h100\\-80gb\\-hbm3")
+    assert text.splitlines()[0] == "**❌ syncguard: 6 regressions**"
+    assert text.splitlines()[2].startswith("17 tests on `nvidia-h100-80gb-hbm3`")
     run_ = compare_run([junit], data / "baselines")
     assert not run_.with_status("regression")
     speed = next(c for c in run_.cases if c.case.nodeid.endswith("test_speed[cuda_graph]"))
     assert speed.case.metrics["syncs"] == 1 and speed.comparison.status == "unchanged"
-    assert "0 regressed" in render(run_)[0].splitlines()[0]  # the run's own failures stay listed as such
-    assert "| seconds | 0\\.664 s → 0\\.9515 s | \\+0\\.2875 \\(\\+43\\.3\\%\\) |" in text
+    assert render(run_)[0].splitlines()[0] == "**❌ syncguard: 6 tests failed**"  # the run's own failures, as such
+    assert "`seconds` 0.664 s → 0.9515 s (+43.3%), judged within" in text
 
 
 def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_not_filed_as_cuda(
@@ -255,3 +288,76 @@ def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_
     for device, slug in (("cuda", "unknown"), ("cpu", "cpu")):
         (tmp_path / f"{device}.xml").write_text(older.format(name=f"test_{device}", device=device))
         assert [c.device_slug for c in read_cases(tmp_path / f"{device}.xml")] == [slug]
+
+
+H100_PR = Path(__file__).parent / "data" / "h100_pr"
+
+
+def _h100(tmp_path: Path, name: str) -> Path:
+    results = tmp_path / f"{name}.json"
+    results.write_bytes(gzip.decompress((H100_PR / f"{name}.json.gz").read_bytes()))
+    return results
+
+
+def test_a_real_unchanged_h100_job_reads_in_a_dozen_lines(tmp_path: Path) -> None:
+    """The GPU job's comment on an H100 where nothing regressed and the A/B had nothing left to judge: the verdict,
+    one line of summary, the rest collapsed; no unchanged test listed where it shows."""
+    from pytest_syncguard.ab import read_report
+
+    run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
+    text, _ = render(run_, ab=read_report(H100_PR / "ab-all-judged.json"))
+    shown = [line for line in visible(text) if line.strip()]
+    assert shown[0] == "**✅ syncguard: no regressions**"
+    assert shown[1] == (
+        "17 tests on `nvidia-h100-80gb-hbm3`, judged against `nvidia-h100-80gb-hbm3.json`: 17 unchanged; host timings "
+        "not judged."
+    )
+    assert len(visible(text)) <= 12 and not any("::" in line for line in shown)
+    assert "A/B on one runner: every test it selects (7) was judged against the baseline: no round run" in text
+    rendered = html(text)
+    assert rendered.count("<details>") == rendered.count("</details>") == 2
+    assert "<td><code>examples/test_strategies.py::test_timeline[no_cache]</code></td>" in rendered
+
+
+def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_what_it_cost(tmp_path: Path) -> None:
+    """kv_cache with a host read planted after each decode step, on an H100 against the baseline: the failed budget
+    first with the planted line; then each regressed test's chain: the site that appeared (a link to its line at
+    the head commit), the idle time it added per token on the GPU, and the tokens per second it cost, said not
+    judged (a host timing against a baseline recorded elsewhere)."""
+    run_ = compare_run([_h100(tmp_path, "planted-item")], Path(__file__).parents[1] / "baselines")
+    links = SiteLinks.of("octo/decode", "0123456789abcdef0123456789abcdef01234567", Path(__file__).parents[1])
+    text, _ = render(run_, links=links)
+    shown = visible(text)
+    assert shown[0] == "**❌ syncguard: 2 regressions, 1 failed budget**"
+    line = "[`examples/strategies.py:74`](https://github.com/octo/decode/blob/0123456789abcdef0123456789abcdef01234567/" \
+        "examples/strategies.py#L74)"  # fmt: skip
+    budgets = shown[shown.index("### ❌ Failed budgets") : shown.index("### ❌ Regressions")]
+    assert "  - **budget:** `max_syncs_per_token: limit 1.00 per token, measured 2.00: 200 syncs over 100 tokens`" in (
+        budgets
+    )
+    assert any(f"100 syncs at {line} in `kv_cache`: `_ = int(token[0].item())" in b for b in budgets)
+    timeline = shown[shown.index("- **`examples/test_strategies.py::test_timeline[kv_cache]`** on "
+                                 "`nvidia-h100-80gb-hbm3`"):]  # fmt: skip
+    assert timeline[2].startswith(f"  - **what changed:** sync site appeared at {line} in `kv_cache`")
+    gpu = next(i for i, entry in enumerate(timeline) if entry.startswith("  - **on the GPU:**"))
+    assert timeline[gpu] == "  - **on the GPU:** idle +1520 µs per token (3152 → 4672 µs)"
+    assert "device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%" in timeline[gpu + 3]
+    cost = next(entry for entry in timeline if entry.startswith("  - **what it cost:**"))
+    assert cost == ("  - **what it cost:** 192 → 149 tokens/s (-22.5%) (not judged: a host timing against a baseline "
+                    "recorded elsewhere)")  # fmt: skip
+    assert f'<a href="https://github.com/octo/decode/blob/{"0123456789abcdef" * 2}01234567/examples/strategies.py#L74">' \
+        in html(text)  # fmt: skip
+    unlinked, _ = render(run_, links=SiteLinks.of("octo/decode", "not-a-commit", Path(__file__).parents[1]))
+    assert "](https://" not in unlinked and "`examples/strategies.py:74`" in unlinked
+
+
+def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Path) -> None:
+    from pytest_syncguard.ab import read_report
+
+    run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
+    text, _ = render(run_, ab=read_report(H100_PR / "ab-planted-cuda-graph.json"))
+    shown = visible(text)
+    assert "### ❌ A/B on one runner: 1 regressions in 7 tests" in shown
+    row = "| `examples/test_strategies.py::test_speed[cuda_graph]` | `gpu_us_per_token` | x1.029 [1.019, 1.032] |"
+    assert any(line.startswith(row) for line in shown)
+    assert any(line.startswith("6 tests unchanged: ") for line in shown)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..analysis.explain import Details
+from ..analysis.explain import Details, Explanation
+from ..analysis.gaps import TimelineSummary
 from ..comparison import Drift, Fingerprint, Spread
 from ..metrics import Metrics
-from ..result import MeasuredTest
+from ..result import MeasuredTest, SiteRecord
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
 _OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}
@@ -38,6 +39,14 @@ class RunCase:
     details: Details | None = None
     spreads: Mapping[str, Spread] = field(default_factory=dict)
     """The spread of the baseline's recordings of each calibrated metric the run compared."""
+    broken: tuple[str, ...] = ()
+    """Each budget that failed, its limit and measurement in words (a JUnit file's case has none)."""
+    sites: tuple[SiteRecord, ...] = ()
+    """The test's sync sites, most frequent first."""
+    timeline: TimelineSummary | None = None
+    """Its median region's GPU timeline: the largest gaps with their causes."""
+    explanation: Explanation = field(default_factory=Explanation)
+    """What changed in its counts against the baseline the run compared it with."""
 
     @property
     def compared(self) -> bool:
@@ -63,4 +72,8 @@ class RunCase:
             host_timings=comparison.host_timings if comparison is not None else False,
             details=result.details() if result.error is None and result.outcome is None else None,
             spreads={c.metric: c.spread for c in comparison.changes if c.spread} if comparison is not None else {},
+            broken=tuple(c.text for c in result.checks if c.held is False),
+            sites=result.sites,
+            timeline=result.timeline,
+            explanation=comparison.explanation if comparison is not None else Explanation(),
         )

@@ -1,21 +1,27 @@
-"""A run's verdicts as a Markdown PR comment: a one-line verdict, regressions first, then improvements, new
-tests, tests missing from the run and environment changes, the rest in collapsible details.
+"""A run's verdicts as a Markdown PR comment, read in one screen: the verdict line and a one-line summary, then
+the failed budgets and each regressed test's chain (:mod:`.chain`), what changed -> on the GPU -> what it cost;
+everything else (device time of every test, improvements, new and missing tests, timings that were not judged,
+the environment) collapsed. With nothing regressed, a dozen lines at most are visible.
 
-Everything that comes from the run (test ids, metric text, file names) is escaped: ASCII punctuation is
-backslash-escaped (no Markdown, no HTML), ``@`` and ``#`` get a zero-width space (no mentions, no issue
-links), and control characters and newlines are dropped. The comment is cut to fit GitHub's limit, with a
-note that points to the full report.
+Everything that comes from the run (test ids, paths, source lines, causes) is shown in code spans: verbatim, so
+that it cannot open an HTML tag, a mention, an issue reference or a link; a backtick in it lengthens the span's
+fence, a ``|`` in a table cell is escaped as GFM asks, and control characters and newlines are dropped. A site is
+a link to its line at the head commit where the repository and commit are known (:class:`SiteLinks`). The comment
+is cut to fit GitHub's limit, with a note that points to the full report.
 """
 
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from ..comparison import Change
 from ..metrics import DEVICE_TIME, metric, timing_order
+from .chain import Code, Entry, Line, Site, budget_entries, regression_entries
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
@@ -23,62 +29,112 @@ if TYPE_CHECKING:
 
 #: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
 COMMENT_LIMIT = 65_536 - 512
-_ZWSP = "\u200b"
-_PUNCTUATION = set(string.punctuation) - {"@", "#"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_TEXT = 300
 #: Lists of new or missing tests longer than this are collapsed.
 LONG_LIST = 20
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
 
-def escape(text: object) -> str:
-    """Run-supplied text made inert in GitHub Markdown (tables included)."""
+def code(text: object, *, cell: bool = False) -> str:
+    """Run-supplied text as a code span: shown verbatim (no Markdown, HTML, mention or link), whatever backticks it
+    holds; in a table ``cell``, its ``|`` escaped so that it does not split the cell."""
     cleaned = _CONTROL.sub(" ", str(text))[:MAX_TEXT]
-    out = []
-    for char in cleaned:
-        if char in _PUNCTUATION:
-            out.append("\\" + char)
-        elif char in "@#":
-            out.append(char + _ZWSP)
-        else:
-            out.append(char)
-    return "".join(out)
+    if not cleaned.strip():
+        return "-"
+    longest = max((len(run) for run in re.findall(r"`+", cleaned)), default=0)
+    fence = "`" * (longest + 1)
+    padded = f" {cleaned} " if cleaned.startswith("`") or cleaned.endswith("`") else cleaned
+    span = f"{fence}{padded}{fence}"
+    return span.replace("|", "\\|") if cell else span
+
+
+@dataclass(frozen=True)
+class SiteLinks:
+    """Where a site's line is on GitHub: ``repository`` (OWNER/NAME) at ``commit``, for files under ``root``."""
+
+    repository: str
+    commit: str
+    root: Path
+
+    @classmethod
+    def of(cls, repository: str | None, commit: str | None, root: Path) -> SiteLinks | None:
+        """Links where both are given and well formed; None otherwise (sites are then plain ``path:line``)."""
+        if not repository or not commit or not _REPOSITORY.match(repository) or not _COMMIT.match(commit):
+            return None
+        return cls(repository, commit, root)
+
+    def url(self, site: Site) -> str | None:
+        """The line's URL, for a relative path to a file of the checkout (a library's file is not in it)."""
+        path = Path(site.path)
+        if path.is_absolute() or ".." in path.parts or site.line < 1 or not (self.root / path).is_file():
+            return None
+        return f"https://github.com/{self.repository}/blob/{self.commit}/{quote(path.as_posix())}#L{site.line}"
+
+
+def _part(part: str | Code | Site, links: SiteLinks | None) -> str:
+    if isinstance(part, Code):
+        return code(part.text)
+    if isinstance(part, Site):
+        span = code(f"{part.path}:{part.line}")
+        url = links.url(part) if links is not None else None
+        return f"[{span}]({url})" if url else span
+    return part
+
+
+def _line(line: Line, links: SiteLinks | None) -> str:
+    return "".join(_part(part, links) for part in line)
+
+
+def _entries(entries: Sequence[Entry], links: SiteLinks | None) -> list[str]:
+    lines: list[str] = []
+    for entry in entries:
+        lines.append(f"- **{code(entry.nodeid)}** on {code(entry.device)}")
+        for title, link in entry.links:
+            if not link:
+                lines.append(f"  - **{title}:** not measured")
+                continue
+            lines.append(f"  - **{title}:** {_line(link[0], links)}")
+            lines.extend(f"    - {_line(line, links)}" for line in link[1:])
+    return [*lines, ""]
 
 
 def _value(name: str, value: float | None) -> str:
     if value is None:
         return "-"
     spec = metric(name)
-    return escape(spec.format(value) if spec else f"{value:g}")
+    return spec.format(value) if spec else f"{value:g}"
 
 
 def _change(change: Change) -> str:
     if change.delta is None:
         return "-"
     relative = "" if change.relative is None else f" ({change.relative:+.1%})"
-    return escape(f"{change.delta:+.4g}{relative}")
-
-
-def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
-    lines = ["| test | device | metric | baseline → now | change |", "|---|---|---|---|---|"]
-    for verdict, change in rows:
-        lines.append(
-            f"| {escape(verdict.case.nodeid)} | {escape(verdict.case.device_slug)} | {escape(change.metric)} | "
-            f"{_value(change.metric, change.old)} → {_value(change.metric, change.new)} | {_change(change)} |"
-        )
-    return lines
+    return f"{change.delta:+.4g}{relative}"
 
 
 def _tolerance(change: Change) -> str:
     """``1.5% (spread ±0.04% over 3 recordings on 1 host)``: what a noisy metric was judged within."""
     if change.tolerance is None:
         return "-"
-    return escape(f"{change.tolerance:.1%}" + (f" ({change.spread.describe()})" if change.spread else ""))
+    return f"{change.tolerance:.1%}" + (f" ({change.spread.describe()})" if change.spread else "")
+
+
+def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
+    lines = ["| test | device | metric | baseline → now | change |", "|---|---|---|---|---|"]
+    for verdict, change in rows:
+        lines.append(
+            f"| {code(verdict.case.nodeid, cell=True)} | {code(verdict.case.device_slug, cell=True)} | "
+            f"{code(change.metric, cell=True)} | {_value(change.metric, change.old)} → "
+            f"{_value(change.metric, change.new)} | {_change(change)} |"
+        )
+    return lines
 
 
 def device_time_block(run: RunComparison) -> list[str]:
     """Every test's device time per token against its baseline, regressions first, with the tolerance it was
-    judged within and the recorded spread that set it: the gate's most sensitive timing, shown first."""
+    judged within and the recorded spread that set it."""
     order = {"regression": 0, "improvement": 1, "not compared": 2, "unchanged": 3}
     rows = sorted(
         ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
@@ -87,16 +143,16 @@ def device_time_block(run: RunComparison) -> list[str]:
     if not rows:
         return []
     lines = [
-        "### Device time per token",
+        "**Device time per token** (judged against the baseline)",
         "",
         "| test | device | baseline → now | change | judged within | verdict |",
         "|---|---|---|---|---|---|",
     ]
     for verdict, change in rows:
         lines.append(
-            f"| {escape(verdict.case.nodeid)} | {escape(verdict.case.device_slug)} | "
+            f"| {code(verdict.case.nodeid, cell=True)} | {code(verdict.case.device_slug, cell=True)} | "
             f"{_value(change.metric, change.old)} → {_value(change.metric, change.new)} | {_change(change)} | "
-            f"{_tolerance(change)} | {escape(change.status)} |"
+            f"{_tolerance(change)} | {change.status} |"
         )
     return [*lines, ""]
 
@@ -106,190 +162,177 @@ def _pairs(verdicts: Sequence[CaseComparison], status: str) -> list[tuple[CaseCo
 
 
 def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
-    """A list of tests; a long one collapsed."""
-    items = [f"- {escape(nodeid)} on {escape(device)}" for device, nodeid in tests]
-    if len(items) <= LONG_LIST:
-        return [title, "", *items, ""]
-    return [title, "", f"<details><summary>{len(items)} tests</summary>", "", *items, "", "</details>", ""]
+    items = [f"- {code(nodeid)} on {code(device)}" for device, nodeid in tests]
+    return [title, "", *items, ""]
 
 
 def headline(run: RunComparison) -> str:
-    regressed = run.with_status("regression")
-    counts = (
-        f"{len(run.cases)} tests on {', '.join(escape(d) for d in run.devices) or 'no device'}: "
-        f"{len(regressed)} regressed, {len(run.with_status('improvement'))} improved, "
-        f"{len(run.with_status('new'))} new, {len(run.missing)} missing"
-    )
+    """The verdict: the failed budgets and regressions, or the other failures, or none."""
+    regressed, budgets = len(run.with_status("regression")), len(budget_entries(run))
+    parts = [f"{regressed} regression{'s' if regressed != 1 else ''}"] if regressed else []
+    parts += [f"{budgets} failed budget{'s' if budgets != 1 else ''}"] if budgets else []
     failed = len(run.failed_tests)
+    if parts:
+        return f"**❌ syncguard: {', '.join(parts)}**"
     if failed:
-        counts += f", {failed} failed their budgets"
-    if regressed:
-        return f"**❌ syncguard: {len(regressed)} regressions** ({counts})"
-    if failed:
-        return f"**❌ syncguard: {failed} tests failed** ({counts})"
-    return f"**✅ syncguard: no regressions** ({counts})"
+        return f"**❌ syncguard: {failed} tests failed**"
+    return "**✅ syncguard: no regressions**"
+
+
+def summary_line(run: RunComparison) -> str:
+    """The run in one line: tests, devices, what judged them."""
+    devices = ", ".join(code(d) for d in run.devices) or "no device"
+    named = {"regression": "regressed", "improvement": "improved", "unchanged": "unchanged", "new": "new",
+             "not compared": "not compared"}  # fmt: skip
+    counts = {word: len(run.with_status(status)) for status, word in named.items()}
+    files = sorted({Path(v.comparison.file).name for v in run.cases if v.comparison.status not in ("new",)})
+    judged = f"judged against {', '.join(code(f) for f in files)}" if files else "no baseline to judge them against"
+    host = "host timings judged" if any(v.comparison.host_timings for v in run.cases) else "host timings not judged"
+    rest = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    missing = f", {len(run.missing)} missing" if run.missing else ""
+    return f"{len(run.cases)} tests on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
+
+
+def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | None = None) -> list[list[str]]:
+    """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
+    what is collapsed."""
+    blocks: list[list[str]] = [[headline(run), "", summary_line(run), ""]]
+    budgets = budget_entries(run)
+    if budgets:
+        blocks.append(["### ❌ Failed budgets", "", *_entries(budgets, links)])
+    regressions = regression_entries(run, ab)
+    if regressions:
+        blocks.append(["### ❌ Regressions", "", *_entries(regressions, links)])
+    other = [v for v in run.failed_tests if not v.case.broken]
+    if other:
+        blocks.append([
+            "### ❌ Failed tests", "",
+            *(f"- {code(v.case.nodeid)} on {code(v.case.device_slug)}: {v.case.verdict}" for v in other), "",
+        ])  # fmt: skip
+    if ab is not None:
+        blocks.append(ab_lines(ab))
+    blocks.append(_details(run))
+    return blocks
+
+
+def _details(run: RunComparison) -> list[str]:
+    """Everything else, collapsed: device time of every test, improvements, new and missing tests, timings not
+    judged, the environment, and every test's verdict."""
+    inside: list[str] = [*device_time_block(run)]
+    improved = _pairs(run.with_status("improvement"), "improvement")
+    if improved:
+        inside += ["**Improvements** (record them with `pytest --syncguard --syncguard-update-baselines` on the same "
+                   "GPU model)", "", *_change_rows(improved), ""]  # fmt: skip
+    new = [(v.case.device_slug, v.case.nodeid) for v in run.with_status("new")]
+    if new:
+        inside += _listing("**New tests** (no baseline entry)", new)
+    if run.missing:
+        inside += _listing("**In the baselines, not in this run**", run.missing)
+    host = _pairs(run.cases, "not judged")
+    if host:
+        inside += ["**Host timings, not judged** (time, tokens/s, gaps, busy fraction against a baseline: judged "
+                   "A/B on one runner, or with --syncguard-judge-host-timings where this runner recorded the "
+                   "baseline)", "", *_change_rows(host), ""]  # fmt: skip
+    if run.environment:
+        inside += ["**Environment differs from the baseline's**", ""]
+        for device, changes in sorted(run.environment.items()):
+            what = ", ".join(f"{code(k)} {code(old)} → {code(new)}" for k, (old, new) in sorted(changes.items()))
+            inside.append(f"- {code(device)}: {what}")
+        inside.append("")
+    inside += ["| test | device | verdict | baseline |", "|---|---|---|---|"]
+    inside += [
+        f"| {code(v.case.nodeid, cell=True)} | {code(v.case.device_slug, cell=True)} | {v.case.verdict} | "
+        f"{v.comparison.status} |"
+        for v in run.cases
+    ]
+    unchanged = len(run.with_status("unchanged"))
+    summary = f"Details: {unchanged} tests unchanged, device time and verdict of every test"
+    return [f"<details><summary>{summary}</summary>", "", *inside, "", "</details>", ""]
 
 
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
-    changed in them, and each timing's head/base ratio with its interval; the unchanged tests collapsed."""
+    changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
     from ..ab import failure_text, judged_text, ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
     failed = report.failed_in.get("head", {})
-    mark = "❌" if regressed or failed else "✅"
-    verdict = f"{len(regressed)} regressions in {len(report.tests)} tests"
-    if failed:
-        verdict = f"{len(failed)} tests failed on the head; {verdict} compared"
+    if not report.tests and not report.failed_in:
+        verdict = report.stopped or "no test compared"
+        title = f"A/B on one runner: {verdict}"
+    else:
+        verdict = f"{len(regressed)} regressions in {len(report.tests)} tests"
+        if failed:
+            verdict = f"{len(failed)} tests failed on the head; {verdict} compared"
+        title = f"{'❌' if regressed or failed else '✅'} A/B on one runner: {verdict}"
     lines = [
-        f"### {mark} A/B on one runner: {verdict}",
-        "",
-        *(f"- **failed on the head** (not compared): {escape(failure_text(n, how))}" for n, how in failed.items()),
+        *(f"- **failed on the head** (not compared): {code(failure_text(n, how))}" for n, how in failed.items()),
         *(
-            f"- failed on the base (not compared): {escape(failure_text(n, how))}"
+            f"- failed on the base (not compared): {code(failure_text(n, how))}"
             for n, how in report.failed_in.get("base", {}).items()
         ),
         *([""] if report.failed_in else []),
-        f"Head {escape(report.head)} against base {escape(report.base)} on {escape(report.device)}: "
-        f"{escape(rounds_text(report))}; head/base with "
-        f"{report.confidence:.0%} intervals (exact signed-rank); a regression or improvement lies wholly beyond "
+        f"Head {code(report.head)} against base {code(report.base)} on {code(report.device or 'no device')}: "
+        f"{rounds_text(report)}; head/base with {report.confidence:.0%} intervals (exact signed-rank); a regression "
+        "or improvement lies wholly beyond "
         + (
             f"±{report.min_effect:.0%}."
             if report.min_effect is not None
             else "each metric's minimum effect (device time ±1%, host timings ±3%)."
         ),
         "",
-        "| test | metric | base → head | head/base [interval] | verdict |",
-        "|---|---|---|---|---|",
     ]
+    rows: list[str] = []
     quiet: list[str] = []
     for test in report.tests:
-        rows = [
-            f"| {escape(test.nodeid)} | {escape(c.metric)} | {_value(c.metric, c.base)} → {_value(c.metric, c.head)} "
-            f"| exact | {escape(c.status)} |"
+        cells = [
+            f"| {code(test.nodeid, cell=True)} | {code(c.metric, cell=True)} | {_value(c.metric, c.base)} → "
+            f"{_value(c.metric, c.head)} | exact | {c.status} |"
             for c in test.counts
         ]
-        rows += [
-            f"| {escape(test.nodeid)} | {escape(name)} | | {escape(ratio_text(v))} | {escape(v.verdict)}"
-            f"{escape(verdict_note(v, name))} |"
+        cells += [
+            f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | {ratio_text(v)} | "
+            f"{v.verdict}{verdict_note(v, name)} |"
             for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
             if v.verdict != "unchanged"
         ]
-        rows += [f"| {escape(test.nodeid)} | {escape(name)} | | | {escape(why)} |" for name, why in
-                 sorted(test.unmeasured.items())]  # fmt: skip
-        if not rows or (test.verdict == "unchanged" and not test.unmeasured):
+        cells += [f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | | {why} |" for name, why in
+                  sorted(test.unmeasured.items())]  # fmt: skip
+        if not cells or (test.verdict == "unchanged" and not test.unmeasured):
             quiet.append(test.nodeid)
             continue
-        lines.extend(rows)
-        lines.extend(
-            f"| {escape(test.nodeid)} | what changed | {escape(line)} | | |" for line in test.explanation.lines()
+        rows.extend(cells)
+        rows.extend(
+            f"| {code(test.nodeid, cell=True)} | what changed | {code(line, cell=True)} | |"
+            for line in test.explanation.lines()
         )
-    lines.append("")
+    if rows:
+        lines += ["| test | metric | head/base [interval] or base → head | verdict |", "|---|---|---|---|", *rows, ""]
     if quiet:
-        lines += [f"<details><summary>{len(quiet)} tests unchanged</summary>", ""]
-        lines += [f"- {escape(nodeid)}" for nodeid in quiet] + ["", "</details>", ""]
+        lines += [f"{len(quiet)} tests unchanged: {', '.join(code(n) for n in quiet)}", ""]
     for side, ids in sorted(report.only_in.items()):
-        lines.append(f"Measured only in the {escape(side)}, not compared: {', '.join(escape(i) for i in ids)}")
+        lines.append(f"Measured only in the {side}, not compared: {', '.join(code(i) for i in ids)}")
     if report.judged_by_baseline:
-        lines.append(f"Judged against the baseline, not A/B-tested: {escape(judged_text(report))}")
-    return lines
-
-
-def _count_regressed(verdict: CaseComparison) -> bool:
-    return any((spec := metric(c.metric)) is not None and spec.counted for c in verdict.comparison.of("regression"))
-
-
-def sections(run: RunComparison, ab: ABReport | None = None) -> list[list[str]]:
-    """The report's blocks in order of importance (each a list of lines)."""
-    blocks: list[list[str]] = [[headline(run), ""]]
-    device_time = device_time_block(run)
-    if device_time:
-        blocks.append(device_time)
-    regressed = _pairs(run.with_status("regression"), "regression")
-    if regressed:
-        blocks.append(["### Regressions", "", *_change_rows(regressed), ""])
-        explained = [v for v in run.with_status("regression") if v.comparison.explanation]
-        if explained:
-            lines = ["What changed in the counts:", ""]
-            for v in explained:
-                lines.append(f"- {escape(v.case.nodeid)} on {escape(v.case.device_slug)}:")
-                lines.extend(f"  - {escape(line)}" for line in v.comparison.explanation.lines())
-            blocks.append([*lines, ""])
-        unexplained = [v.case.nodeid for v in run.with_status("regression") if not v.comparison.explanation
-                       and v.case.details is None and _count_regressed(v)]  # fmt: skip
-        if unexplained:
-            blocks.append([
-                f"What changed in the counts of {', '.join(map(escape, unexplained))}: not in a JUnit file, which "
-                "carries no sync sites or counters' contributors; the run's results document (pytest --syncguard "
-                "--syncguard-json, read by syncguard report in its place) says which sites and operators moved.",
-                "",
-            ])  # fmt: skip
-    failed = run.failed_tests
-    if failed:
-        lines = ["### Failed tests", "", "| test | device | verdict |", "|---|---|---|"]
-        lines.extend(
-            f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.verdict)} |" for v in failed
-        )
-        blocks.append([*lines, ""])
-    if ab is not None:
-        blocks.append([*ab_lines(ab), ""])
-    improved = _pairs(run.with_status("improvement"), "improvement")
-    if improved:
-        blocks.append(
-            [
-                "### Improvements",
-                "",
-                *_change_rows(improved),
-                "",
-                "Record them with `pytest --syncguard --syncguard-update-baselines` on the same GPU model.",
-                "",
-            ]
-        )
-    new = [(v.case.device_slug, v.case.nodeid) for v in run.with_status("new")]
-    if new:
-        blocks.append(_listing("### New tests (no baseline entry)", new))
-    if run.missing:
-        blocks.append(_listing("### In the baselines, not in this run", run.missing))
-    host = _pairs(run.cases, "not judged")
-    if host:
-        blocks.append(
-            [
-                "<details><summary>Host timings, not judged against the baseline (recorded on another runner; "
-                "judged A/B on one runner)</summary>",
-                "",
-                *_change_rows(host),
-                "",
-                "</details>",
-                "",
-            ]
-        )
-    if run.environment:
-        lines = ["### Environment differs from the baseline's", ""]
-        for device, changes in sorted(run.environment.items()):
-            what = ", ".join(f"{escape(k)} {escape(old)} → {escape(new)}" for k, (old, new) in sorted(changes.items()))
-            lines.append(f"- {escape(device)}: {what}")
-        blocks.append([*lines, ""])
-    details = ["<details><summary>All measured tests</summary>", "", "| test | device | verdict | baseline |"]
-    details.append("|---|---|---|---|")
-    details.extend(
-        f"| {escape(v.case.nodeid)} | {escape(v.case.device_slug)} | {escape(v.case.verdict)} | "
-        f"{escape(v.comparison.status)} |"
-        for v in run.cases
-    )
-    blocks.append([*details, "", "</details>", ""])
-    return blocks
+        lines.append(f"Judged against the baseline, not A/B-tested: {code(judged_text(report))}")
+    if regressed or failed:
+        return [f"### {title}", "", *lines, ""]
+    return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
 
 
 def render(
-    run: RunComparison, limit: int = COMMENT_LIMIT, full_report: str | None = None, ab: ABReport | None = None
+    run: RunComparison,
+    limit: int = COMMENT_LIMIT,
+    full_report: str | None = None,
+    ab: ABReport | None = None,
+    links: SiteLinks | None = None,
 ) -> tuple[str, bool]:
     """The Markdown (with the A/B report ``ab`` when given), cut to ``limit`` characters at line ends if needed;
     returns (text, truncated)."""
-    lines = [line for block in sections(run, ab) for line in block]
+    lines = [line for block in sections(run, ab, links) for line in block]
     text = "\n".join(lines) + "\n"
     if len(text) <= limit:
         return text, False
-    where = f" The full report is {escape(full_report)}." if full_report else ""
+    where = f" The full report is {code(full_report)}." if full_report else ""
     kept: list[str] = []
     size = 0
     for index, line in enumerate(lines):

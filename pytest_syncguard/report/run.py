@@ -9,7 +9,7 @@ when one is given, else with the entry the run itself compared with (``syncguard
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,9 @@ def compare_run(
             drift=drift, host_timings=host_timings or case.host_timings, details=(recorded, case.details),
             spreads=spreads,
         )  # fmt: skip
+        if baselines is None and not comparison.explanation and case.explanation:
+            # Without the baseline's details, what the run itself found changed (the results document keeps it).
+            comparison = replace(comparison, explanation=case.explanation)
         if drift:
             run.environment.setdefault(slug, drift)
         run.cases.append(CaseComparison(case, comparison))

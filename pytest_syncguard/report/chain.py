@@ -1,0 +1,215 @@
+"""A verdict and its chain, in the order a reviewer reads them: a failed budget (its limit, what was measured, its top
+sync sites), then each regressed test's chain, most important link first: what changed in the code's behaviour
+(sync sites that appeared or grew, counts and their contributors that moved) -> what it did on the GPU (idle time
+per token, the widest gap and its cause, busy fraction, device time per token) -> what it cost (tokens per second,
+judged A/B or not judged, said which).
+
+Pure data: each line is a sequence of parts, plain text of ours, :class:`Code` (text from the run: an identifier, a
+path, a source line) or :class:`Site` (a file and line), that the Markdown comment and the text report render each
+in their own way (:mod:`.markdown`, :func:`text_lines`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..analysis.counts import ITEMIZED
+from ..analysis.explain import Explanation
+from ..comparison import Change, Comparison
+from ..metrics import DEVICE_TIME, metric
+from .run import CaseComparison, RunComparison
+
+#: How many sites a failed budget and a link of a chain show at most.
+SHOWN = 3
+
+
+@dataclass(frozen=True)
+class Code:
+    """Text from the run, shown verbatim: never markup, a mention or a link."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Site:
+    """A call site: ``path:line`` (a link to the line where the repository and commit are known)."""
+
+    path: str
+    line: int
+
+
+Part = str | Code | Site
+Line = tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One test's verdict and what explains it, link by link (a link may be empty: not measured)."""
+
+    nodeid: str
+    device: str
+    verdict: str
+    """"failed budget" or "regression"."""
+    links: tuple[tuple[str, tuple[Line, ...]], ...]
+    """(title, lines) in order: for a budget, ``budget`` and ``top sites``; for a regression, ``regressed``, ``what
+    changed``, ``on the GPU`` and ``what it cost``."""
+
+
+def budget_entries(run: RunComparison) -> list[Entry]:
+    """Each test whose budgets failed: every broken budget (limit and measurement), then its top sync sites."""
+    entries = []
+    for verdict in run.cases:
+        case = verdict.case
+        if not case.broken:
+            continue
+        budgets = tuple((Code(text),) for text in case.broken)
+        sites = tuple(
+            (f"{s.count} syncs at ", Site(s.path, s.line), " in ", Code(s.function), ": ", Code(s.code or s.site))
+            if s.path
+            else (f"{s.count} syncs at ", Code(s.site))
+            for s in case.sites[:SHOWN]
+        )
+        links = [("budget", budgets)] + ([("top sites", sites)] if sites else [])
+        entries.append(Entry(case.nodeid, case.device_slug, "failed budget", tuple(links)))
+    return entries
+
+
+def regression_entries(run: RunComparison, ab: object = None) -> list[Entry]:
+    """Each test that regressed against its baseline: its chain, what changed -> on the GPU -> what it cost (from
+    the A/B ``ab`` of the same test where it has one)."""
+    entries = []
+    for verdict in run.with_status("regression"):
+        comparison = verdict.comparison
+        links = (
+            ("regressed", regressed_lines(comparison)),
+            ("what changed", behaviour(comparison)),
+            ("on the GPU", gpu_lines(verdict)),
+            ("what it cost", cost_lines(verdict, ab)),
+        )
+        entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, "regression", links))
+    return entries
+
+
+def regressed_lines(comparison: Comparison) -> tuple[Line, ...]:
+    """The metrics that regressed, in one line: baseline -> now, and what a noisy one was judged within."""
+    parts: list[Part] = []
+    for change in comparison.of("regression"):
+        spec = metric(change.metric)
+        old, new = (spec.format(v) if spec and v is not None else _number(v) for v in (change.old, change.new))
+        within = f", judged within {change.tolerance:.1%}" if change.tolerance is not None else ""
+        parts += [*(["; "] if parts else []), Code(change.metric), f" {old} → {new}{_relative(change)}{within}"]
+    return (tuple(parts),) if parts else ()
+
+
+def behaviour(comparison: Comparison) -> tuple[Line, ...]:
+    """The sync sites that changed, then the largest contributors of the counts that moved."""
+    lines: list[Line] = list(site_lines(comparison.explanation))
+    for mover in comparison.explanation.movers[:SHOWN]:
+        old = "-" if mover.old is None else str(mover.old)
+        new = "-" if mover.new is None else str(mover.new)
+        lines.append((f"{ITEMIZED[mover.counter]}: ", Code(mover.item), f" {old} → {new}"))
+    return tuple(lines)
+
+
+def site_lines(explanation: Explanation) -> tuple[Line, ...]:
+    lines: list[Line] = []
+    for change in explanation.sites:
+        site = change.site
+        where: Line = (Site(site.path, site.line), " in ", Code(site.function))
+        code: Line = (": ", Code(site.code)) if site.code else ()
+        lines.append((f"sync site {change.status} at ", *where, *code,
+                      f" ({site.kind}): {change.old} → {change.new} syncs"))  # fmt: skip
+    return tuple(lines)
+
+
+def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
+    """Idle time per token (from device time and busy fraction), the widest gap with its cause, busy fraction and
+    device time per token, each said judged or not."""
+    changes = {c.metric: c for c in verdict.comparison.changes}
+    device, busy = changes.get(DEVICE_TIME), changes.get("busy_fraction")
+    lines: list[Line] = []
+    idle = _idle_per_token(device, busy)
+    if idle is not None:
+        old, new = idle
+        lines.append((f"idle {new - old:+.0f} µs per token ({old:.0f} → {new:.0f} µs)",))
+    timeline = verdict.case.timeline
+    if timeline is not None and timeline.top_gaps:
+        gap = timeline.top_gaps[0]
+        lines.append((f"widest gap {gap.duration_us:.0f} µs: ", Code(gap.cause), *((" ", Code(gap.detail)) if
+                      gap.detail else ())))  # fmt: skip
+    if busy is not None and busy.old is not None and busy.new is not None:
+        lines.append((f"busy fraction {busy.old:.3f} → {busy.new:.3f} ({_judged(busy)})",))
+    if device is not None and device.old is not None and device.new is not None:
+        within = f" within {device.tolerance:.1%}" if device.tolerance is not None else ""
+        lines.append((f"device time per token {device.old:.0f} → {device.new:.0f} µs{_relative(device)}: "
+                      f"{device.status}{within}",))  # fmt: skip
+    return tuple(lines)
+
+
+def cost_lines(verdict: CaseComparison, ab: object = None) -> tuple[Line, ...]:
+    """Tokens per second: the A/B's judged ratio of time where the A/B measured the test, else against the
+    baseline, judged or not."""
+    judged = _ab_timing(ab, verdict.case.nodeid)
+    if judged is not None:
+        return judged
+    rate = next((c for c in verdict.comparison.changes if c.metric == "tokens_per_second"), None)
+    if rate is None or rate.old is None or rate.new is None:
+        return ()
+    return ((f"{rate.old:.0f} → {rate.new:.0f} tokens/s{_relative(rate)} ({_judged(rate)})",),)
+
+
+def _ab_timing(ab: object, nodeid: str) -> tuple[Line, ...] | None:
+    from ..ab import ABReport, ratio_text
+
+    if not isinstance(ab, ABReport):
+        return None
+    test = next((t for t in ab.tests if t.nodeid == nodeid), None)
+    if test is None or "seconds" not in test.timings:
+        return None
+    v = test.timings["seconds"]
+    return ((f"time per run {ratio_text(v)}: {v.verdict}, judged A/B on this runner ({v.rounds} rounds)",),)
+
+
+def _idle_per_token(device: Change | None, busy: Change | None) -> tuple[float, float] | None:
+    """(baseline, now) of the device's idle time per token: its busy time per token over its busy fraction, less
+    the busy time."""
+    if device is None or busy is None:
+        return None
+    values = (device.old, busy.old, device.new, busy.new)
+    if any(v is None or v <= 0 for v in values):
+        return None
+    d_old, b_old, d_new, b_new = (float(v) for v in values if v is not None)
+    return d_old * (1 / b_old - 1), d_new * (1 / b_new - 1)
+
+
+def _judged(change: Change) -> str:
+    if change.status == "not judged":
+        return "not judged: a host timing against a baseline recorded elsewhere"
+    within = f" within {change.tolerance:.1%}" if change.tolerance is not None else ""
+    return f"{change.status}{within}"
+
+
+def _relative(change: Change) -> str:
+    return "" if change.relative is None else f" ({change.relative:+.1%})"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"
+
+
+def text_lines(entries: Sequence[Entry], indent: str = "  ") -> list[str]:
+    """The entries as plain text: a line per verdict, its links indented under it."""
+    lines = []
+    for entry in entries:
+        lines.append(f"{entry.verdict.upper()} {entry.nodeid} on {entry.device}")
+        for title, link in entry.links:
+            for index, line in enumerate(link):
+                head = f"{title}: " if index == 0 else " " * (len(title) + 2)
+                lines.append(f"{indent}{head}{plain(line)}")
+    return lines
+
+
+def plain(line: Line) -> str:
+    return "".join(p if isinstance(p, str) else p.text if isinstance(p, Code) else f"{p.path}:{p.line}" for p in line)
