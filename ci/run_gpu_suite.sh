@@ -87,7 +87,6 @@ fi
 syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" "${links[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 stage report
-# The report in the job's log: its verdict, then every test's device time against the baseline with the tolerance
-# and recorded spread that judged it, then the rest.
+# The report in the job's log: its verdict, the failed budgets and each regression's chain, then the rest.
 cat "$out/report-$slug.md" 2>/dev/null
 exit "$status"

@@ -361,3 +361,25 @@ def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Pat
     row = "| `examples/test_strategies.py::test_speed[cuda_graph]` | `gpu_us_per_token` | x1.029 [1.019, 1.032] |"
     assert any(line.startswith(row) for line in shown)
     assert any(line.startswith("6 tests unchanged: ") for line in shown)
+
+
+def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) -> None:
+    """What a failing test prints in pytest's report: after what regressed and what changed, the GPU and cost links
+    the PR comment shows."""
+    from pytest_syncguard import results_file
+    from pytest_syncguard.report.terminal import failure_text
+
+    tests = {t.nodeid.split("::")[1]: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
+    text = failure_text(tests["test_timeline[kv_cache]"]).splitlines()
+    changed = text.index(
+        next(line for line in text if line.startswith("  sync site appeared examples/strategies.py:74"))
+    )
+    assert text[changed + 6 : changed + 11] == [
+        "syncguard: on the GPU: idle +1520 µs per token (3152 → 4672 µs)",
+        text[changed + 7],  # the widest gap and its cause, as the run found it
+        "  busy fraction 0.393 → 0.304 (not judged: a host timing against a baseline recorded elsewhere)",
+        "  device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%",
+        "syncguard: what it cost: 192 → 149 tokens/s (-22.5%) (not judged: a host timing against a baseline recorded "
+        "elsewhere)",
+    ]
+    assert text[changed + 7].startswith("  widest gap 426 µs: host sync scalar read at ")

@@ -253,7 +253,7 @@ def _details(run: RunComparison) -> list[str]:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
-    from ..ab import failure_text, judged_text, ratio_text, rounds_text, verdict_note
+    from ..ab import failure_text, ratio_text, rounds_text, verdict_note
 
     regressed = report.with_verdict("regression")
     failed = report.failed_in.get("head", {})
@@ -272,7 +272,8 @@ def ab_lines(report: ABReport) -> list[str]:
             for n, how in report.failed_in.get("base", {}).items()
         ),
         *([""] if report.failed_in else []),
-        f"Head {code(report.head)} against base {code(report.base)} on {code(report.device or 'no device')}: "
+        f"Head {code(report.head)} against base {code(report.base)} on "
+        f"{code(report.device) if report.device else 'no device'}: "
         f"{rounds_text(report)}; head/base with {report.confidence:.0%} intervals (exact signed-rank); a regression "
         "or improvement lies wholly beyond "
         + (
@@ -313,7 +314,9 @@ def ab_lines(report: ABReport) -> list[str]:
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"Measured only in the {side}, not compared: {', '.join(code(i) for i in ids)}")
     if report.judged_by_baseline:
-        lines.append(f"Judged against the baseline, not A/B-tested: {code(judged_text(report))}")
+        files = ", ".join(code(Path(f).name) for f in sorted(set(report.judged_by_baseline.values())))
+        tests = ", ".join(code(nodeid) for nodeid in report.judged_by_baseline)
+        lines.append(f"Judged against the baseline ({files}), not A/B-tested: {tests}")
     if regressed or failed:
         return [f"### {title}", "", *lines, ""]
     return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]

@@ -30,6 +30,7 @@ def failure_text(result: MeasuredTest) -> str:
         device = result.comparison.device
         lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
         lines.extend(f"  {line}" for line in result.comparison.explanation.lines())
+        lines.extend(consequence_lines(result))
     if "syncs" in signals or not broken:
         lines.extend(site_lines(result))
     counters = [c.budget.kind.counter for c in broken if c.budget.kind.counter]
@@ -53,6 +54,22 @@ def failure_text(result: MeasuredTest) -> str:
         else:
             lines.append(f"syncguard: kept {path}")
     return "\n".join(lines)
+
+
+def consequence_lines(result: MeasuredTest) -> list[str]:
+    """Of a regression, the rest of its chain as the PR comment shows it (:mod:`.chain`): what it did on the GPU,
+    what it cost."""
+    from .cases import RunCase
+    from .chain import cost_lines, gpu_lines, plain
+    from .run import CaseComparison
+
+    assert result.comparison is not None
+    verdict = CaseComparison(RunCase.of(result), result.comparison)
+    lines = []
+    for title, link in (("on the GPU", gpu_lines(verdict)), ("what it cost", cost_lines(verdict))):
+        for index, line in enumerate(link):
+            lines.append(f"syncguard: {title}: {plain(line)}" if index == 0 else f"  {plain(line)}")
+    return lines
 
 
 def count_lines(result: MeasuredTest, counters: Iterable[str]) -> list[str]:
