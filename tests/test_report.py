@@ -323,7 +323,7 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     """kv_cache with a host read planted after each decode step, on an H100 against the baseline: the failed budget
     first with the planted line; then each regressed test's chain: the site that appeared (a link to its line at
     the head commit), the idle time it added per token on the GPU, and the tokens per second it cost, said not
-    judged (a host timing against a baseline recorded elsewhere)."""
+    judged (a host timing, judged A/B on one runner)."""
     run_ = compare_run([_h100(tmp_path, "planted-item")], Path(__file__).parents[1] / "baselines")
     links = SiteLinks.of("octo/decode", "0123456789abcdef0123456789abcdef01234567", Path(__file__).parents[1])
     text, _ = render(run_, links=links)
@@ -343,8 +343,10 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     assert timeline[gpu] == "  - **on the GPU:** idle +1520 µs per token (3152 → 4672 µs)"
     assert "device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%" in timeline[gpu + 3]
     cost = next(entry for entry in timeline if entry.startswith("  - **what it cost:**"))
-    assert cost == ("  - **what it cost:** 192 → 149 tokens/s (-22.5%) (not judged: a host timing against a baseline "
-                    "recorded elsewhere)")  # fmt: skip
+    assert (
+        cost
+        == "  - **what it cost:** 192 → 149 tokens/s (-22.5%) (not judged: a host timing, judged A/B on one runner)"
+    )
     assert f'<a href="https://github.com/octo/decode/blob/{"0123456789abcdef" * 2}01234567/examples/strategies.py#L74">' \
         in html(text)  # fmt: skip
     unlinked, _ = render(run_, links=SiteLinks.of("octo/decode", "not-a-commit", Path(__file__).parents[1]))
@@ -377,9 +379,8 @@ def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) ->
     assert text[changed + 6 : changed + 11] == [
         "syncguard: on the GPU: idle +1520 µs per token (3152 → 4672 µs)",
         text[changed + 7],  # the widest gap and its cause, as the run found it
-        "  busy fraction 0.393 → 0.304 (not judged: a host timing against a baseline recorded elsewhere)",
+        "  busy fraction 0.393 → 0.304 (not judged: a host timing, judged A/B on one runner)",
         "  device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%",
-        "syncguard: what it cost: 192 → 149 tokens/s (-22.5%) (not judged: a host timing against a baseline recorded "
-        "elsewhere)",
+        "syncguard: what it cost: 192 → 149 tokens/s (-22.5%) (not judged: a host timing, judged A/B on one runner)",
     ]
     assert text[changed + 7].startswith("  widest gap 426 µs: host sync scalar read at ")

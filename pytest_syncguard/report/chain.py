@@ -184,7 +184,7 @@ def _idle_per_token(device: Change | None, busy: Change | None) -> tuple[float, 
 
 def _judged(change: Change) -> str:
     if change.status == "not judged":
-        return "not judged: a host timing against a baseline recorded elsewhere"
+        return "not judged: a host timing, judged A/B on one runner"
     within = f" within {change.tolerance:.1%}" if change.tolerance is not None else ""
     return f"{change.status}{within}"
 

@@ -284,9 +284,9 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
             lines.append(f"record them with: pytest --syncguard --syncguard-update-baselines {ids}")
         if any(c.of("not judged") for _, c in compared):
             lines.append(
-                "host timings (time, tokens/s, gaps, busy fraction) were not judged against baselines recorded on "
-                "another runner: compare them A/B on one runner with `syncguard ab --base REF`, or pass "
-                "--syncguard-judge-host-timings where this runner recorded the baselines"
+                "host timings (time, tokens/s, gaps, busy fraction) were not judged against the baselines: compare "
+                "them A/B on one runner with `syncguard ab --base REF`, or pass --syncguard-judge-host-timings where "
+                "this runner recorded the baselines"
             )
     if updating:
         lines.extend(
