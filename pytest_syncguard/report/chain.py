@@ -80,14 +80,22 @@ def regression_entries(run: RunComparison, ab: object = None) -> list[Entry]:
     entries = []
     for verdict in run.with_status("regression"):
         comparison = verdict.comparison
+        changed = behaviour(comparison)
+        if not changed and verdict.case.details is None and _counts_regressed(comparison):
+            changed = (("not in a JUnit file, which carries no sync sites or counters' contributors: report the run's "
+                        "results document (pytest --syncguard-json) in its place",),)  # fmt: skip
         links = (
             ("regressed", regressed_lines(comparison)),
-            ("what changed", behaviour(comparison)),
+            ("what changed", changed),
             ("on the GPU", gpu_lines(verdict)),
             ("what it cost", cost_lines(verdict, ab)),
         )
         entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, "regression", links))
     return entries
+
+
+def _counts_regressed(comparison: Comparison) -> bool:
+    return any((spec := metric(c.metric)) is not None and spec.counted for c in comparison.of("regression"))
 
 
 def regressed_lines(comparison: Comparison) -> tuple[Line, ...]:
