@@ -60,6 +60,13 @@ def test_marked_steps_win_and_host_syncs_keep_their_python_site() -> None:
     assert (timeline.steps, timeline.judged_steps, timeline.steps_from) == (12, 10, gaps.MARKED_STEPS)
     top = timeline.top_gaps[0]
     assert top.cause == gaps.HOST_SYNC and "scalar read at" in top.detail and "capture_traces.py" in top.detail
+    # Every gap's idle time by cause adds up to the idle time, and the largest gaps that the per-gap attribution
+    # finds after a host sync (the .item() of each step) are counted as such in bulk too.
+    idle = timeline.idle_us
+    assert abs(sum(idle.values()) - sum(timeline.gaps_us)) < 1e-6
+    after_syncs = [g.duration_us for g in timeline.top_gaps if g.cause == gaps.HOST_SYNC]
+    assert len(after_syncs) >= 9 and sum(after_syncs) - 1e-6 <= idle[gaps.HOST_SYNC] < sum(timeline.gaps_us)
+    assert timeline.summary().idle_us_by_cause == idle  # what the results document keeps
 
 
 def test_a_launch_bound_gap_without_recorded_operators_says_how_to_list_them() -> None:

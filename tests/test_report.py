@@ -384,3 +384,14 @@ def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) ->
         "syncguard: what it cost: 192 → 149 tokens/s (-22.5%) (not judged: a host timing, judged A/B on one runner)",
     ]
     assert text[changed + 7].startswith("  widest gap 426 µs: host sync scalar read at ")
+
+
+def test_the_gpu_link_shares_the_idle_time_out_by_cause(tmp_path: Path) -> None:
+    """Every gap of the timed run the results keep, by cause: after a counted sync returned (the planted read), or
+    not; the shares add up to the whole."""
+    run_ = compare_run([_h100(tmp_path, "planted-item-timeline")], Path(__file__).parents[1] / "baselines")
+    text, _ = render(run_)
+    (line,) = [entry for entry in text.splitlines() if entry.startswith("    - idle now by cause: ")]
+    shares = [int(share) for share in re.findall(r"(\d+)%", line)]
+    assert line.startswith("    - idle now by cause: host sync ") and ", other " in line
+    assert len(shares) == 2 and 99 <= sum(shares) <= 101 and shares[0] > 0

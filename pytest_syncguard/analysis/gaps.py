@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -101,6 +101,19 @@ class SyncMark(NamedTuple):
     label: str
 
 
+def idle_by_cause(gaps: Iterable[tuple[float, float]], syncs: Sequence[SyncMark], slack_us: float) -> dict[str, float]:
+    """The idle time of ``gaps`` ((start, end), µs) by cause: :data:`HOST_SYNC` where a counted sync returned in the
+    gap (``slack_us`` before its start at the earliest: the host waited on the device, then refilled its queue),
+    else :data:`OTHER` (a launch-bound host, another stream, an event): every gap, where the largest are attributed
+    one by one."""
+    returned = sorted(mark.time for mark in syncs)
+    totals = {HOST_SYNC: 0.0, OTHER: 0.0}
+    for start, end in gaps:
+        first = bisect.bisect_left(returned, start - slack_us)
+        totals[HOST_SYNC if first < len(returned) and returned[first] <= end else OTHER] += end - start
+    return totals
+
+
 def runs_between(gaps: Sequence[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
     """The stretches of ``[start, end]`` between ``gaps`` ((start, end) pairs in time order, inside it)."""
     edges = [start, *(t for gap in gaps for t in gap), end]
@@ -148,6 +161,9 @@ class TimelineSummary(JudgedSteps):
     streams: tuple[StreamView, ...]
     steps_from: str = NO_STEPS
     """Where the steps came from (:data:`MARKED_STEPS`, ...); empty when there are none."""
+    idle_us_by_cause: Mapping[str, float] = field(default_factory=dict)
+    """The device's idle time in the judged part by cause (:func:`idle_by_cause`); empty in results written
+    before it was kept."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +188,8 @@ class Timeline(JudgedSteps):
     """Each judged step on the device: from its first op's start to its last op's end."""
     syncs: tuple[SyncMark, ...] = ()
     """The counted syncs the host made in the judged part, with their call sites (µs from :attr:`origin_us`)."""
+    idle_us: Mapping[str, float] = field(default_factory=dict)
+    """The gaps' idle time by cause (:func:`idle_by_cause`)."""
 
     @property
     def busy_fraction(self) -> float:
@@ -186,6 +204,7 @@ class Timeline(JudgedSteps):
         return TimelineSummary(
             **judged, region=region, gaps=len(self.gaps_us), p50_gap_us=self.gap_stat("p50"), top_gaps=self.top_gaps,
             streams=self.streams, steps_from=self.steps_from,
+            idle_us_by_cause=dict(self.idle_us),
         )  # fmt: skip
 
 
@@ -470,4 +489,5 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
         runs=runs,
         step_spans=tuple(StepSpan(step, a, b) for step, (a, b) in sorted(spans.items())),
         syncs=syncs,
+        idle_us=idle_by_cause(((g.start, g.end) for g in gaps), syncs, SLACK_US),
     )

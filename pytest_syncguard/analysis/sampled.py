@@ -27,7 +27,18 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .gaps import HOST_SYNC, MIN_GAP_US, NO_STEPS, AttributedGap, BusyRun, StepSpan, SyncMark, Timeline, runs_between
+from .gaps import (
+    HOST_SYNC,
+    MIN_GAP_US,
+    NO_STEPS,
+    AttributedGap,
+    BusyRun,
+    StepSpan,
+    SyncMark,
+    Timeline,
+    idle_by_cause,
+    runs_between,
+)
 
 #: A sample less active than this is idle (the counters of an idle engine read a few stray cycles).
 IDLE_BELOW = 0.02
@@ -125,6 +136,7 @@ class SampledTimeline:
             top_gaps=tuple(attribute(start, length, inside, step) for (start, length), step in largest),
             steps_from=self.steps_from, origin_us=self.origin_ns / 1e3, runs=self.runs, syncs=inside,
             step_spans=self.step_spans,
+            idle_us=idle_by_cause(((start, start + length) for start, length in self.gaps), inside, CLOCK_SLACK_US),
         )  # fmt: skip
 
 

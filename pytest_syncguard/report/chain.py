@@ -131,8 +131,8 @@ def site_lines(explanation: Explanation) -> tuple[Line, ...]:
 
 
 def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
-    """Idle time per token (from device time and busy fraction), the widest gap with its cause, busy fraction and
-    device time per token, each said judged or not."""
+    """Idle time per token (from device time and busy fraction, baseline and now), now by cause, the widest gap with
+    its cause, busy fraction and device time per token, each said judged or not."""
     changes = {c.metric: c for c in verdict.comparison.changes}
     device, busy = changes.get(DEVICE_TIME), changes.get("busy_fraction")
     lines: list[Line] = []
@@ -141,6 +141,11 @@ def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
         old, new = idle
         lines.append((f"idle {new - old:+.0f} µs per token ({old:.0f} → {new:.0f} µs)",))
     timeline = verdict.case.timeline
+    by_cause = timeline.idle_us_by_cause if timeline is not None else {}
+    total = sum(by_cause.values())
+    if total > 0:
+        causes = ", ".join(f"{cause} {us / total:.0%}" for cause, us in by_cause.items() if us > 0)
+        lines.append((f"idle now by cause: {causes} (every gap of the run the timeline shows)",))
     if timeline is not None and timeline.top_gaps:
         gap = timeline.top_gaps[0]
         lines.append((f"widest gap {gap.duration_us:.0f} µs: ", Code(gap.cause), *((" ", Code(gap.detail)) if
