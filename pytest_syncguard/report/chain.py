@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..analysis.counts import ITEMIZED
 from ..analysis.explain import Explanation
 from ..comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from .run import CaseComparison, RunComparison
+
+if TYPE_CHECKING:
+    from ..ab import ABReport
 
 #: How many sites a failed budget and a link of a chain show at most.
 SHOWN = 3
@@ -74,14 +78,16 @@ def budget_entries(run: RunComparison) -> list[Entry]:
     return entries
 
 
-def regression_entries(run: RunComparison, ab: object = None) -> list[Entry]:
+def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[Entry]:
     """Each test that regressed against its baseline: its chain, what changed -> on the GPU -> what it cost (from
     the A/B ``ab`` of the same test where it has one)."""
     entries = []
     for verdict in run.with_status("regression"):
         comparison = verdict.comparison
         changed = behaviour(comparison)
-        if not changed and verdict.case.details is None and _counts_regressed(comparison):
+        if not changed and not _counts_regressed(comparison):
+            changed = (("no count moved (syncs, operators, launches, copies, recompiles): the change is in time",),)
+        elif not changed and verdict.case.details is None:
             changed = (("not in a JUnit file, which carries no sync sites or counters' contributors: report the run's "
                         "results document (pytest --syncguard-json) in its place",),)  # fmt: skip
         links = (
@@ -159,7 +165,7 @@ def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
     return tuple(lines)
 
 
-def cost_lines(verdict: CaseComparison, ab: object = None) -> tuple[Line, ...]:
+def cost_lines(verdict: CaseComparison, ab: ABReport | None = None) -> tuple[Line, ...]:
     """Tokens per second: the A/B's judged ratio of time where the A/B measured the test, else against the
     baseline, judged or not."""
     judged = _ab_timing(ab, verdict.case.nodeid)
@@ -171,10 +177,10 @@ def cost_lines(verdict: CaseComparison, ab: object = None) -> tuple[Line, ...]:
     return ((f"{rate.old:.0f} → {rate.new:.0f} tokens/s{_relative(rate)} ({_judged(rate)})",),)
 
 
-def _ab_timing(ab: object, nodeid: str) -> tuple[Line, ...] | None:
-    from ..ab import ABReport, ratio_text
+def _ab_timing(ab: ABReport | None, nodeid: str) -> tuple[Line, ...] | None:
+    from ..ab import ratio_text
 
-    if not isinstance(ab, ABReport):
+    if ab is None:
         return None
     test = next((t for t in ab.tests if t.nodeid == nodeid), None)
     if test is None or "seconds" not in test.timings:
