@@ -15,21 +15,30 @@ null}`` (the turn measures timed runs only, as ``--syncguard-timings-only``; ``r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from .ab_channel import Channel, ChannelClosed
 
 if TYPE_CHECKING:
-    from .plugin import SyncguardSession
+    from .result import MeasuredTest
+
+
+class Session(Protocol):
+    """What a turn reads and sets of the plugin's session: the measured tests by node id, which each test's report
+    fills in, and how the turn measures."""
+
+    results: dict[str, MeasuredTest]
+    timings_only: bool
+    repeat: int | None
 
 
 class ABWorker:
     """The pytest plugin of a warm side: it takes over the run loop."""
 
-    def __init__(self, config: pytest.Config, channel: Channel, session: SyncguardSession) -> None:
-        """``session``: the plugin's, whose measured tests by node id each test's report fills in."""
+    def __init__(self, config: pytest.Config, channel: Channel, session: Session) -> None:
+        """``session``: the plugin's (:class:`Session`)."""
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("syncguard ab runs each side in one process: leave out -n (pytest-xdist)")
         self.channel = channel
