@@ -603,7 +603,7 @@ def run(
                 if fresh_processes
                 else warm_sides(folders, pytest_args, out, timeout, progress)
             )
-            collected = {n for side in sides.values() for n in getattr(side, "collected", ())}
+            collected = {n for side in sides.values() for n in side.collected}
             left_out = {n: f for n, f in (judged or {}).items() if n in collected}
             if left_out and collected <= set(left_out):
                 base_side: list[dict[str, MeasuredTest]] = []

@@ -40,6 +40,11 @@ class Side(Protocol):
     """Its code can run a round's timed runs only (a base from before --syncguard-timings-only cannot: then neither
     side does, so that both measure alike)."""
 
+    @property
+    def collected(self) -> Sequence[str]:
+        """The node ids its pytest collected (empty where they are known only once a round ran: a fresh side)."""
+        ...
+
     def run(
         self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
@@ -122,6 +127,7 @@ class FreshSide:
 
     #: Whether a fresh pytest knows the option is not asked: its rounds measure everything.
     times_only = False
+    collected: Sequence[str] = ()
 
     def __init__(self, directory: Path, pytest_args: Sequence[str], out: Path) -> None:
         self.directory, self.pytest_args, self.out = directory, tuple(pytest_args), out

@@ -6,11 +6,10 @@ judged A/B or not judged, said which).
 
 Pure data: each line is a sequence of parts, plain text of ours, :class:`Code` (text from the run: an identifier, a
 path, a source line) or :class:`Site` (a file and line), that the Markdown comment and the text report render each
-in their own way (:mod:`.markdown`, :func:`text_lines`)."""
+in their own way (:mod:`.markdown`; :func:`plain` for pytest's report, :func:`.terminal.consequence_lines`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -108,8 +107,7 @@ def regressed_lines(comparison: Comparison) -> tuple[Line, ...]:
     """The metrics that regressed, in one line: baseline -> now, and what a noisy one was judged within."""
     parts: list[Part] = []
     for change in comparison.of("regression"):
-        spec = metric(change.metric)
-        old, new = (spec.format(v) if spec and v is not None else _number(v) for v in (change.old, change.new))
+        old, new = value_text(change.metric, change.old), value_text(change.metric, change.new)
         within = f", judged within {change.tolerance:.1%}" if change.tolerance is not None else ""
         parts += [*(["; "] if parts else []), Code(change.metric), f" {old} → {new}{_relative(change)}{within}"]
     return (tuple(parts),) if parts else ()
@@ -212,22 +210,12 @@ def _relative(change: Change) -> str:
     return "" if change.relative is None else f" ({change.relative:+.1%})"
 
 
-def _number(value: float | None) -> str:
+def value_text(name: str, value: float | None) -> str:
+    """A metric's value as the report shows it, with its unit ("-" for none)."""
     if value is None:
         return "-"
-    return f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"
-
-
-def text_lines(entries: Sequence[Entry], indent: str = "  ") -> list[str]:
-    """The entries as plain text: a line per verdict, its links indented under it."""
-    lines = []
-    for entry in entries:
-        lines.append(f"{entry.verdict.upper()} {entry.nodeid} on {entry.device}")
-        for title, link in entry.links:
-            for index, line in enumerate(link):
-                head = f"{title}: " if index == 0 else " " * (len(title) + 2)
-                lines.append(f"{indent}{head}{plain(line)}")
-    return lines
+    spec = metric(name)
+    return spec.format(value) if spec else f"{value:g}"
 
 
 def plain(line: Line) -> str:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from ..comparison import Change
-from ..metrics import DEVICE_TIME, metric, timing_order
-from .chain import Code, Entry, Line, Site, budget_entries, regression_entries
+from ..metrics import DEVICE_TIME, timing_order
+from .chain import Code, Entry, Line, Site, budget_entries, regression_entries, value_text
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
@@ -100,13 +100,6 @@ def _entries(entries: Sequence[Entry], links: SiteLinks | None) -> list[str]:
     return [*lines, ""]
 
 
-def _value(name: str, value: float | None) -> str:
-    if value is None:
-        return "-"
-    spec = metric(name)
-    return spec.format(value) if spec else f"{value:g}"
-
-
 def _change(change: Change) -> str:
     if change.delta is None:
         return "-"
@@ -126,8 +119,8 @@ def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
     for verdict, change in rows:
         lines.append(
             f"| {code(verdict.case.nodeid, cell=True)} | {code(verdict.case.device_slug, cell=True)} | "
-            f"{code(change.metric, cell=True)} | {_value(change.metric, change.old)} → "
-            f"{_value(change.metric, change.new)} | {_change(change)} |"
+            f"{code(change.metric, cell=True)} | {value_text(change.metric, change.old)} → "
+            f"{value_text(change.metric, change.new)} | {_change(change)} |"
         )
     return lines
 
@@ -151,7 +144,7 @@ def device_time_block(run: RunComparison) -> list[str]:
     for verdict, change in rows:
         lines.append(
             f"| {code(verdict.case.nodeid, cell=True)} | {code(verdict.case.device_slug, cell=True)} | "
-            f"{_value(change.metric, change.old)} → {_value(change.metric, change.new)} | {_change(change)} | "
+            f"{value_text(change.metric, change.old)} → {value_text(change.metric, change.new)} | {_change(change)} | "
             f"{_tolerance(change)} | {change.status} |"
         )
     return [*lines, ""]
@@ -168,7 +161,7 @@ def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
 
 def headline(run: RunComparison) -> str:
     """The verdict: the failed budgets and regressions, or the other failures, or none."""
-    regressed, budgets = len(run.with_status("regression")), len(budget_entries(run))
+    regressed, budgets = len(run.with_status("regression")), sum(1 for v in run.cases if v.case.broken)
     parts = [f"{regressed} regression{'s' if regressed != 1 else ''}"] if regressed else []
     parts += [f"{budgets} failed budget{'s' if budgets != 1 else ''}"] if budgets else []
     failed = len(run.failed_tests)
@@ -287,8 +280,8 @@ def ab_lines(report: ABReport) -> list[str]:
     quiet: list[str] = []
     for test in report.tests:
         cells = [
-            f"| {code(test.nodeid, cell=True)} | {code(c.metric, cell=True)} | {_value(c.metric, c.base)} → "
-            f"{_value(c.metric, c.head)} | exact | {c.status} |"
+            f"| {code(test.nodeid, cell=True)} | {code(c.metric, cell=True)} | {value_text(c.metric, c.base)} → "
+            f"{value_text(c.metric, c.head)} | exact | {c.status} |"
             for c in test.counts
         ]
         cells += [
