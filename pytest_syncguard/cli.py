@@ -222,6 +222,9 @@ def _report(args: argparse.Namespace) -> int:
     if (problem := _path_problem("report", outputs)) is not None:
         print(problem, file=sys.stderr)
         return 2
+    if (wrong := SiteLinks.problem(args.repository, args.commit)) is not None:
+        print(f"syncguard report: {wrong}", file=sys.stderr)
+        return 2
     try:
         ab = _ab_report(args.ab)
     except ValueError as exc:

@@ -184,6 +184,21 @@ def test_hostile_test_ids_cannot_inject_markdown_html_or_mentions(pr_run: Path) 
     assert code("``x`") == "``` ``x` ```" and code("a|b", cell=True) == "`a\\|b`"
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--repository", "o/r"], "--repository and --commit go together"),
+        (["--repository", "o/r/x", "--commit", "a" * 40], "--repository 'o/r/x': not OWNER/NAME"),
+        (["--repository", "o/r", "--commit", "HEAD"], "--commit 'HEAD': not a commit's hex id"),
+    ],
+)
+def test_a_malformed_repository_or_commit_is_refused_not_dropped(
+    pr_run: Path, options: list[str], message: str
+) -> None:
+    done = cli(pr_run, "pr.json", *options)
+    assert done.returncode == 2 and message in done.stderr and not done.stdout
+
+
 def test_files_from_several_jobs_are_merged_and_deduplicated(pr_run: Path) -> None:
     run(pr_run, "--junitxml=again.xml", "-k", "steady or improves")
     merged = compare_run([pr_run / "pr.xml", pr_run / "again.xml"], pr_run / "baselines")

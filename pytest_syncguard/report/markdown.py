@@ -61,9 +61,22 @@ class SiteLinks:
     @classmethod
     def of(cls, repository: str | None, commit: str | None, root: Path) -> SiteLinks | None:
         """Links where both are given and well formed; None otherwise (sites are then plain ``path:line``)."""
-        if not repository or not commit or not _REPOSITORY.match(repository) or not _COMMIT.match(commit):
+        if not repository or not commit or cls.problem(repository, commit):
             return None
         return cls(repository, commit, root)
+
+    @staticmethod
+    def problem(repository: str | None, commit: str | None) -> str | None:
+        """What is wrong with the two, as options of ``syncguard report`` (None: both well formed, or neither given)."""
+        if repository is None and commit is None:
+            return None
+        if repository is None or commit is None:
+            return "--repository and --commit go together: give both, or neither"
+        if not _REPOSITORY.match(repository):
+            return f"--repository {repository!r}: not OWNER/NAME"
+        if not _COMMIT.match(commit):
+            return f"--commit {commit!r}: not a commit's hex id (7 to 40 lowercase hex digits)"
+        return None
 
     def url(self, site: Site) -> str | None:
         """The line's URL, for a relative path to a file of the checkout (a library's file is not in it)."""
