@@ -37,9 +37,10 @@ import torch
 from bench.bench_pm_sampling import DeviceRecords, disable_all, sampling
 from bench.bench_timeline_capture import NEW_TOKENS, workload
 from examples.strategies import STRATEGIES
-from pytest_syncguard.probes.pm_sampling import PmSamplingError, Samples, base_metrics, load_cupti
+from pytest_syncguard.probes import cupti
+from pytest_syncguard.probes.cupti import CuptiError
+from pytest_syncguard.probes.pm_sampling import Samples, base_metrics
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES
-from pytest_syncguard.probes.timeline import cupti_library
 
 KIND_NAMES = {1: "memcpy", 2: "memset", 10: "kernel"}
 #: Units whose counters may move while a copy engine works (host interface, copy engines, memory, front end,
@@ -130,7 +131,7 @@ def explore(candidates: list[str], group: int, records: DeviceRecords, out: Path
         try:
             with records.recording():
                 samples = sample(metrics, lambda seen=labels: seen.extend(run_isolated(ops, 3)))
-        except PmSamplingError as exc:
+        except CuptiError as exc:
             if len(names) > 1:
                 pending[:0] = [[n] for n in names]
             else:
@@ -241,7 +242,7 @@ def main() -> None:
     unit = {n: n.split("__")[0] for n in names}
     candidates = sorted((n for n in names if unit[n] in UNITS), key=lambda n: (UNITS.index(unit[n]), n))
     print(f"base metrics: {len(names)}; candidates: {len(candidates)} (trying {min(len(candidates), args.most)})")
-    records = DeviceRecords(cupti_library() or load_cupti())
+    records = DeviceRecords(cupti.library() or cupti.load())
     seeing = explore(candidates[: args.most], args.group, records, args.out)
     print(f"seeing every copy and memset sample: {', '.join(seeing) or 'none'}", flush=True)
     chosen = seeing[: args.take] + [m for m in args.extra.split(",") if m]

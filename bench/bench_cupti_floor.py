@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from bench.bench_timeline_capture import ITERATIONS, LOOPS, discarded_capture, per_iteration, timed
-from pytest_syncguard.probes.timeline import TEARDOWN, cupti_library
+from pytest_syncguard.probes import cupti
+from pytest_syncguard.probes.timeline import TEARDOWN
 
 #: CUpti_ActivityKind values (cupti_activity.h).
 RUNTIME, CONCURRENT_KERNEL = 5, 10
@@ -127,7 +128,7 @@ def main() -> None:
     torch.cuda.synchronize()
     with discarded_capture():  # loads CUPTI into the process, as a first capture does
         x.add_(1)
-    library = cupti_library()
+    library = cupti.library()
     if library is None:
         raise SystemExit("no libcupti found in this process")
     tracer = CuptiTracer(library)

@@ -48,8 +48,9 @@ from bench.bench_timeline_capture import (
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, sampled
 from pytest_syncguard.analysis.trace_file import GpuOp
-from pytest_syncguard.probes.pm_sampling import PmSampler, PmSamplingError, Samples, base_metrics, load_cupti
-from pytest_syncguard.probes.timeline import cupti_library
+from pytest_syncguard.probes import cupti
+from pytest_syncguard.probes.cupti import CuptiError
+from pytest_syncguard.probes.pm_sampling import PmSampler, Samples, base_metrics
 
 #: Pairs of (active cycles, elapsed cycles) that may tell a busy device from an idle one.
 PAIRS = {
@@ -127,7 +128,7 @@ def fractions(samples: Samples, pair: tuple[str, str]) -> list[float]:
 def choose_metrics(interval_ns: int, chosen: list[str]) -> tuple[str, ...] | None:
     try:
         names = base_metrics()
-    except PmSamplingError as exc:
+    except CuptiError as exc:
         print(f"base metrics: {exc}")
         names = []
     shown = [n for n in names if re.search(r"^[a-z]+__(compute_)?cycles_(active|elapsed)$", n)]
@@ -138,7 +139,7 @@ def choose_metrics(interval_ns: int, chosen: list[str]) -> tuple[str, ...] | Non
             with sampling(tuple(metrics), interval_ns, []):
                 torch.cuda._sleep(1000)  # type: ignore[no-untyped-call]
                 torch.cuda.synchronize()
-        except PmSamplingError as exc:
+        except CuptiError as exc:
             disable_all()
             print(f"sampler {metrics} at {interval_ns} ns: {exc}", flush=True)
             continue
@@ -321,7 +322,7 @@ def recovery(metrics: tuple[str, ...], interval_ns: int) -> None:
     """Whether the sampler can be enabled after a capture that finalized CUPTI, and what brings it back."""
     with discarded_capture():
         torch.zeros(1, device="cuda").add_(1)
-    library = cupti_library()
+    library = cupti.library()
     attempts: list[tuple[str, Callable[[], object]]] = [
         ("right after", lambda: None),
         ("after cuptiGetTimestamp", lambda: library.cuptiGetTimestamp(ctypes.byref(ctypes.c_uint64()))),
@@ -337,7 +338,7 @@ def recovery(metrics: tuple[str, ...], interval_ns: int) -> None:
             with sampling(metrics, interval_ns, []):
                 torch.cuda._sleep(1000)  # type: ignore[no-untyped-call]
                 torch.cuda.synchronize()
-        except PmSamplingError as exc:
+        except CuptiError as exc:
             SAMPLERS.clear()  # its enable failed and undid itself
             print(f"recovery {label}: {exc}", flush=True)
             continue
@@ -368,19 +369,19 @@ def main() -> None:
     runs = {n: (lambda s=every[n]: s(model, prompt, NEW_TOKENS, eos)) for n in every}
     if metrics is not None:
         clock_check(metrics, args.agreement_interval_ns)
-        library = cupti_library() or load_cupti()
+        library = cupti.library() or cupti.load()
         records = DeviceRecords(library)
         for name in [n for n in args.agreement.split(",") if n]:
             runs[name]()  # warm-up
             try:
                 agreement(name, runs[name], metrics, args.agreement_interval_ns, records, args.keep)
-            except PmSamplingError as exc:
+            except CuptiError as exc:
                 print(f"{name:<16} agreement: {exc}", flush=True)
         timed_metrics = PAIRS[args.pairs.split(",")[0]]
         for name in names:
             try:
                 overhead(name, runs[name], timed_metrics, args.interval_ns, args.rounds, ["sampled", "bare again"])
-            except PmSamplingError as exc:
+            except CuptiError as exc:
                 print(f"{name:<16} sampled: {exc}", flush=True)
         print(f"sampler enable: {', '.join(f'{t * 1e3:.0f}' for t in SETUP)} ms", flush=True)
         disable_all()

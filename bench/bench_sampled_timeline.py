@@ -51,11 +51,11 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import judge_sampled_region
-from pytest_syncguard.probes import sampler
+from pytest_syncguard.probes import cupti, sampler
 from pytest_syncguard.probes.patches import Patches
-from pytest_syncguard.probes.pm_sampling import Samples, load_cupti
+from pytest_syncguard.probes.pm_sampling import Samples
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SAMPLER, SampledRegion
-from pytest_syncguard.probes.timeline import TIMELINE, cupti_library
+from pytest_syncguard.probes.timeline import TIMELINE
 
 #: Strategies whose steps are graph replays; the others' are forward calls.
 GRAPH_LOOPS = ("cuda_graph", "static_compiled")
@@ -255,7 +255,7 @@ def main() -> None:
     uuid = str(torch.cuda.get_device_properties(0).uuid)[:8]
     print(f"machine: {torch.cuda.get_device_name()} (GPU-{uuid}); torch {torch.__version__}", flush=True)
     runs = {n: (lambda s=STRATEGIES[n]: s(model, prompt, NEW_TOKENS, eos)) for n in STRATEGIES}
-    records = DeviceRecords(cupti_library() or load_cupti())
+    records = DeviceRecords(cupti.library() or cupti.load())
     for name in [n for n in args.agreement.split(",") if n]:
         runs[name]()  # warm-up (static_compiled compiles here)
         for repeat in range(args.repeat):

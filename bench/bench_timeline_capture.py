@@ -62,8 +62,9 @@ from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import ab_stats, gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
 from pytest_syncguard.guard import SAMPLED_RUN, SyncGuard
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.memory import allocation_history
-from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, cupti_library, driver_records_off
+from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, driver_records_off
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 
@@ -241,11 +242,11 @@ def _capture_without(*kinds: str, driver: bool = False) -> Iterator[None]:
     """syncguard's capture with some CUPTI activity kinds switched off once it started (``driver``: with CUPTI's
     records of driver calls switched on again, as the profiler has them)."""
     with discarded_capture():
-        cupti = cupti_library()
-        if cupti is None:
+        library = cupti.library()
+        if library is None:
             raise RuntimeError("no libcupti loaded in this process")
-        calls = [(cupti.cuptiActivityDisable, CUPTI_KINDS[kind]) for kind in kinds]
-        calls += [(cupti.cuptiActivityEnable, CUPTI_KINDS["driver"])] if driver else []
+        calls = [(library.cuptiActivityDisable, CUPTI_KINDS[kind]) for kind in kinds]
+        calls += [(library.cuptiActivityEnable, CUPTI_KINDS["driver"])] if driver else []
         for call, kind in calls:
             if status := call(kind):
                 raise RuntimeError(f"{call.__name__}({kind}) returned {status}")

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.cuda_calls import CALLBACK, DRIVER, ENTER, RUNTIME, CallbackData
-from pytest_syncguard.probes.pm_sampling import load_cupti
 from pytest_syncguard.probes.timeline import cupti_detached_afterwards
 
 
@@ -93,11 +93,10 @@ def torch_runtime() -> ctypes.CDLL:
     """The CUDA runtime torch loaded (a shared libcudart in its process), as ctypes sees it: the same library, so
     the same state (bench/bench_cuda_call_parts.py calls through it too)."""
     torch.cuda.init()
-    with open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "/libcudart" in line})
-    if not paths:
+    runtime = cupti.process_library("/libcudart")
+    if runtime is None:
         raise SystemExit("no shared libcudart in this process: ctypes cases need one")
-    return ctypes.CDLL(paths[0])
+    return runtime
 
 
 def cases(recorder: Recorder) -> dict[str, list[dict[str, Any]]]:
@@ -191,7 +190,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.ones(1, device="cuda").sum().item()  # context and lazy inits before anything is recorded
-    recorder = Recorder(load_cupti())
+    recorder = Recorder(cupti.load())
     report: dict[str, Any] = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     report["subscribe"] = recorder.subscribe()
     if report["subscribe"] == 0:

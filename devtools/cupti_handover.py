@@ -14,8 +14,8 @@ import torch
 
 from pytest_syncguard.analysis import trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS, CudaCallProbe
-from pytest_syncguard.probes.pm_sampling import load_cupti
 from pytest_syncguard.probes.sampler import SAMPLER
 from pytest_syncguard.probes.timeline import TIMELINE
 
@@ -47,7 +47,7 @@ def subscribed() -> None:
 def finalized() -> None:
     subscribed()
     torch.cuda.synchronize()
-    print("    cuptiFinalize:", load_cupti().cuptiFinalize())
+    print("    cuptiFinalize:", cupti.load().cuptiFinalize())
 
 
 def sampled() -> None:
@@ -63,7 +63,7 @@ def sampled_subscribed() -> None:
 def sampled_subscribed_finalized() -> None:
     sampled_subscribed()
     torch.cuda.synchronize()
-    print("    cuptiFinalize:", load_cupti().cuptiFinalize())
+    print("    cuptiFinalize:", cupti.load().cuptiFinalize())
 
 
 VARIANTS: dict[str, Callable[[], None]] = {

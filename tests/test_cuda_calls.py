@@ -13,6 +13,7 @@ import torch
 
 from pytest_syncguard import results_file
 from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.probes.cupti import Subscriber
 from pytest_syncguard.probes.cuda_calls import (
     BLOCKING,
     DEVICE_TO_DEVICE,
@@ -177,8 +178,9 @@ def test_calls_not_counted_are_said_in_the_tests_section_the_summary_and_the_res
 
 
 def test_a_region_that_starts_while_a_capture_holds_cupti_counts_nothing_and_says_why() -> None:
-    probe = CudaCallProbe()
-    with probe.yielding("a capture runs"), probe.counting() as inside:
+    subscriber = Subscriber()
+    probe = CudaCallProbe(subscriber)
+    with subscriber.yielding("a capture runs"), probe.counting() as inside:
         pass
     with probe.counting() as after:
         pass

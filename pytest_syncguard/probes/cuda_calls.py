@@ -9,13 +9,12 @@ runtime function's own driver call) is part of the outer one, and a call made wh
 operator it judged (``.item()``'s stream synchronize) or while the plugin times a region is torch's or the
 plugin's, counted there or not at all. So each blocking call counts once, whoever makes it.
 
-A process has one CUPTI subscriber at most. torch.profiler's kineto takes it when a capture starts (and finds
-nothing to record on the device if it is taken: it warns "CUPTI initialization failed") and holds it until it
-detaches CUPTI after a capture that asked it to (the plugin's captures do). So this probe subscribes before each
-region it counts starts its clock and unsubscribes after the clock stops (:meth:`CudaCallProbe.held`), and gives
-the subscriber up while the plugin's captures run (:meth:`CudaCallProbe.yielding`, a region around a captured one:
-a test's whole call around a ``measure()``'s counting run); where the slot is taken, or there is no CUPTI or no
-CUDA, it counts nothing and says why (:attr:`CudaCallWatch.not_counted`).
+A process has one CUPTI subscriber at most (:mod:`.cupti`), and a profiler capture needs it. So this probe
+subscribes before each region it counts starts its clock and unsubscribes after the clock stops
+(:meth:`CudaCallProbe.held`), and, as the subscriber's holder, gives it up while the plugin's captures run
+(:meth:`.cupti.Subscriber.yielding`, a region around a captured one: a test's whole call around a ``measure()``'s
+counting run); where the slot is taken, or there is no CUPTI or no CUDA, it counts nothing and says why
+(:attr:`CudaCallWatch.not_counted`).
 
 Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
 "CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. What
@@ -35,14 +34,14 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from . import cupti
 from .sync_ops import SyncKind
+from .syncs import PROBE
 
 #: CUpti_CallbackDomain.
 DRIVER, RUNTIME = 1, 2
 #: CUpti_ApiCallbackSite.
 ENTER = 0
-#: CUptiResult of a second subscriber (cupti_result.h).
-MULTIPLE_SUBSCRIBERS = 39
 #: Callback ids are below this in every CUPTI of CUDA 12 and 13 (cupti_driver_cbid.h, cupti_runtime_cbid.h).
 LARGEST_CBID = 2000
 
@@ -182,9 +181,13 @@ class CudaCallWatch:
 
 
 class CudaCallProbe:
-    """Process-wide owner of the CUPTI subscriber; regions count through :meth:`counting`."""
+    """The holder of a CUPTI subscriber (the process's: :data:`CUDA_CALLS`); regions count through
+    :meth:`counting`."""
 
-    def __init__(self) -> None:
+    def __init__(self, subscriber: cupti.Subscriber | None = None) -> None:
+        subscriber = subscriber if subscriber is not None else cupti.Subscriber()
+        self._subscriber = subscriber
+        subscriber.holder = self
         self._cupti: Any = None
         self._driver: Any = None
         self._handle = ctypes.c_void_p()
@@ -195,8 +198,6 @@ class CudaCallProbe:
         self._holders = 0
         """Open :meth:`held` blocks: the subscriber stays while any is open."""
         self._subscribed = False
-        self._yielded: str | None = None
-        """Why CUPTI's subscriber is given up now (:meth:`yielding`), if it is."""
         self._lock = threading.Lock()
 
     @contextmanager
@@ -204,8 +205,8 @@ class CudaCallProbe:
         """Count the catalogued calls made during the block (see :class:`CudaCallWatch`)."""
         watch = CudaCallWatch()
         with self._lock:
-            if self._yielded is not None:
-                watch.not_counted = self._yielded
+            if (taken := self._subscriber.taken) is not None:
+                watch.not_counted = taken
             elif not self._subscribed:
                 watch.not_counted = self._subscribe()
             if watch.not_counted is None:
@@ -227,7 +228,7 @@ class CudaCallProbe:
         watch. Where it cannot subscribe, that counting says why."""
         with self._lock:
             self._holders += 1
-            if self._yielded is None and not self._subscribed:
+            if self._subscriber.taken is None and not self._subscribed:
                 self._subscribe()
         try:
             yield
@@ -237,26 +238,22 @@ class CudaCallProbe:
                 if not self._holders and not self._watches and self._subscribed:
                     self._unsubscribe()
 
-    @contextmanager
-    def yielding(self, why: str) -> Iterator[None]:
-        """Give CUPTI's subscriber up for the block (a profiler capture, which needs it: kineto that finds it taken
-        records no device activity). The regions counting now count nothing meanwhile and say ``why``; those that
-        start inside count nothing; the subscription is taken again after the block for those still open."""
+    def give_up(self, why: str) -> None:
+        """A capture takes CUPTI's subscriber (:meth:`.cupti.Subscriber.yielding`): the regions counting now count
+        nothing meanwhile and say ``why``; those that start before it ends count nothing."""
         with self._lock:
-            outer, self._yielded = self._yielded, why
-            if outer is None and self._subscribed:
+            if self._subscribed:
                 self._unsubscribe()
                 for watch in self._watches:
                     watch.not_counted = watch.not_counted or why
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._yielded = outer
-                if outer is None and (self._watches or self._holders) and not self._subscribed:
-                    again = self._subscribe()
-                    for watch in self._watches:
-                        watch.not_counted = watch.not_counted or again
+
+    def take_back(self) -> None:
+        """The capture has ended: subscribe again for the regions still open."""
+        with self._lock:
+            if (self._watches or self._holders) and not self._subscribed:
+                again = self._subscribe()
+                for watch in self._watches:
+                    watch.not_counted = watch.not_counted or again
 
     def _unsubscribe(self) -> None:
         self._cupti.cuptiUnsubscribe(self._handle)
@@ -273,7 +270,7 @@ class CudaCallProbe:
         except OSError as exc:
             return f"no CUPTI library could be loaded ({exc})"
         status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
-        if status == MULTIPLE_SUBSCRIBERS:
+        if status == cupti.MULTIPLE_SUBSCRIBERS:
             return (
                 "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another tool "
                 "that subscribed to CUPTI)"
@@ -288,11 +285,9 @@ class CudaCallProbe:
     def _load(self) -> None:
         if self._cupti is not None:
             return
-        from .pm_sampling import PmSamplingError, load_cupti
-
         try:
-            self._cupti = load_cupti()
-        except PmSamplingError as exc:
+            self._cupti = cupti.load()
+        except cupti.CuptiError as exc:
             raise OSError(str(exc)) from exc
         self._driver = ctypes.CDLL("libcuda.so.1")
         self._driver.cuPointerGetAttribute.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
@@ -323,8 +318,6 @@ class CudaCallProbe:
         thread.depth += 1
         if thread.depth > 1:
             return  # a catalogued call's own inner call
-        from .syncs import PROBE
-
         if not self._watches or PROBE.inside:
             return
         found = self._wanted.get((domain, cbid))
@@ -337,4 +330,4 @@ class CudaCallProbe:
         thread.stamp = stamp
 
 
-CUDA_CALLS = CudaCallProbe()
+CUDA_CALLS = CudaCallProbe(cupti.SUBSCRIBER)

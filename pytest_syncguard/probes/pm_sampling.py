@@ -11,31 +11,16 @@ has the API); nothing is installed for it.
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-#: CUptiResult values named in errors (cupti_result.h).
-_NO_LIBRARY, _NO_SAMPLER = -1, -2
-_RESULTS = {
-    _NO_LIBRARY: "no libcupti in this process or beside torch (CUPTI 12.6 or newer has the PM sampler)",
-    _NO_SAMPLER: "this libcupti has no PM sampler (CUPTI 12.6 or newer has one)",
-    7: "invalid operation (PM sampling already enabled on the device?)",
-    8: "out of memory",
-    15: "not initialized (CUPTI could not load libnvperf_host.so/libnvperf_target.so)",
-    17: "invalid metric name",
-    27: "not supported on this device or configuration",
-    33: "not supported on a virtualized device",
-    35: "insufficient privileges to read GPU performance counters (ERR_NVGPUCTRPERM)",
-    36: "the old profiler API is initialized in this process",
-}
-#: ``CUPTI_ERROR_NOT_INITIALIZED``: what profiler calls return after CUPTI was finalized (a capture detached it).
-NOT_INITIALIZED = 15
+from . import cupti
+from .cupti import CuptiError
+
 #: ``CUPTI_PROFILER_TYPE_PM_SAMPLING`` and ``CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL``.
 _PM_SAMPLING, _TIME_INTERVAL = 1, 1
 #: ``CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL``.
@@ -43,17 +28,6 @@ _COUNTER_DATA_FULL = 1
 
 _size_t, _ptr, _u64 = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64
 _names = ctypes.POINTER(ctypes.c_char_p)
-
-
-class PmSamplingError(RuntimeError):
-    """A CUPTI call of the sampler failed; ``status`` is its CUptiResult."""
-
-    def __init__(self, call: str, status: int) -> None:
-        self.status = status
-        meaning = _RESULTS.get(status)
-        self.message = meaning or f"{call} returned {status} (see cupti_result.h)"
-        """What the status means, in words."""
-        super().__init__(f"{call} returned {status}: {meaning or 'see cupti_result.h'}")
 
 
 class _Params(ctypes.Structure):
@@ -134,27 +108,6 @@ _SampleInfo = _params(
     ("startTimestamp", _u64),
     ("endTimestamp", _u64),
 )
-
-
-def load_cupti() -> ctypes.CDLL:
-    """The libcupti of this process (the one the profiler loaded), else the one beside torch's CUDA libraries;
-    the nvperf libraries beside it are loaded first, where the dynamic linker would not find them."""
-    from .timeline import cupti_library
-
-    loaded = cupti_library()
-    if loaded is None:
-        import torch
-
-        site = os.path.dirname(os.path.dirname(torch.__file__))
-        found = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcupti.so*")))  # cu13/, cuda_cupti/
-        if not found:
-            raise PmSamplingError("dlopen(libcupti)", _NO_LIBRARY)
-        loaded = ctypes.CDLL(found[-1])
-    directory = os.path.dirname(getattr(loaded, "_name", "") or "")
-    for library in ("libnvperf_host.so", "libnvperf_target.so"):
-        with suppress(OSError):
-            ctypes.CDLL(os.path.join(directory, library), mode=ctypes.RTLD_GLOBAL)
-    return loaded
 
 
 def _c_names(names: Sequence[str]) -> Any:
@@ -281,7 +234,7 @@ class PmSampler:
         assert self._lib is not None
         status = getattr(self._lib, name)(ctypes.byref(params))
         if status:
-            raise PmSamplingError(name, status)
+            raise CuptiError(name, status)
 
     @property
     def enabled(self) -> bool:
@@ -289,14 +242,14 @@ class PmSampler:
 
     def enable(self) -> None:
         """Initialize the profiler, build the configuration of :attr:`metrics` and enable sampling on the device;
-        on any failure everything set up so far is undone and :class:`PmSamplingError` says why."""
-        self._lib = load_cupti()
+        on any failure everything set up so far is undone and :class:`CuptiError` says why."""
+        self._lib = cupti.load()
         if not hasattr(self._lib, "cuptiPmSamplingEnable"):
             self._lib = None
-            raise PmSamplingError("cuptiPmSamplingEnable", _NO_SAMPLER)
+            raise CuptiError("cuptiPmSamplingEnable", cupti.NO_SAMPLER)
         try:
             self._call("cuptiProfilerInitialize", _Plain())
-        except PmSamplingError:
+        except CuptiError:
             self._lib = None
             raise
         try:
@@ -444,7 +397,7 @@ class PmSampler:
                 _address(starts), _address(ends), [_address(column) for column in columns],
             )  # fmt: skip
             if status:
-                raise PmSamplingError(f"{call} (sample {index})", status)
+                raise CuptiError(f"{call} (sample {index})", status)
         else:
             evaluation, buffer = evaluations[0], values[0]
             for index in range(count):
@@ -503,7 +456,7 @@ def _native() -> Any:
 
 def base_metrics(device: int = 0) -> list[str]:
     """The counter metrics PM sampling offers on a device (for choosing metrics; slow)."""
-    lib = load_cupti()
+    lib = cupti.load()
     sampler = PmSampler((), interval_ns=1)
     sampler._lib = lib
     sampler._call("cuptiProfilerInitialize", _Plain())

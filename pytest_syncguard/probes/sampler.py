@@ -23,8 +23,10 @@ import torch
 from ..analysis.gaps import FORWARD_STEPS, GRAPH_STEPS, MARKED_STEPS
 from ..analysis.sampled import IDLE_BELOW, StepEvents
 from ..environment import available_cores
+from . import cupti
+from .cupti import NOT_INITIALIZED, CuptiError
 from .patches import Patches
-from .pm_sampling import NOT_INITIALIZED, PmSampler, PmSamplingError, Samples, load_cupti
+from .pm_sampling import PmSampler, Samples
 from .syncs import PROBE
 
 #: What the sampler reads: the active and the elapsed cycles of the engine that runs kernels (its PM counters).
@@ -205,7 +207,7 @@ class SamplerProbe:
         """Run a sampler call; a CUPTI error becomes :attr:`problem` (the test's timeline is then unreliable)."""
         try:
             call()
-        except PmSamplingError as exc:
+        except CuptiError as exc:
             self.problem = self.problem or f"the PM sampler failed: {exc}"
             return False
         return True
@@ -215,7 +217,7 @@ class SamplerProbe:
             return True
         try:
             self._sampler = _enabled_sampler()
-        except PmSamplingError as exc:
+        except CuptiError as exc:
             self.problem = f"the PM sampler could not run: {exc}"
             return False
         return True
@@ -235,16 +237,16 @@ def _rows(samples: Samples) -> Samples:
 
 
 def _enabled_sampler() -> PmSampler:
-    """The sampler of the timeline's metrics on the current device, enabled; :class:`PmSamplingError` says why not."""
+    """The sampler of the timeline's metrics on the current device, enabled; :class:`CuptiError` says why not."""
     sampler = PmSampler((ACTIVE_CYCLES, ELAPSED_CYCLES), interval_ns=INTERVAL_NS,
                         device=torch.cuda.current_device(), buffer_bytes=BUFFER_BYTES)  # fmt: skip
     try:
         sampler.enable()
-    except PmSamplingError as exc:
+    except CuptiError as exc:
         if exc.status != NOT_INITIALIZED:
             raise
         # A capture that stopped finalized CUPTI (TEARDOWN_CUPTI): an activity call attaches it again.
-        load_cupti().cuptiActivityFlushAll(0)
+        cupti.load().cuptiActivityFlushAll(0)
         sampler.enable()
     return sampler
 
@@ -253,8 +255,8 @@ def _unavailable() -> str:
     """Why the PM sampler cannot run here, in words ("" when it can): the library first (so that a machine without
     CUDA says what it lacks for it), then the device, then enabling it once."""
     try:
-        load_cupti()
-    except PmSamplingError as exc:
+        cupti.load()
+    except CuptiError as exc:
         return exc.message
     except OSError as exc:
         return f"libcupti could not be loaded: {exc}"
@@ -262,7 +264,7 @@ def _unavailable() -> str:
         return "no CUDA device"
     try:
         _enabled_sampler().disable()
-    except PmSamplingError as exc:
+    except CuptiError as exc:
         return exc.message
     return ""
 

@@ -21,7 +21,6 @@ nothing included (bench/bench_cupti_floor.py).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import tempfile
 import time
@@ -37,9 +36,9 @@ from torch.autograd.profiler import record_function
 
 from ..analysis.gaps import MARKED_STEP_ANNOTATION, REGION_ANNOTATION, STEP_ANNOTATION, SYNC_ANNOTATION
 from ..analysis.reliability import SENTINEL_ANNOTATION
-from .cuda_calls import CUDA_CALLS
+from . import cupti
 
-#: Why the CUDA-call probe counts nothing during a capture (:meth:`.cuda_calls.CudaCallProbe.yielding`).
+#: Why the CUDA-call probe counts nothing during a capture (:meth:`.cupti.Subscriber.yielding`).
 CAPTURE_HOLDS_CUPTI = (
     "a profiler trace of the test's GPU timeline held CUPTI's one subscriber of the process (--syncguard-timeline="
     "trace, the trace standing in for the sampler, or a measure()'s counting run)"
@@ -55,28 +54,12 @@ TEARDOWN = "TEARDOWN_CUPTI"
 _DETACH_CALLS, _DETACH_PAUSE_S = 10, 0.001
 
 
-def cupti_library() -> ctypes.CDLL | None:
-    """The CUPTI library the profiler loaded into this process; None where it cannot be found (no
-    ``/proc/self/maps``, or CUPTI linked into torch itself)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libcupti" in line})
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            return ctypes.CDLL(path)
-        except OSError:
-            continue
-    return None
-
-
 def driver_records_off() -> bool:
     """Stop CUPTI's records of CUDA driver calls in the running capture (the profiler switches every kind off
     when it stops and on again when it starts); False where CUPTI cannot be reached and they stay on."""
-    cupti = cupti_library()
+    library = cupti.library()
     try:
-        return cupti is not None and cupti.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
+        return library is not None and library.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
     except AttributeError:  # a library of that name without CUPTI's activity API
         return False
 
@@ -189,7 +172,7 @@ class TimelineProbe:
         ``host_ops``: record every operator on the host as well (slows a launch-bound loop: diagnosis only)."""
         if self.tracing:
             raise RuntimeError("syncguard: a timeline capture is already running")
-        with CUDA_CALLS.yielding(CAPTURE_HOLDS_CUPTI), self._capturing(host_ops) as exported:
+        with cupti.SUBSCRIBER.yielding(CAPTURE_HOLDS_CUPTI), self._capturing(host_ops) as exported:
             yield exported
 
     @contextmanager
