@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_syncguard.analysis.sampled import IDLE_BELOW
-from pytest_syncguard.capture import judge_sampled_region
+from pytest_syncguard.instruments import judge_sampled_region
 from pytest_syncguard.probes import pm_sampling
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion, samples_for
 

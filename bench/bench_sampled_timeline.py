@@ -1,5 +1,5 @@
 """The sampled timeline as a test takes it (the plugin's probe: PM samples, the marker kernel and a CUDA event per
-step; judged by :func:`~pytest_syncguard.capture.judge_sampled_region`), on the suite's strategies (GPT-2 124M,
+step; judged by :func:`~pytest_syncguard.instruments.judge_sampled_region`), on the suite's strategies (GPT-2 124M,
 batch 32, prompt 16, 100 new tokens). Needs CUDA.
 
 Steps are the loop's graph replays (cuda_graph, static_compiled) or its model's forward calls (the other
@@ -50,7 +50,7 @@ from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.sampled import StepEvents
 from pytest_syncguard.budgets import GuardOptions
-from pytest_syncguard.capture import judge_sampled_region
+from pytest_syncguard.instruments import judge_sampled_region
 from pytest_syncguard.probes import cupti, sampler
 from pytest_syncguard.probes.patches import Patches
 from pytest_syncguard.probes.pm_sampling import Samples

@@ -61,7 +61,8 @@ from examples import models
 from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis import ab_stats, gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
-from pytest_syncguard.guard import SAMPLED_RUN, SyncGuard
+from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.instruments import TIMED_RUN
 from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.memory import allocation_history
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, driver_records_off
@@ -268,7 +269,7 @@ def _guarded(capture: bool) -> Iterator[None]:
     """The plugin's probes around the run, as a suite test's timed run has them (sync probe, allocator stats, race
     check; operators not counted), with or without the capture: what a test adds to the capture's cost."""
     guard = SyncGuard("bench", device="cuda", track_memory=True, check_races=True)
-    timed_repeat = guard._region(NEW_TOKENS, None, count_ops=False, timeline_run=SAMPLED_RUN)  # a timed repeat
+    timed_repeat = guard._region(NEW_TOKENS, None, count_ops=False, run=TIMED_RUN)  # a timed repeat
     with discarded_capture() if capture else nullcontext(), timed_repeat:
         yield
 

@@ -16,6 +16,7 @@ from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.report import perfetto
+from pytest_syncguard.timeline_source import TimelineSource
 
 
 def loop_of() -> object:
@@ -35,9 +36,8 @@ def loop_of() -> object:
 def check(source: str, out: Path) -> None:
     loop, model = loop_of()  # type: ignore[misc]
     guard = SyncGuard(source, device="cuda")
-    capture = CallCapture.of(
-        source, guard, [Budget("max_gpu_idle_us", 1.0)], GuardOptions(), sampled=source == "sampled"
-    )
+    chosen = TimelineSource(source, "devtools/check_timeline_file.py")
+    capture = CallCapture.of(source, guard, [Budget("max_gpu_idle_us", 1.0)], GuardOptions(), source=lambda: chosen)
     with capture.recording():
         guard.measure(loop, tokens=10, repeat=3, model=model)
     try:

@@ -23,7 +23,8 @@ from pytest_syncguard.analysis.counts import COUNTERS
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
 from pytest_syncguard.codec import layout
-from pytest_syncguard.guard import GenerationRegion, Measurement, SyncGuard
+from pytest_syncguard.guard import GenerationRegion, SyncGuard
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import METRICS
 from pytest_syncguard.result import MeasuredTest
 

@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .analysis.sites import Frame, SyncEvent, SyncSite
     from .budgets import Budget, BudgetCheck, BudgetError
-    from .guard import GenerationRegion, Measurement, SyncGuard, SyncguardUsageError
+    from .guard import GenerationRegion, SyncGuard, SyncguardUsageError
+    from .measurement import Measurement
     from .probes.sync_ops import SyncKind
     from .result import MeasuredTest
 
@@ -26,7 +27,7 @@ _PUBLIC = {
     "BudgetCheck": ".budgets",
     "BudgetError": ".budgets",
     "GenerationRegion": ".guard",
-    "Measurement": ".guard",
+    "Measurement": ".measurement",
     "SyncGuard": ".guard",
     "SyncguardUsageError": ".guard",
     "MeasuredTest": ".result",

@@ -16,7 +16,7 @@ from .metrics import MIB, Metric, gap_metric_name, metric
 if TYPE_CHECKING:
     import pytest
 
-    from .guard import Measurement
+    from .measurement import Measurement
 
 
 class BudgetError(Exception):

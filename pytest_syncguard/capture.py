@@ -1,10 +1,8 @@
-"""Running one test's capture: its syncs (the test's regions, else the whole call), and the GPU timeline and
-allocator numbers when its budgets need them and it runs on CUDA; afterwards the measurement, its budget
-checks, its baseline comparison and the files of a failing test. The diagnostic reruns of a failing test (every
-host operator recorded, or the allocator history) are here too: what they record would slow the judged run.
-
-torch.profiler does not nest, so the timeline is recorded over the whole call with the regions annotated, and
-found again per region in the trace.
+"""Running one test's capture: its syncs (the test's regions, else the whole call), and the GPU timeline (by the
+session's instrument, :mod:`.instruments`) and allocator numbers when its budgets need them and it runs on CUDA;
+afterwards the measurement, its budget checks, its baseline comparison and the files of a failing test. The
+diagnostic reruns of a failing test (every host operator recorded, or the allocator history) are here too: what
+they record would slow the judged run.
 """
 
 from __future__ import annotations
@@ -19,22 +17,20 @@ from pathlib import Path
 
 import torch
 
-from .analysis import gaps, sampled, snapshot, trace_file
-from .analysis.counts import RegionCounts
-from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, uncounted, unreliable_counts
-from .analysis.gaps import Timeline, TimelineSummary
-from .analysis.reliability import sentinel_problem
+from . import instruments
+from .analysis import snapshot
+from .analysis.gaps import TimelineSummary
 from .analysis.snapshot import AllocationSite
 from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .environment import host_id, slug_for
-from .guard import GenerationRegion, Measurement, SyncGuard
+from .guard import GenerationRegion, SyncGuard
+from .instruments import Instrument, Traced
+from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
-from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
-from .probes.timeline import TIMELINE
 from .report import perfetto
 from .result import MeasuredTest
-from .timeline_source import SAMPLED, TRACE, TimelineSource
+from .timeline_source import TRACE, TimelineSource
 
 
 def artifact_stem(nodeid: str) -> str:
@@ -100,29 +96,18 @@ def close_left_open(guard: SyncGuard) -> str | None:
 
 @dataclass
 class CallCapture:
-    """The capture of one test's call: its guard's regions, else the whole call, and the timeline and allocator
-    recordings its budgets need."""
+    """The capture of one test's call: its guard's regions, else the whole call, with the instrument that records
+    its GPU timelines and the allocator recordings its budgets need."""
 
     nodeid: str
     guard: SyncGuard
     budgets: Sequence[Budget]
     options: GuardOptions
-    timeline: bool
-    memory: bool
-    source: TimelineSource | None = None
-    """Where the test's GPU timelines come from and why (None: it has none on CUDA)."""
-    device_time: bool = False
-    """On CUDA: trace each ``measure()``'s counting run (the whole call when its timeline is captured) for the
-    device's own time per token and the exact device-work counts; the timed runs are not traced."""
-    host_ops: bool = False
-    """Record every host operator in the timeline (a diagnostic run: slows the host)."""
+    instrument: Instrument = field(default_factory=Instrument)
+    """What records the call's GPU timelines and device time (:mod:`.instruments`)."""
+    memory: bool = False
     history: bool = False
     """Record the allocator history with Python stacks (a diagnostic run: slows every allocation)."""
-    trace_files: list[Path] = field(default_factory=list)
-    sampled_regions: dict[int, SampledRegion] = field(default_factory=dict)
-    sampler_problem: str | None = None
-    sync_stamps: list[tuple[int, str]] = field(default_factory=list)
-    """The counted syncs of the sampled runs: (ns on the host's wall clock, the samples' clock; call site)."""
     snapshots: list[Path] = field(default_factory=list)
     judged: Measurement | None = None
     """The measurement the test's budgets judged, with its timelines."""
@@ -139,28 +124,26 @@ class CallCapture:
         options: GuardOptions,
         *,
         default_checks: bool = False,
-        sampled: bool = False,
         source: Callable[[], TimelineSource] | None = None,
     ) -> CallCapture:
         """The capture a test's budgets need; ``default_checks`` (--syncguard) adds the checks that are on by
-        default (:func:`.budgets.with_default_checks`). A timeline on CUDA comes from ``source()`` (the run's
-        choice, asked only then), else from the sampler if ``sampled``, else from the trace."""
+        default (:func:`.budgets.with_default_checks`). A timeline on CUDA comes from ``source()`` (the session's
+        choice, asked only then; None: the trace)."""
         device = guard.default_device()
         cuda = device != "cpu" and torch.cuda.is_available()
         if default_checks:
             budgets = with_default_checks(tuple(budgets), cuda)
         signals = {b.signal for b in budgets}
-        timeline, memory = cuda and "timeline" in signals, cuda and "memory" in signals
         chosen = None
-        if timeline:
-            chosen = source() if source is not None else TimelineSource(SAMPLED if sampled else TRACE, "the caller's")
-        return cls(nodeid, guard, budgets, options, timeline, memory, source=chosen, device_time=cuda)
+        if cuda and "timeline" in signals:
+            chosen = source() if source is not None else TimelineSource(TRACE, "the caller's")
+        instrument = instruments.for_call(chosen, cuda=cuda)
+        return cls(nodeid, guard, budgets, options, instrument, memory=cuda and "memory" in signals)
 
     @property
-    def sampled(self) -> bool:
-        """The timed runs' timeline is sampled with the PM sampler instead of the whole call being captured; a
-        counting run's trace still gives the exact device-work counts."""
-        return self.source is not None and self.source.sampled
+    def source(self) -> TimelineSource | None:
+        """Where the test's GPU timelines come from and why (None: it has none)."""
+        return self.instrument.source
 
     @property
     def races(self) -> bool:
@@ -174,24 +157,13 @@ class CallCapture:
         )
         try:
             with ExitStack() as stack:
-                if self.timeline and self.sampled:
-                    self.sampled_regions = stack.enter_context(SAMPLER.arming())
-                    stack.callback(self._note_sampler)
-                    self.sync_stamps = stack.enter_context(TIMELINE.stamping())
-                    self.trace_files = stack.enter_context(TIMELINE.per_region())
-                elif self.timeline:
-                    self.trace_files = stack.enter_context(TIMELINE.capturing(host_ops=self.host_ops))
-                elif self.device_time:
-                    self.trace_files = stack.enter_context(TIMELINE.per_region())
+                stack.enter_context(self.instrument.recording())
                 if self.memory and self.history:
                     self.snapshots = stack.enter_context(allocation_history())
                 stack.enter_context(self.whole_call.recording())
                 yield self
         finally:
             self.misuse = close_left_open(self.guard)
-
-    def _note_sampler(self) -> None:
-        self.sampler_problem = SAMPLER.problem
 
     def result(
         self,
@@ -227,13 +199,12 @@ class CallCapture:
         judged = self.judged.timelines if self.judged is not None else ()
         shown = result.timeline.region if result.timeline is not None else None
         regions = [perfetto.Region(i + 1, t, i + 1 == shown) for i, t in enumerate(t for t in judged if t)]
-        if not regions:
+        if not regions or self.source is None:
             return [], None
-        source = "sampled" if self.sampled else "trace"
         try:
             directory.mkdir(parents=True, exist_ok=True)
             target = directory / f"{artifact_stem(self.nodeid)}{perfetto.SUFFIX}"
-            return [str(perfetto.write(target, self.nodeid, source, regions))], None
+            return [str(perfetto.write(target, self.nodeid, self.source.name, regions))], None
         except (OSError, ValueError) as exc:
             return [], f"syncguard: {self.nodeid}: could not write its timeline file: {exc}"
 
@@ -268,76 +239,8 @@ class CallCapture:
         return result
 
     def with_timelines(self, measurement: Measurement) -> Measurement:
-        """The measurement with, from the recorded traces, the device time and device work of each traced region
-        and the GPU timeline of each judged one (from its samples under a sampled timeline); or, when a trace
-        cannot be trusted, with the reason instead of their numbers."""
-        if self.timeline and not self.sampled:
-            return self._with_captured_call(measurement)
-        measurement = self._with_traced_runs(measurement)
-        return self._with_sampled_timelines(measurement) if self.timeline else measurement
-
-    def _with_captured_call(self, measurement: Measurement) -> Measurement:
-        """Everything from the trace of the whole call: every region's device work and device time, and the
-        timeline of each timed one."""
-        if not self.trace_files:
-            return measurement
-        trace = trace_file.load(self.trace_files[0])
-        windows = gaps.regions(trace)
-        traced = [n for n in _all_regions(measurement) if n in windows]
-        found = {n: gaps.analyze(trace, window=windows[n], warmup_steps=self.options.warmup_steps) for n in traced}
-        timelines = tuple(found.get(n) for n in measurement.region_numbers)
-        problem = sentinel_problem(trace) or next((t.unreliable for t in timelines if t and t.unreliable), None)
-        counts = dict(measurement.region_counts)
-        for n in traced:
-            work = device_work(trace, windows[n]) if problem is None else unreliable_counts(problem)
-            counts[n] = counts.get(n, RegionCounts()).merged(work)
-        if problem is not None:
-            return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
-        return replace(measurement, timelines=timelines, region_counts=counts, device_times=_device_times(found))
-
-    def _with_traced_runs(self, measurement: Measurement) -> Measurement:
-        """The device work and device time of each region traced on its own (a counting run). Under a sampled
-        timeline, a ``measure()`` or region with no traced run counts no device work, and says why."""
-        counts = dict(measurement.region_counts)
-        found: dict[int, Timeline | None] = {}
-        for path in self.trace_files:
-            trace = trace_file.load(path)
-            problem = sentinel_problem(trace)
-            for n, window in gaps.regions(trace).items():
-                work = device_work(trace, window) if problem is None else unreliable_counts(problem)
-                counts[n] = counts.get(n, RegionCounts()).merged(work)
-                timeline = gaps.analyze(trace, window=window, warmup_steps=self.options.warmup_steps)
-                found[n] = timeline if problem is None and (timeline is None or timeline.unreliable is None) else None
-        if self.timeline:
-            for part in measurement.count_parts:
-                if found.keys().isdisjoint(part):
-                    for n in part:
-                        counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
-        return replace(measurement, region_counts=counts, device_times=_device_times(found))
-
-    def _with_sampled_timelines(self, measurement: Measurement) -> Measurement:
-        """The timed regions' timelines from their samples."""
-        timelines: list[Timeline | None] = []
-        unreliable = self.sampler_problem
-        for n in measurement.region_numbers:
-            region = self.sampled_regions.get(n)
-            if region is None:
-                timelines.append(None)
-                continue
-            samples = region.samples
-            if samples.overflow:
-                unreliable = unreliable or (
-                    f"the PM sampler lost samples of region #{n} (its buffer filled, or the region outlasted "
-                    f"{MAX_SAMPLES} samples)"
-                )
-            judged = judge_sampled_region(region, self.options.warmup_steps, self.sync_stamps)
-            if judged.problem is not None:
-                unreliable = unreliable or f"region #{n}: {judged.problem}"
-                continue
-            timelines.append(judged.timeline)
-        if unreliable is not None:
-            return replace(measurement, timelines=(), unreliable_timeline=unreliable)
-        return replace(measurement, timelines=tuple(timelines))
+        """The measurement with what the call's instrument recorded (:meth:`.instruments.Instrument.timelines`)."""
+        return self.instrument.timelines(measurement, self.options.warmup_steps)
 
     def allocation_sites(self) -> tuple[AllocationSite, ...]:
         """The largest allocation sites of the recorded allocator history (empty when none was recorded)."""
@@ -353,10 +256,10 @@ class CallCapture:
         kept: list[str] = []
         problem = None
         try:
-            if failed and directory is not None and (self.trace_files or self.snapshots):
+            if failed and directory is not None and (self.instrument.trace_files or self.snapshots):
                 directory.mkdir(parents=True, exist_ok=True)
                 stem = artifact_stem(self.nodeid)
-                for path in self.trace_files:
+                for path in self.instrument.trace_files:
                     target = directory / f"{stem}.trace.json.gz"
                     with path.open("rb") as source, gzip.open(target, "wb", compresslevel=6) as sink:
                         shutil.copyfileobj(source, sink)
@@ -368,51 +271,9 @@ class CallCapture:
         except OSError as exc:
             problem = f"syncguard: {self.nodeid}: could not keep its recordings in --syncguard-artifacts: {exc}"
         finally:
-            for path in [*self.trace_files, *self.snapshots]:
+            for path in [*self.instrument.trace_files, *self.snapshots]:
                 path.unlink(missing_ok=True)
         return kept, problem
-
-
-@dataclass(frozen=True)
-class SampledJudgement:
-    """One sampled region as the plugin judges it: its timeline (None: no device work in its judged part), why its
-    steps could not be placed, and where they were placed."""
-
-    timeline: Timeline | None
-    problem: str | None = None
-    steps: sampled.PlacedSteps | None = None
-
-
-def judge_sampled_region(
-    region: SampledRegion, warmup_steps: int, syncs: Sequence[tuple[int, str]] = ()
-) -> SampledJudgement:
-    """The timeline of a sampled region's judged steps, its steps placed by its events, with the counted ``syncs``
-    (ns on the samples' clock, call site) that the host made in its judged part, as a trace keeps them."""
-    samples = region.samples
-    fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
-    placed, judged = None, region.window
-    if region.events is not None:
-        found = sampled.place_steps(
-            samples.start_ns, samples.end_ns, fractions, region.window, region.events, samples.interval_ns
-        )
-        if isinstance(found, str):
-            return SampledJudgement(None, found)
-        placed, judged = found, (found.judged_from(warmup_steps), region.window[1])
-    timeline = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup_steps)
-    return SampledJudgement(timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None,
-                            steps=placed)  # fmt: skip
-
-
-def _all_regions(measurement: Measurement) -> list[int]:
-    """The numbers of every region of a measurement: its timed ones and the counting runs of its parts."""
-    numbers = dict.fromkeys(measurement.region_numbers)
-    numbers.update(dict.fromkeys(n for part in measurement.count_parts for n in part))
-    return list(numbers)
-
-
-def _device_times(timelines: dict[int, Timeline | None]) -> dict[int, DeviceTime]:
-    """The device time of each traced region that launched device work."""
-    return {n: DeviceTime(t.busy_us, t.judged_steps, t.steps) for n, t in timelines.items() if t is not None}
 
 
 @contextmanager
@@ -434,7 +295,8 @@ def diagnose_gaps(nodeid: str, guard: SyncGuard, options: GuardOptions, rerun: C
     """Run a test's call again (``rerun``) with every host operator recorded: its widest region's timeline, whose
     launch-bound gaps list the operators between launches. Nothing of it is judged: the recording slows the
     host. The guard's own measurements are kept; a problem raises :class:`DiagnosisError`."""
-    diagnostic = CallCapture(nodeid, guard, (), options, timeline=True, memory=False, host_ops=True)
+    instrument = Traced(TimelineSource(TRACE, "--syncguard-gap-ops's diagnostic rerun"), host_ops=True)
+    diagnostic = CallCapture(nodeid, guard, (), options, instrument)
     with _rerun(diagnostic, rerun) as capture:
         whole = capture.whole_call.measurement if capture.whole_call else None
         measured = guard.measurements or ([whole] if whole else [])
@@ -457,7 +319,7 @@ def diagnose_allocations(
     allocations, the snapshot's path once kept in ``artifacts``, and why it could not be. The judged run records
     no history: its Python stacks cost host time at every allocation (bench/bench_timeline_capture.py). The
     guard's own measurements are kept."""
-    diagnostic = CallCapture(nodeid, guard, (), options, timeline=False, memory=True, history=True)
+    diagnostic = CallCapture(nodeid, guard, (), options, memory=True, history=True)
     with _rerun(diagnostic, rerun) as capture:
         return (capture.allocation_sites(), *capture.keep(artifacts, failed=True))
 

@@ -5,198 +5,33 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from .analysis.counts import RegionCounts, top_over, total
-from .analysis.device_work import DeviceTime
-from .analysis.gaps import MARKED_STEPS, Timeline
+from . import instruments
+from .analysis.counts import RegionCounts
 from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
-from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
+from .analysis.sites import SyncSite
+from .instruments import COUNTING_RUN, TIMED_RUN
+from .measurement import Measurement, RegionTiming
 from .probes import compiles, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
-from .probes.sampler import SAMPLER
-from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
 
-#: The runs of a region under a sampled timeline (:attr:`GenerationRegion.timeline_run`).
-SAMPLED_RUN, TRACED_RUN = "sampled", "traced"
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
 
 
-class RegionTiming(NamedTuple):
-    """How long one region took, and over how many tokens."""
-
-    tokens: int | None
-    seconds: float
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
-
-
 class SyncguardUsageError(Exception):
     """The fixture was used in a way that cannot be measured (e.g. a per-token budget with no tokens)."""
-
-
-def invisible_kinds(on_device: bool) -> tuple[str, ...]:
-    """The sync kinds a run cannot observe: on CPU, those that need a separate device."""
-    if on_device:
-        return ()
-    return tuple(kind.value for kind in SyncKind if kind not in CPU_VISIBLE_KINDS)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """What one region (or several, combined) measured: syncs, and when captured the GPU timeline, allocator
-    numbers and wall time of each region."""
-
-    device: str
-    tokens: int | None
-    events: tuple[SyncEvent, ...]
-    region_numbers: tuple[int, ...] = ()
-    """The regions' numbers, also their annotations in a profiler trace (``syncguard.region#N``)."""
-    timelines: tuple[Timeline | None, ...] = ()
-    """Per region: the GPU timeline of its judged steps (None: no GPU work); empty when not captured."""
-    memory: tuple[MemoryStats, ...] = ()
-    """Per region and device: the caching allocator's numbers; empty when not captured."""
-    timings: tuple[RegionTiming, ...] = ()
-    """Per region that finished normally: its tokens and wall time (on CUDA, between device syncs)."""
-    unmeasured: str | None = None
-    """Why none of its numbers can be trusted (a region on a device this machine lacks), if so."""
-    region_counts: Mapping[int, RegionCounts] = field(default_factory=dict)
-    """Per region number: its exact counters (operators, compilations, launches, ...)."""
-    count_parts: tuple[tuple[int, ...], ...] = ()
-    """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
-    which the largest counts (of the allocator's driver calls, the fewest: :data:`.analysis.counts.FEWEST`)."""
-    unreliable_timeline: str | None = None
-    """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
-    races: tuple[RaceEvent, ...] = ()
-    """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked)."""
-    device_times: Mapping[int, DeviceTime] = field(default_factory=dict)
-    """Per traced region number (a ``measure()``'s counting run, every region of a captured call): the device's
-    own busy time in its judged steps, from the kernels' records (CUDA only)."""
-    cuda_calls_uncounted: str | None = None
-    """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region (a profiler
-    capture held CUPTI, no CUPTI), if so; its syncs are then torch's alone there."""
-
-    def count(self, name: str) -> int | None:
-        """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
-        return total(self._count_runs(), name)
-
-    def count_top(self, name: str) -> tuple[tuple[str, int], ...]:
-        """The largest contributors to a counter: operators, kernels, recompile reasons, graph breaks."""
-        return top_over(self._count_runs(), name)
-
-    def uncounted(self, name: str) -> str | None:
-        """Why the measurement has no value of a counter its probe was asked for (a region could not count it), if
-        it has none."""
-        if self.count(name) is not None:
-            return None
-        return next((c.unmeasured[name] for c in self.region_counts.values() if name in c.unmeasured), None)
-
-    def _count_runs(self) -> list[list[RegionCounts]]:
-        return [[self.region_counts[n] for n in runs if n in self.region_counts] for runs in self.count_parts]
-
-    def per_token(self, name: str) -> float | None:
-        value = self.count(name)
-        return value / self.tokens if value is not None and self.tokens else None
-
-    @property
-    def regions(self) -> int:
-        return len(self.region_numbers)
-
-    @property
-    def gpu_timelines(self) -> list[Timeline]:
-        """The timelines of the regions that launched GPU work, in region order."""
-        return [t for t in self.timelines if t is not None]
-
-    @property
-    def on_device(self) -> bool:
-        return self.device != "cpu"
-
-    @property
-    def syncs(self) -> int:
-        """Syncs that count against budgets."""
-        return budgeted_syncs(self.events)
-
-    @property
-    def allowed_syncs(self) -> int:
-        """Syncs made inside ``syncguard.allow()``."""
-        return sum(e.syncs for e in self.events if e.allowed)
-
-    @property
-    def compile_syncs(self) -> int:
-        """Syncs made by torch.compile's compiler while it compiled (not counted; outside ``allow()``)."""
-        return sum(e.syncs for e in self.events if e.compiling and not e.allowed)
-
-    @property
-    def syncs_per_token(self) -> float | None:
-        return self.syncs / self.tokens if self.tokens else None
-
-    @property
-    def invisible_kinds(self) -> tuple[str, ...]:
-        return invisible_kinds(self.on_device)
-
-    def sites(self, *, allowed: bool = False, compiling: bool = False) -> list[SyncSite]:
-        """Counted syncs grouped by (kind, call site), most frequent first; ``allowed`` selects the intended ones,
-        ``compiling`` those the compiler made."""
-        if allowed:
-            return group_sites(e for e in self.events if e.allowed)
-        if compiling:
-            return group_sites(e for e in self.events if e.compiling and not e.allowed)
-        return group_sites(e for e in self.events if e.counted)
-
-    def by_kind(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for event in self.events:
-            if event.counted:
-                totals[event.kind] = totals.get(event.kind, 0) + event.syncs
-        return dict(sorted(totals.items()))
-
-    @staticmethod
-    def combine(measurements: list[Measurement]) -> Measurement:
-        """All regions of a test as one: syncs and tokens add up (tokens unknown if any region lacks them)."""
-        if len(measurements) == 1:
-            return measurements[0]
-        counts = [m.tokens for m in measurements]
-        tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
-        events = tuple(e for m in measurements for e in m.events)
-        return Measurement(
-            measurements[-1].device,
-            tokens,
-            events,
-            region_numbers=tuple(n for m in measurements for n in m.region_numbers),
-            timelines=tuple(t for m in measurements for t in m.timelines),
-            memory=tuple(s for m in measurements for s in m.memory),
-            timings=tuple(t for m in measurements for t in m.timings),
-            unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
-            region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
-            count_parts=tuple(p for m in measurements for p in m.count_parts),
-            unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
-            races=tuple(r for m in measurements for r in m.races),
-            device_times={n: d for m in measurements for n, d in m.device_times.items()},
-            cuda_calls_uncounted=next((m.cuda_calls_uncounted for m in measurements if m.cuda_calls_uncounted), None),
-        )
-
-    def device_us_per_token(self) -> list[float]:
-        """The device's busy time per judged decode step of each traced region (per token where its steps were
-        not seen), in region order."""
-        found = []
-        for _, busy in sorted(self.device_times.items()):
-            steps = busy.judged_steps if busy.steps else self.tokens
-            if steps:
-                found.append(busy.busy_us / steps)
-        return found
 
 
 def _device_of(model: Any) -> str | None:
@@ -229,9 +64,9 @@ class GenerationRegion:
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
     check_races: bool = False
     """Check host accesses of memory whose non_blocking copy the host has not waited for (CUDA)."""
-    timeline_run: str = ""
-    """Under a sampled timeline: :data:`SAMPLED_RUN` (a timed run, sampled) or :data:`TRACED_RUN` (a counting run,
-    whose trace gives the exact device-work counts); empty for neither."""
+    run: str = TIMED_RUN
+    """What it runs as: :data:`.instruments.TIMED_RUN` or :data:`.instruments.COUNTING_RUN` (a ``measure()``'s
+    counting run, whose trace gives the device time and the exact device-work counts)."""
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
@@ -282,7 +117,7 @@ class GenerationRegion:
         if self._open is None:
             raise SyncguardUsageError("region.step() is called inside the region's `with` block")
         self._steps.mark()
-        SAMPLER.step(MARKED_STEPS)
+        instruments.active().mark_step()
 
     @property
     def marked_steps(self) -> int:
@@ -292,18 +127,10 @@ class GenerationRegion:
     def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.forward_calls += 1
 
-    def _timeline_run(self) -> AbstractContextManager[Any]:
-        """What records this region's timeline on its own, outside its clock (a test's call is captured whole
-        unless its timeline is sampled)."""
-        if self.timeline_run == SAMPLED_RUN:
-            return SAMPLER.region(self.number)
-        if self.timeline_run == TRACED_RUN and not SAMPLER.sampling:
-            return TIMELINE.region_capture()
-        return nullcontext()
-
     @contextmanager
     def recording(self) -> Iterator[GenerationRegion]:
-        with self._timeline_run(), self._recording() as region:
+        # What records this run's timeline on its own (the call's instrument) is entered outside its clock.
+        with instruments.active().run(self.number, self.run), self._recording() as region:
             yield region
 
     @contextmanager
@@ -332,14 +159,11 @@ class GenerationRegion:
 
     @contextmanager
     def _model_hooks(self) -> Iterator[None]:
-        """The model's forward calls counted (its tokens, when the test names none), and under a trace or the
-        sampler each forward call marked as a step."""
+        """The model's forward calls counted (its tokens, when the test names none), and each marked as a step in
+        what records the timeline now (:meth:`.instruments.Instrument.step_hooks`)."""
         assert self.model is not None
         handles = [self.model.register_forward_pre_hook(self._count_forward)]
-        if TIMELINE.tracing:
-            handles += TIMELINE.step_hooks(self.model)
-        elif SAMPLER.sampling:
-            handles.append(self.model.register_forward_pre_hook(SAMPLER.forward_step))
+        handles += instruments.active().step_hooks(self.model)
         try:
             yield
         finally:
@@ -510,12 +334,12 @@ class SyncGuard:
         outer one: only outermost regions make the test's measurement, so nothing is counted twice. What it
         returns is entered once: a second region is a second ``generation()``.
         """
-        return _Once(self._region(tokens, model, count_ops=not self.timings_only, timeline_run=SAMPLED_RUN),
+        return _Once(self._region(tokens, model, count_ops=not self.timings_only, run=TIMED_RUN),
                      self.nodeid)  # fmt: skip
 
     @contextmanager
     def _region(
-        self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool, timeline_run: str
+        self, tokens: int | None, model: torch.nn.Module | None, *, count_ops: bool, run: str
     ) -> Iterator[GenerationRegion]:
         tokens = _validated_tokens(tokens, f"{self.nodeid}: syncguard.generation()")
         thread = threading.get_ident()
@@ -530,7 +354,7 @@ class SyncGuard:
         device = (_device_of(model) if model is not None else None) or self.default_device()
         region = GenerationRegion(
             tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races,
-            timeline_run=timeline_run,
+            run=run,
         )  # fmt: skip
         outermost = not self._open
         if outermost:
@@ -594,10 +418,8 @@ class SyncGuard:
         outermost = not self._open
         runs: list[Measurement] = []
         for run in range(repeat + counting_run):
-            counting = counting_run and run == 0
-            timeline_run = TRACED_RUN if counting else SAMPLED_RUN
-            with self._region(tokens, model, count_ops=run == 0 and not self.timings_only,
-                              timeline_run=timeline_run) as region:  # fmt: skip
+            kind = COUNTING_RUN if counting_run and run == 0 else TIMED_RUN
+            with self._region(tokens, model, count_ops=run == 0 and not self.timings_only, run=kind) as region:
                 fn()
             assert region.measurement is not None
             runs.append(region.measurement)

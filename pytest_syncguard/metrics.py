@@ -25,7 +25,7 @@ from .analysis.counts import COUNTERS
 
 if TYPE_CHECKING:
     from .analysis.memory import MemoryStats
-    from .guard import Measurement
+    from .measurement import Measurement
 
 MIB = 1024 * 1024
 #: The device's own time per decode step: the timing the gate judges against a baseline, shown first.

@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .timeline_source import TimelineSource
 
 if TYPE_CHECKING:
-    from .guard import Measurement
+    from .measurement import Measurement
 
 TOP_SITES = 10
 #: The verdicts of a test whose call raised (:attr:`MeasuredTest.outcome`): its numbers are partial.

@@ -17,7 +17,9 @@ from pytest_syncguard.analysis import gaps, reliability, trace_file
 from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
 from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.instruments import Traced
+from pytest_syncguard.measurement import Measurement
 
 DATA = Path(__file__).parent / "data"
 
@@ -145,8 +147,7 @@ def _measured_over(found: list[dict[str, Any]], tmp_path: Path, budgets: list[Bu
     (number,) = gaps.regions(trace)
     path = tmp_path / "capture.trace.json"
     path.write_text(json.dumps({"traceEvents": found}))
-    capture = CallCapture("t", SyncGuard("t"), budgets, GuardOptions(), timeline=True, memory=False)
-    capture.trace_files = [path]
+    capture = CallCapture("t", SyncGuard("t"), budgets, GuardOptions(), Traced(trace_files=[path]))
     measurement = Measurement("cuda", 12, (), region_numbers=(number,), count_parts=((number,),))
     return capture.with_timelines(measurement)
 

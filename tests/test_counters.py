@@ -22,7 +22,7 @@ from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.analysis.trace_file import profiler_only
 from pytest_syncguard.budgets import Budget, check_budgets
 from pytest_syncguard.comparison import compare
-from pytest_syncguard.guard import Measurement
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.probes.native import NATIVE
 from pytest_syncguard.report.terminal import failure_text

@@ -13,7 +13,6 @@ import torch
 
 from pytest_syncguard import results_file
 from pytest_syncguard.guard import SyncGuard
-from pytest_syncguard.probes.cupti import Subscriber
 from pytest_syncguard.probes.cuda_calls import (
     BLOCKING,
     DEVICE_TO_DEVICE,
@@ -27,6 +26,7 @@ from pytest_syncguard.probes.cuda_calls import (
     base_name,
     blocks,
 )
+from pytest_syncguard.probes.cupti import Subscriber
 from pytest_syncguard.report.terminal import baseline_lines, site_lines
 
 DEVICE, PINNED, PAGEABLE = 0x7F0000000000, 0x200000000, 0x5555AAAA0000

@@ -20,7 +20,9 @@ from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.cli import main
 from pytest_syncguard.comparison import SPREAD_DEVIATIONS, Spread, calibrated_tolerance, compare
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.instruments import CountingRuns
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import DEVICE_TIME, METRICS, Metrics
 from pytest_syncguard.result import MeasuredTest
 
@@ -52,9 +54,7 @@ def test_device_time_of_a_counting_run_is_the_union_of_its_kernels_records(tmp_p
     path.write_text(json.dumps({"traceEvents": found}))
     trace = trace_file.from_events(found)
     ((number, window),) = gaps.regions(trace).items()
-    capture = CallCapture("t", SyncGuard("t"), (), GuardOptions(warmup_steps=2), timeline=False, memory=False,
-                          device_time=True)  # fmt: skip
-    capture.trace_files = [path]
+    capture = CallCapture("t", SyncGuard("t"), (), GuardOptions(warmup_steps=2), CountingRuns(trace_files=[path]))
     # The counting run is not one of the timed regions: only its part's.
     measurement = capture.with_timelines(Measurement("cuda", 12, (), count_parts=((number,),)))
     (time,) = measurement.device_times.values()

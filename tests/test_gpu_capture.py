@@ -14,7 +14,7 @@ from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.probes.timeline import TIMELINE
 
 pytestmark = pytest.mark.gpu

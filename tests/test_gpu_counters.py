@@ -17,7 +17,7 @@ from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis.trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, profiler_only
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement
+from pytest_syncguard.measurement import Measurement
 
 transformers = pytest.importorskip("transformers")
 from examples import models  # noqa: E402

@@ -166,6 +166,10 @@ def test_a_graph_loop_is_as_busy_sampled_as_its_kernel_time_over_its_unprofiled_
     from pytest_syncguard.capture import CallCapture
     from pytest_syncguard.guard import SyncGuard
     from pytest_syncguard.probes.timeline import TIMELINE
+    from pytest_syncguard.timeline_source import SAMPLED, TimelineSource
+
+    def _sampled() -> TimelineSource:
+        return TimelineSource(SAMPLED, "the test's")
 
     step = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, device="cuda") for _ in range(8)])
     x = torch.randn(256, 1024, device="cuda")
@@ -201,11 +205,11 @@ def test_a_graph_loop_is_as_busy_sampled_as_its_kernel_time_over_its_unprofiled_
     kernel_share = timeline.busy_us / 1e6 / sorted(walls)[1]
 
     guard = SyncGuard("graph", device="cuda")
-    capture = CallCapture.of("graph", guard, [Budget("min_gpu_busy", 0.1)], GuardOptions(), sampled=True)
+    capture = CallCapture.of("graph", guard, [Budget("min_gpu_busy", 0.1)], GuardOptions(), source=_sampled)
     with capture.recording():
         guard.measure(loop, tokens=200, repeat=3)
     try:
-        assert capture.sampler_problem is None
+        assert capture.instrument.problem is None  # type: ignore[attr-defined]
         measurement = capture.with_timelines(guard.measurements[0])
     finally:
         capture.keep(None, failed=False)  # the counting run's trace

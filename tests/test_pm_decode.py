@@ -17,7 +17,7 @@ import pytest
 
 from bench.bench_sampled_timeline import read_kept
 from pytest_syncguard.analysis.sampled import IDLE_BELOW
-from pytest_syncguard.capture import judge_sampled_region
+from pytest_syncguard.instruments import judge_sampled_region
 from pytest_syncguard.probes import cupti, pm_sampling
 from pytest_syncguard.probes.native import NATIVE
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES

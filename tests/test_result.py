@@ -22,7 +22,7 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.budgets import KINDS, Budget, check_budgets
 from pytest_syncguard.comparison import compare
-from pytest_syncguard.guard import Measurement
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.probes.sampler import SAMPLER
 from pytest_syncguard.report.junit import read_cases

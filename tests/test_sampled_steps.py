@@ -15,7 +15,7 @@ kind (a memcpy's copy kind tells a device-to-device copy): ``python -m bench.ben
 DIR/NAME.json.gz OUT --ms 30``: the region's start (its
 marker) and the first 30 ms of its judged part.
 
-Each is analysed here as the plugin analyses a sampled region (:func:`~pytest_syncguard.capture.judge_sampled_region`,
+Each is analysed here as the plugin analyses a sampled region (:func:`~pytest_syncguard.instruments.judge_sampled_region`,
 2 warm-up steps) and compared with the records that start in the judged part, merged by the trace analysis's own
 rule (:func:`bench.bench_pm_sampling.truth`): the agreement the default timeline source must hold, on every strategy.
 """
@@ -30,7 +30,7 @@ import pytest
 from bench.bench_pm_sampling import truth
 from bench.bench_sampled_timeline import read_kept
 from pytest_syncguard.analysis import gaps
-from pytest_syncguard.capture import judge_sampled_region
+from pytest_syncguard.instruments import judge_sampled_region
 
 DATA = Path(__file__).parent / "data" / "sampled_steps"
 STRATEGIES = ("no_cache", "kv_cache", "static_cache", "static_compiled", "stream_pingpong", "cuda_graph", "hf_generate")

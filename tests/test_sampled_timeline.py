@@ -25,7 +25,9 @@ from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import NO_COUNTING_RUN
 from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
 from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.instruments import Sampled
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.probes import pm_sampling
 from pytest_syncguard.probes.pm_sampling import Samples
 from pytest_syncguard.probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, SampledRegion
@@ -135,10 +137,10 @@ def _capture_of(name: str, *, overflow: bool = False) -> tuple[CallCapture, Meas
     guard = SyncGuard("sampled", device="cuda")
     budgets = [Budget("max_gpu_idle_us", 1000.0), Budget("min_gpu_busy", 0.5), Budget("max_launches_per_token", 300)]
     source = TimelineSource(SAMPLED, "the test's")
-    capture = CallCapture("sampled", guard, budgets, GuardOptions(), timeline=True, memory=False, source=source)
+    capture = CallCapture("sampled", guard, budgets, GuardOptions(), Sampled(source))
     samples = Samples.of_rows(data["metrics"], data["start_ns"], data["end_ns"], data["values"], overflow)
     window = (data["start_ns"][0], data["end_ns"][-1])
-    capture.sampled_regions = {7: SampledRegion(samples, window)}
+    capture.instrument.regions = {7: SampledRegion(samples, window)}
     measurement = Measurement(
         "cuda", 100, (), region_numbers=(7,), region_counts={7: RegionCounts()}, count_parts=((7,),)
     )
@@ -168,8 +170,8 @@ def test_samples_lost_in_a_region_make_its_timeline_unreliable() -> None:
     assert "lost samples of region #7" in judged.unreliable_timeline
     checks, _ = check_budgets("sampled", capture.budgets[:2], judged, require_gpu=False)
     assert all(c.held is False and "unreliable: the PM sampler lost samples" in c.text for c in checks)
-    capture.sampler_problem = "the PM sampler could not run: insufficient privileges"
-    assert capture.with_timelines(measurement).unreliable_timeline == capture.sampler_problem
+    capture.instrument.problem = "the PM sampler could not run: insufficient privileges"
+    assert capture.with_timelines(measurement).unreliable_timeline == capture.instrument.problem
 
 
 PLAIN = """
@@ -331,9 +333,9 @@ def test_the_plugin_judges_the_steps_of_a_sampled_region_by_its_events() -> None
     starts, ends, fractions = _samples_of([MARKER, *KERNELS])
     samples = Samples.of_rows((ACTIVE_CYCLES, ELAPSED_CYCLES), starts, ends, [(f * 1000, 1000.0) for f in fractions])
     guard = SyncGuard("sampled", device="cuda")
-    capture = CallCapture("sampled", guard, [Budget("max_gpu_idle_us", 20.0)], GuardOptions(warmup_steps=1),
-                          timeline=True, memory=False, source=TimelineSource(SAMPLED, "the test's"))  # fmt: skip
-    capture.sampled_regions = {
+    instrument = Sampled(TimelineSource(SAMPLED, "the test's"))
+    capture = CallCapture("sampled", guard, [Budget("max_gpu_idle_us", 20.0)], GuardOptions(warmup_steps=1), instrument)
+    instrument.regions = {
         7: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), _events(STEP_MARKS)),
         8: SampledRegion(samples, (CLOCK + 1000, CLOCK + 171_000), sampled.StepEvents(5.0)),
     }

@@ -212,7 +212,7 @@ def test_allocator_peaks_of_a_region_that_ran_out_of_gpu_memory_are_not_the_test
     """A region in which a cudaMalloc failed and was retried (the GPU shared with a worker that filled it) gives
     no reserved peak or fragmentation: the others' do, and with every region out of memory the metric is not
     measured rather than the neighbours' number."""
-    from pytest_syncguard.guard import Measurement
+    from pytest_syncguard.measurement import Measurement
 
     reserved, fragmentation = metric("reserved_mb"), metric("fragmentation")
     assert reserved is not None and fragmentation is not None
@@ -224,7 +224,7 @@ def test_allocator_peaks_of_a_region_that_ran_out_of_gpu_memory_are_not_the_test
 def test_the_results_say_which_allocator_numbers_were_left_out_and_why() -> None:
     from pytest_syncguard.analysis.counts import RegionCounts
     from pytest_syncguard.capture import _out_of_memory_note
-    from pytest_syncguard.guard import Measurement
+    from pytest_syncguard.measurement import Measurement
     from pytest_syncguard.probes.memory import out_of_memory
 
     counts = {1: RegionCounts(unmeasured=dict.fromkeys(("device_mallocs", "device_frees"), out_of_memory(3)))}

@@ -17,10 +17,13 @@ from pytest_syncguard.analysis import gaps, sampled, trace_file
 from pytest_syncguard.analysis.gaps import Timeline
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
-from pytest_syncguard.guard import Measurement, SyncGuard
+from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.instruments import Traced
+from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.report import perfetto
 from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.timeline_source import TRACE, TimelineSource
 
 DATA = Path(__file__).parent / "data"
 #: The phases of the Trace Event Format (Google's "Trace Event Format" document) that a timeline file may use,
@@ -152,9 +155,8 @@ def _captured(tmp_path: Path, budgets: list[Budget], files: perfetto.TimelineFil
     (number,) = gaps.regions(trace_file.load(str(path)))
     guard = SyncGuard("test_x.py::test_loop", device="cuda")
     guard.measurements = [Measurement("cuda", 12, (), region_numbers=(number,), count_parts=((number,),))]
-    capture = CallCapture("test_x.py::test_loop", guard, budgets, GuardOptions(warmup_steps=2), timeline=True,
-                          memory=False)  # fmt: skip
-    capture.trace_files = [path]
+    instrument = Traced(TimelineSource(TRACE, "the test's"), [path])
+    capture = CallCapture("test_x.py::test_loop", guard, budgets, GuardOptions(warmup_steps=2), instrument)
     result = capture.result(raised=None, require_gpu=False, store=None, artifacts=None, timelines=files)
     assert result is not None
     return result

@@ -1,0 +1,178 @@
+"""What a test's measured regions measured (:class:`Measurement`): the one value the probes fill, the instruments
+complete with timelines and device time, and the budgets, metrics and results read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .analysis.counts import RegionCounts, top_over, total
+from .analysis.device_work import DeviceTime
+from .analysis.gaps import Timeline
+from .analysis.memory import MemoryStats
+from .analysis.races import RaceEvent
+from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
+from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
+
+
+class RegionTiming(NamedTuple):
+    """How long one region took, and over how many tokens."""
+
+    tokens: int | None
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
+
+
+def invisible_kinds(on_device: bool) -> tuple[str, ...]:
+    """The sync kinds a run cannot observe: on CPU, those that need a separate device."""
+    if on_device:
+        return ()
+    return tuple(kind.value for kind in SyncKind if kind not in CPU_VISIBLE_KINDS)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one region (or several, combined) measured: syncs, and when captured the GPU timeline, allocator
+    numbers and wall time of each region."""
+
+    device: str
+    tokens: int | None
+    events: tuple[SyncEvent, ...]
+    region_numbers: tuple[int, ...] = ()
+    """The regions' numbers, also their annotations in a profiler trace (``syncguard.region#N``)."""
+    timelines: tuple[Timeline | None, ...] = ()
+    """Per region: the GPU timeline of its judged steps (None: no GPU work); empty when not captured."""
+    memory: tuple[MemoryStats, ...] = ()
+    """Per region and device: the caching allocator's numbers; empty when not captured."""
+    timings: tuple[RegionTiming, ...] = ()
+    """Per region that finished normally: its tokens and wall time (on CUDA, between device syncs)."""
+    unmeasured: str | None = None
+    """Why none of its numbers can be trusted (a region on a device this machine lacks), if so."""
+    region_counts: Mapping[int, RegionCounts] = field(default_factory=dict)
+    """Per region number: its exact counters (operators, compilations, launches, ...)."""
+    count_parts: tuple[tuple[int, ...], ...] = ()
+    """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
+    which the largest counts (of the allocator's driver calls, the fewest: :data:`.analysis.counts.FEWEST`)."""
+    unreliable_timeline: str | None = None
+    """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
+    races: tuple[RaceEvent, ...] = ()
+    """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked)."""
+    device_times: Mapping[int, DeviceTime] = field(default_factory=dict)
+    """Per traced region number (a ``measure()``'s counting run, every region of a captured call): the device's
+    own busy time in its judged steps, from the kernels' records (CUDA only)."""
+    cuda_calls_uncounted: str | None = None
+    """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region (a profiler
+    capture held CUPTI, no CUPTI), if so; its syncs are then torch's alone there."""
+
+    def count(self, name: str) -> int | None:
+        """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
+        return total(self._count_runs(), name)
+
+    def count_top(self, name: str) -> tuple[tuple[str, int], ...]:
+        """The largest contributors to a counter: operators, kernels, recompile reasons, graph breaks."""
+        return top_over(self._count_runs(), name)
+
+    def uncounted(self, name: str) -> str | None:
+        """Why the measurement has no value of a counter its probe was asked for (a region could not count it), if
+        it has none."""
+        if self.count(name) is not None:
+            return None
+        return next((c.unmeasured[name] for c in self.region_counts.values() if name in c.unmeasured), None)
+
+    def _count_runs(self) -> list[list[RegionCounts]]:
+        return [[self.region_counts[n] for n in runs if n in self.region_counts] for runs in self.count_parts]
+
+    def per_token(self, name: str) -> float | None:
+        value = self.count(name)
+        return value / self.tokens if value is not None and self.tokens else None
+
+    @property
+    def regions(self) -> int:
+        return len(self.region_numbers)
+
+    @property
+    def gpu_timelines(self) -> list[Timeline]:
+        """The timelines of the regions that launched GPU work, in region order."""
+        return [t for t in self.timelines if t is not None]
+
+    @property
+    def on_device(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def syncs(self) -> int:
+        """Syncs that count against budgets."""
+        return budgeted_syncs(self.events)
+
+    @property
+    def allowed_syncs(self) -> int:
+        """Syncs made inside ``syncguard.allow()``."""
+        return sum(e.syncs for e in self.events if e.allowed)
+
+    @property
+    def compile_syncs(self) -> int:
+        """Syncs made by torch.compile's compiler while it compiled (not counted; outside ``allow()``)."""
+        return sum(e.syncs for e in self.events if e.compiling and not e.allowed)
+
+    @property
+    def syncs_per_token(self) -> float | None:
+        return self.syncs / self.tokens if self.tokens else None
+
+    @property
+    def invisible_kinds(self) -> tuple[str, ...]:
+        return invisible_kinds(self.on_device)
+
+    def sites(self, *, allowed: bool = False, compiling: bool = False) -> list[SyncSite]:
+        """Counted syncs grouped by (kind, call site), most frequent first; ``allowed`` selects the intended ones,
+        ``compiling`` those the compiler made."""
+        if allowed:
+            return group_sites(e for e in self.events if e.allowed)
+        if compiling:
+            return group_sites(e for e in self.events if e.compiling and not e.allowed)
+        return group_sites(e for e in self.events if e.counted)
+
+    def by_kind(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for event in self.events:
+            if event.counted:
+                totals[event.kind] = totals.get(event.kind, 0) + event.syncs
+        return dict(sorted(totals.items()))
+
+    @staticmethod
+    def combine(measurements: list[Measurement]) -> Measurement:
+        """All regions of a test as one: syncs and tokens add up (tokens unknown if any region lacks them)."""
+        if len(measurements) == 1:
+            return measurements[0]
+        counts = [m.tokens for m in measurements]
+        tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
+        events = tuple(e for m in measurements for e in m.events)
+        return Measurement(
+            measurements[-1].device,
+            tokens,
+            events,
+            region_numbers=tuple(n for m in measurements for n in m.region_numbers),
+            timelines=tuple(t for m in measurements for t in m.timelines),
+            memory=tuple(s for m in measurements for s in m.memory),
+            timings=tuple(t for m in measurements for t in m.timings),
+            unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
+            region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
+            count_parts=tuple(p for m in measurements for p in m.count_parts),
+            unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
+            races=tuple(r for m in measurements for r in m.races),
+            device_times={n: d for m in measurements for n, d in m.device_times.items()},
+            cuda_calls_uncounted=next((m.cuda_calls_uncounted for m in measurements if m.cuda_calls_uncounted), None),
+        )
+
+    def device_us_per_token(self) -> list[float]:
+        """The device's busy time per judged decode step of each traced region (per token where its steps were
+        not seen), in region order."""
+        found = []
+        for _, busy in sorted(self.device_times.items()):
+            steps = busy.judged_steps if busy.steps else self.tokens
+            if steps:
+                found.append(busy.busy_us / steps)
+        return found
