@@ -19,7 +19,6 @@ from pathlib import Path
 from _pytest.config.argparsing import Parser
 
 from pytest_syncguard import plugin, results_file
-from pytest_syncguard.analysis.counts import COUNTERS
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.cli import build_parser
 from pytest_syncguard.codec import layout
@@ -27,6 +26,7 @@ from pytest_syncguard.guard import GenerationRegion, SyncGuard
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import METRICS
 from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.signals import COUNTERS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
 GENERATED = "<!-- Made by devtools/reference_docs.py from the code: edit the code (or that script), not this page. -->"

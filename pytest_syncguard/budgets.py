@@ -7,11 +7,11 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from .analysis.counts import COUNTERS, CounterSpec
-from .analysis.gaps import parse_stat, steps_note
-from .metrics import MIB, Metric, gap_metric_name, metric
+from .analysis.gaps import parse_stat
+from .metrics import Metric, metric
+from .signals import BY_NAME, KINDS, BudgetKind, Need, Signal
 
 if TYPE_CHECKING:
     import pytest
@@ -23,40 +23,9 @@ class BudgetError(Exception):
     """A budget marker or option that cannot be used; the message names the test and the marker."""
 
 
-# The marker functions below are never called for their result: their signatures are the markers' API,
-# used to bind the marker's arguments, and their docstrings are what `pytest --markers` shows.
-def max_syncs_per_token(limit: float) -> None:
-    """Fail when host-device syncs divided by tokens (decode steps) exceed ``limit``."""
-
-
-def max_syncs(limit: float) -> None:
-    """Fail when the total of host-device syncs in the region (or the whole test) exceeds ``limit``."""
-
-
-def max_gpu_idle_us(limit: float, *, stat: str = "max") -> None:
-    """Fail when the GPU's idle gaps in the region (all streams merged, steady state) exceed ``limit`` us;
-    ``stat`` is "max", "mean" or a percentile such as "p99". Needs CUDA."""
-
-
-def min_gpu_busy(fraction: float) -> None:
-    """Fail when GPU busy time over the region's GPU span (steady state) is below ``fraction``. Needs CUDA."""
-
-
-def max_fragmentation(limit: float) -> None:
-    """Fail when 1 - allocated_peak / reserved_peak of the CUDA caching allocator in the region exceeds
-    ``limit`` (peaks reset at entry). Needs CUDA."""
-
-
-def max_reserved_mb(limit: float) -> None:
-    """Fail when the CUDA caching allocator's reserved peak in the region exceeds ``limit`` MiB. Needs CUDA."""
-
-
-def no_async_races() -> None:
-    """Fail when the host reads or writes memory whose non_blocking copy it has not waited for (a race: the
-    value read may be stale). Checked by default in measured regions on CUDA under --syncguard; the marker
-    requires it everywhere. Needs CUDA and the native extension."""
-
-
+# The marker functions are never called for their result: their signatures are the markers' API, used to bind
+# the marker's arguments, and their docstrings are what `pytest --markers` shows. Each budget's is its signal's
+# (:mod:`.signals`); this one holds a test's options.
 def syncguard(
     *,
     device: str | None = None,
@@ -70,206 +39,10 @@ def syncguard(
     noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
 
 
-Signal = Literal["syncs", "ops", "compiles", "timeline", "memory", "races"]
-#: The signals whose metrics vary from run to run (judged on medians, and A/B): the only budgets a timings-only run
-#: (--syncguard-timings-only) checks; the others are counts, judged once in a run that counts.
-TIMED_SIGNALS: frozenset[Signal] = frozenset({"timeline", "memory"})
-
-
 def closest_run(values: Sequence[float], value: float) -> int:
     """The index of the run whose value is nearest ``value`` (the median a verdict reads, or the worst): the run
     a sentence or a report shows as an example of it."""
     return min(range(len(values)), key=lambda i: abs(values[i] - value))
-
-
-@dataclass(frozen=True)
-class BudgetKind:
-    """One budget marker, described once: its signature (the marker function), the signal it needs, the metric
-    it reads (whose rule aggregates its runs, as for the summary and the baseline), its bounds and direction, and
-    its sentence."""
-
-    marker: str
-    signature: Callable[..., None]
-    signal: Signal
-    metric: Callable[[str], str]
-    """The name of the metric it reads, given the budget's ``stat``."""
-    sentence: Callable[[Budget, float, Measurement, int], str]
-    """The arithmetic of a check in words, from the value it read, the measurement and the index of the run
-    nearest that value (the example the sentence quotes)."""
-    limit_argument: str | None = "limit"
-    """The marker's argument that is the limit (None: the limit is 0, e.g. ``no_async_races``)."""
-    upper: bool = True
-    """True: the value may not exceed the limit; False: it may not fall below it."""
-    fraction: bool = False
-    """The limit is a fraction in [0, 1]."""
-    needs_tokens: bool = False
-    unmeasured: str = ""
-    """Why there is no value when the signal was captured but the metric has no run."""
-    counter: str | None = None
-    """The exact counter it reads (:data:`.analysis.counts.COUNTERS`), whose probe may say why it has none."""
-
-
-def _per_token(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return (
-        f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
-        f"{m.syncs} syncs over {m.tokens} tokens"
-    )
-
-
-def _total(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
-
-
-def _judged_steps(m: Measurement, example: int) -> str:
-    timelines = m.gpu_timelines
-    shown = timelines[example]
-    runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
-    steps = "no steps"
-    if shown.steps:
-        steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up{steps_note(shown.steps_from)}"
-    return runs + steps
-
-
-def _idle(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    gaps = len(m.gpu_timelines[example].gaps_us)
-    return (
-        f"{budget.marker}: limit {budget.limit:g} us ({budget.stat} gap), measured {value:.1f} us "
-        f"({gaps} gaps, {_judged_steps(m, example)})"
-    )
-
-
-def _busy(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    shown = m.gpu_timelines[example]
-    return (
-        f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: GPU busy {shown.busy_us:.0f} us "
-        f"of a {shown.span_us:.0f} us span ({_judged_steps(m, example)})"
-    )
-
-
-def _fragmentation(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    worst = m.memory[example]
-    return (
-        f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: 1 - allocated peak "
-        f"{worst.allocated_peak / MIB:.1f} MiB / reserved peak {worst.reserved_peak / MIB:.1f} MiB"
-    )
-
-
-def _ops(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return (
-        f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {m.count('ops')} operators "
-        f"over {m.tokens} tokens"
-    )
-
-
-def _launches(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    graphs = m.count("graph_launches") or 0
-    kernels = (m.count("launches") or 0) - graphs
-    return (
-        f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {kernels} kernel launches and "
-        f"{graphs} CUDA graph launches ({m.count('graph_kernels') or 0} kernels in the graphs) over {m.tokens} tokens"
-    )
-
-
-def _recompiles(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return (
-        f"{budget.marker}: limit {budget.limit:g}, measured {value:g} recompilations "
-        f"({m.count('frames_compiled') or 0} frames compiled in the region)"
-    )
-
-
-def _counted(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    """The sentence of a counter's budget that has no sentence of its own (:data:`_COUNTER_SENTENCES`)."""
-    spec = COUNTERS[budget.kind.counter or ""]
-    if spec.per_token:
-        return (
-            f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {m.count(spec.name)} "
-            f"{spec.description} over {m.tokens} tokens"
-        )
-    return f"{budget.marker}: limit {budget.limit:g}, measured {value:g} {spec.description}"
-
-
-def _reserved(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return f"{budget.marker}: limit {budget.limit:g} MiB, measured reserved peak {value:.1f} MiB"
-
-
-def _races(budget: Budget, value: float, m: Measurement, example: int) -> str:
-    return (
-        f"{budget.marker}: measured {value:g} host accesses of memory whose non_blocking copy the host had not "
-        "waited for"
-    )
-
-
-def _named(name: str) -> Callable[[str], str]:
-    return lambda stat: name
-
-
-#: Counters' budgets that say more than :func:`_counted` does.
-_COUNTER_SENTENCES = {"max_ops_per_token": _ops, "max_launches_per_token": _launches, "max_recompiles": _recompiles}
-#: What a counter's budget needs, by the probe that counts it (:attr:`.analysis.counts.CounterSpec.source`).
-_COUNTER_SIGNALS: dict[str, tuple[Signal, str]] = {
-    "ops": ("ops", " Needs the native extension."),
-    "compiles": ("compiles", ""),
-    "timeline": ("timeline", " Needs CUDA; counted from the timeline capture."),
-    "allocator": ("memory", " Needs CUDA."),
-    "races": ("races", " Needs CUDA and the native extension."),
-}
-
-
-def _counter_kind(spec: CounterSpec) -> BudgetKind:
-    """The budget of a counter with a marker (:attr:`.analysis.counts.CounterSpec.budget`): ``marker(limit)`` on
-    the count, or on the count per token where the counter is given so."""
-    assert spec.budget is not None, spec
-    signal, needs = _COUNTER_SIGNALS[spec.source]
-    over = " divided by tokens" if spec.per_token else " in the region"
-
-    def marker(limit: float) -> None:
-        pass
-
-    marker.__name__ = marker.__qualname__ = spec.budget
-    marker.__doc__ = f"Fail when {spec.description}{over} exceed ``limit``.{needs}"
-    metric = f"{spec.name}_per_token" if spec.per_token else spec.name
-    sentence = _COUNTER_SENTENCES.get(spec.budget, _counted)
-    return BudgetKind(
-        spec.budget, marker, signal, _named(metric), sentence, needs_tokens=spec.per_token, counter=spec.name
-    )
-
-
-NO_OWN_MEMORY = (
-    "no CUDA memory stats for the region, or the GPU's memory ran out during it (the allocator retried a cudaMalloc "
-    "after freeing its cache: its peaks then depend on what else held that GPU's memory)"
-)
-
-KINDS: dict[str, BudgetKind] = {
-    kind.marker: kind
-    for kind in (
-        BudgetKind(
-            "max_syncs_per_token", max_syncs_per_token, "syncs", _named("syncs_per_token"), _per_token,
-            needs_tokens=True,
-        ),
-        BudgetKind("max_syncs", max_syncs, "syncs", _named("syncs"), _total),
-        *(_counter_kind(spec) for spec in COUNTERS.values() if spec.budget is not None),
-        BudgetKind(
-            "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, _idle,
-            unmeasured="the region launched no GPU work",
-        ),
-        BudgetKind(
-            "min_gpu_busy", min_gpu_busy, "timeline", _named("busy_fraction"), _busy,
-            limit_argument="fraction", upper=False, fraction=True, unmeasured="the region launched no GPU work",
-        ),
-        BudgetKind(
-            "max_fragmentation", max_fragmentation, "memory", _named("fragmentation"), _fragmentation,
-            fraction=True, unmeasured=NO_OWN_MEMORY,
-        ),
-        BudgetKind(
-            "max_reserved_mb", max_reserved_mb, "memory", _named("reserved_mb"), _reserved,
-            unmeasured=NO_OWN_MEMORY,
-        ),
-        BudgetKind(
-            "no_async_races", no_async_races, "races", _named("async_races"), _races, limit_argument=None,
-            counter="async_races",
-        ),
-    )
-}  # fmt: skip
 
 
 def _signature(function: Callable[..., None]) -> inspect.Signature:
@@ -335,7 +108,8 @@ class Budget:
 
     @property
     def signal(self) -> Signal:
-        return self.kind.signal
+        """The signal it judges."""
+        return BY_NAME[self.kind.signal]
 
     @property
     def metric(self) -> Metric:
@@ -345,7 +119,7 @@ class Budget:
 
     def describe(self) -> str:
         """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``."""
-        name = f"{self.marker}({self.stat})" if self.marker == "max_gpu_idle_us" else self.marker
+        name = f"{self.marker}({self.stat})" if self.kind.stat is not None else self.marker
         if self.kind.limit_argument is None:
             return name
         return f"{name}{'<=' if self.kind.upper else '>='}{self.limit:g}"
@@ -396,8 +170,8 @@ def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
     for name, kind in KINDS.items():
         for marker in item.iter_markers(name):
             arguments = _bind(item, name, kind.signature, marker.args, marker.kwargs)
-            stat = arguments.get("stat", "max")
-            if name == "max_gpu_idle_us":
+            stat = arguments[kind.stat] if kind.stat is not None else "max"
+            if kind.stat is not None:
                 try:
                     parse_stat(stat)
                 except ValueError as exc:
@@ -466,11 +240,10 @@ def _unmeasured(budget: Budget, measurement: Measurement) -> str | None:
     counter = budget.kind.counter
     if counter is not None and (why := measurement.uncounted(counter)) is not None:
         return why
-    if budget.signal not in ("syncs", "ops", "compiles") and not measurement.on_device:
+    signal = budget.signal
+    if signal.cuda and not measurement.on_device:
         return f"needs CUDA; ran on {measurement.device}"
-    if budget.signal == "timeline" and not measurement.timelines:
-        return "no GPU timeline was recorded"
-    return None
+    return signal.unmeasured(measurement) if signal.unmeasured is not None else None
 
 
 def check_budgets(
@@ -489,7 +262,7 @@ def check_budgets(
                 "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
             )
             checks.append(BudgetCheck(budget, None, None, "not checked"))
-        elif budget.signal == "timeline" and measurement.unreliable_timeline is not None:
+        elif Need.TIMELINE in budget.signal.needs and measurement.unreliable_timeline is not None:
             text = f"{budget.marker}: unreliable: {measurement.unreliable_timeline}"
             checks.append(BudgetCheck(budget, None, False, text))
         elif (reason := _unmeasured(budget, measurement)) is not None:

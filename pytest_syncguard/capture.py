@@ -30,6 +30,7 @@ from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
 from .report import perfetto
 from .result import MeasuredTest
+from .signals import Need, needs
 from .timeline_source import TRACE, TimelineSource
 
 
@@ -133,12 +134,12 @@ class CallCapture:
         cuda = device != "cpu" and torch.cuda.is_available()
         if default_checks:
             budgets = with_default_checks(tuple(budgets), cuda)
-        signals = {b.signal for b in budgets}
+        needed = needs(b.kind.signal for b in budgets)
         chosen = None
-        if cuda and "timeline" in signals:
+        if cuda and Need.TIMELINE in needed:
             chosen = source() if source is not None else TimelineSource(TRACE, "the caller's")
         instrument = instruments.for_call(chosen, cuda=cuda)
-        return cls(nodeid, guard, budgets, options, instrument, memory=cuda and "memory" in signals)
+        return cls(nodeid, guard, budgets, options, instrument, memory=cuda and Need.ALLOCATOR in needed)
 
     @property
     def source(self) -> TimelineSource | None:
@@ -148,7 +149,7 @@ class CallCapture:
     @property
     def races(self) -> bool:
         """Whether its budgets check races (the guard's regions check them when it says so)."""
-        return any(b.signal == "races" for b in self.budgets)
+        return Need.RACE_WATCH in needs(b.kind.signal for b in self.budgets)
 
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
@@ -188,7 +189,7 @@ class CallCapture:
             kept, problem = self.keep(artifacts, raised is not None or (result is not None and result.failed))
         if result is None:
             return None
-        if timelines is not None and (timelines.every or result.broke("timeline")):
+        if timelines is not None and (timelines.every or result.broke(Need.TIMELINE)):
             written, trouble = self.keep_timelines(result, timelines.directory())
             kept, problem = [*written, *kept], problem or trouble
         return replace(result, artifacts=tuple(kept), notes=(*result.notes, *([problem] if problem else [])))

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from .analysis.counts import COUNTERS
+from .signals import COUNTERS
+from .signals.base import MIB
+from .signals.timeline import gap_metric_name
 
 if TYPE_CHECKING:
     from .analysis.memory import MemoryStats
     from .measurement import Measurement
 
-MIB = 1024 * 1024
 #: The device's own time per decode step: the timing the gate judges against a baseline, shown first.
 DEVICE_TIME = "gpu_us_per_token"
 
@@ -93,11 +94,6 @@ def _rates(m: Measurement) -> list[float]:
 _GAP_METRIC = re.compile(r"^(max|mean|p\d+(?:\.\d+)?)_gap_us$")
 
 
-def gap_metric_name(stat: str) -> str:
-    """The metric of an idle-gap statistic: ``p99`` -> ``p99_gap_us``."""
-    return f"{stat}_gap_us"
-
-
 def _counted(name: str) -> Callable[[Measurement], list[float]]:
     return lambda m: [] if (value := m.count(name)) is None else [float(value)]
 
@@ -113,7 +109,7 @@ def _worst(runs: Sequence[float]) -> float:
 
 
 def _counter_metrics() -> list[Metric]:
-    """Each counter of :data:`.analysis.counts.COUNTERS` as a metric, and per token where it is given so."""
+    """Each counter of :data:`.signals.COUNTERS` as a metric, and per token where it is given so."""
     metrics = []
     for spec in COUNTERS.values():
         column = None if spec.per_token else spec.column

@@ -21,7 +21,6 @@ from . import ranks
 from .ab_channel import WORKER_OPTION, Channel
 from .baselines import BaselineStore
 from .budgets import (
-    TIMED_SIGNALS,
     Budget,
     BudgetError,
     GuardOptions,
@@ -34,6 +33,7 @@ from .comparison import DEFAULT_TOLERANCE, NOT_UPDATED
 from .files import file_problem, folder_problem
 from .report.perfetto import TimelineFiles
 from .rootdir import space_form_problem
+from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     guard = item.stash.get(_GUARD, None)
     if guard is None:
         options = item.stash.get(_OPTIONS, GuardOptions())
-        memory = any(b.signal == "memory" for b in item.stash.get(_BUDGETS, ()))
+        memory = Need.ALLOCATOR in needs(b.kind.signal for b in item.stash.get(_BUDGETS, ()))
         guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup, track_memory=memory)
         item.stash[_GUARD] = guard
     return guard
@@ -461,11 +461,9 @@ class SyncguardSession:
         declared = budgets
         if self.timings_only:  # the counts were judged in a run of their own (syncguard ab's first round)
             untimed = self.repeat == 0  # the traced run alone: no timed run has a timeline to judge
-            budgets = tuple(
-                b for b in budgets if b.signal in TIMED_SIGNALS and not (untimed and b.signal == "timeline")
-            )
+            budgets = tuple(b for b in budgets if b.signal.timed and not (untimed and Need.TIMELINE in b.signal.needs))
         guard.timings_only, guard.repeat = self.timings_only, self.repeat
-        guard.track_memory = any(b.signal == "memory" for b in budgets)
+        guard.track_memory = Need.ALLOCATOR in needs(b.kind.signal for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
             item.nodeid, guard, budgets, options, default_checks=self.enabled and not self.timings_only,
@@ -496,9 +494,9 @@ class SyncguardSession:
                 notes=self.notes,
                 timelines=self.timeline_files,
             )
-            if result is not None and raised is None and self.gap_ops and result.broke("timeline"):
+            if result is not None and raised is None and self.gap_ops and result.broke(Need.TIMELINE):
                 result = _with_gap_diagnosis(item, guard, result)
-            if result is not None and raised is None and result.broke("memory"):
+            if result is not None and raised is None and result.broke(Need.ALLOCATOR):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
             if result is not None:
                 item.stash[_RESULT] = result

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from .analysis.counts import ITEMIZED, TOP, Items
+from .analysis.counts import TOP, Items
 from .analysis.explain import Details, SiteCount
 from .analysis.gaps import TimelineSummary
 from .analysis.memory import MemoryStats
@@ -21,6 +21,7 @@ from .analysis.snapshot import AllocationSite
 from .budgets import BudgetCheck, closest_run
 from .comparison import Comparison
 from .metrics import Metrics
+from .signals import ITEMIZED, Need
 from .timeline_source import TimelineSource
 
 if TYPE_CHECKING:
@@ -188,10 +189,10 @@ class MeasuredTest:
     def failed(self) -> bool:
         return self.verdict in ("fail", "error", "regression", "failed")
 
-    def broke(self, signal: str) -> bool:
-        """Whether a measured number of ``signal`` ("timeline", "memory") broke a budget (not one that was missing
-        or unreliable)."""
-        return any(c.held is False and c.value is not None and c.budget.signal == signal for c in self.checks)
+    def broke(self, need: Need) -> bool:
+        """Whether a measured number of a signal whose capture records ``need`` (the timeline, the allocator's
+        numbers) broke a budget (not one that was missing or unreliable)."""
+        return any(c.held is False and c.value is not None and need in c.budget.signal.needs for c in self.checks)
 
     @classmethod
     def of(

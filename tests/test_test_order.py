@@ -102,8 +102,9 @@ def test_the_allocators_driver_calls_are_the_fewest_runs_and_every_other_count_t
     steady state, whatever the cache held when the first measured run began), every other counter as in the
     largest; parts add up either way. A run that could not count (its cudaMalloc was retried) leaves the others'
     count of the allocator's calls, and no count where no run of a part counted."""
-    from pytest_syncguard.analysis.counts import FEWEST, RegionCounts, total
+    from pytest_syncguard.analysis.counts import RegionCounts, total
     from pytest_syncguard.probes.memory import out_of_memory
+    from pytest_syncguard.signals import FEWEST
 
     assert {"device_mallocs", "device_frees"} == FEWEST
     runs = [RegionCounts({"device_mallocs": n, "ops": 10 + n}) for n in (1, 0, 2)]

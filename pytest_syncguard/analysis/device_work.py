@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from .counts import COUNTERS, RegionCounts, top_items
+from ..signals.timeline import SIGNAL as TIMELINE
+from .counts import RegionCounts, top_items
 from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
 
 #: Copy direction from the name the profiler gives a memcpy ("Memcpy HtoD (Pageable -> Device)").
@@ -36,9 +37,7 @@ class DeviceTime(NamedTuple):
 
 #: The counters here whose contributors a region keeps (besides launches, by kernel): those of the timeline
 #: capture that :data:`.counts.COUNTERS` itemizes.
-ITEMIZED_HERE = tuple(
-    name for name, spec in COUNTERS.items() if spec.source == "timeline" and spec.items and name != "launches"
-)
+ITEMIZED_HERE = tuple(spec.name for spec in TIMELINE.counters if spec.items and spec.name != "launches")
 
 
 def _sized(name: str, size: int) -> str:
@@ -113,7 +112,7 @@ def unreliable_counts(reason: str) -> RegionCounts:
 
 def uncounted(reason: str) -> RegionCounts:
     """No device-work count: each counter of the timeline says why."""
-    return RegionCounts(unmeasured={n: reason for n, spec in COUNTERS.items() if spec.source == "timeline"})
+    return RegionCounts(unmeasured={spec.name: reason for spec in TIMELINE.counters})
 
 
 #: Why a sampled region has no device-work count.

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .counts import EXPLAINED_BY, ITEMIZED, Items
+from ..signals import EXPLAINED_BY, ITEMIZED
+from .counts import Items
 
 #: How many site changes and movers per counter an explanation lists.
 LISTED = 5

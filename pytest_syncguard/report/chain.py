@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..analysis.counts import ITEMIZED
 from ..analysis.explain import Explanation
 from ..comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
+from ..signals import ITEMIZED
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:

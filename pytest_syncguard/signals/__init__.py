@@ -1,0 +1,51 @@
+"""The signals, each one unit (:class:`.base.Signal`), and the catalogue made from them: every exact counter
+(:data:`COUNTERS`), every budget marker (:data:`KINDS`) and the views of them the rest of the plugin reads. A new
+signal is a module here, listed in :data:`SIGNALS`, with its region probe on the torch side
+(:data:`..guard.REGION_PROBES`). No torch here: the CI side reads it too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import compiles, memory, ops, races, syncs, timeline
+from .base import BudgetKind, CounterSpec, Need, Signal, counter_kind
+
+#: Every signal, in the order of the metrics, the summary's columns and the markers.
+SIGNALS: tuple[Signal, ...] = (
+    syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL,
+)  # fmt: skip
+BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
+#: Every exact counter, by name.
+COUNTERS: dict[str, CounterSpec] = {spec.name: spec for signal in SIGNALS for spec in signal.counters}
+#: Every budget marker, by name: each signal's counters' budgets, then its own.
+KINDS: dict[str, BudgetKind] = {
+    kind.marker: kind
+    for signal in SIGNALS
+    for kind in (
+        *(counter_kind(signal, spec) for spec in signal.counters if spec.budget is not None),
+        *signal.kinds,
+    )
+}
+#: The counters whose count is their fewest run's. The caching allocator packs each request into the best-fitting
+#: cached block, so what a run finds cached decides its packing: a run after the warm-up may still reserve a segment
+#: once, by how blocks that earlier tests' live tensors left free split, and the runs after it then reserve none.
+#: Seen under pytest-xdist (docs/explanation/gate.md). A loop that calls cudaMalloc in every call (a cache emptied or
+#: outgrown each time) does so in its fewest run too.
+FEWEST = frozenset(name for name, spec in COUNTERS.items() if spec.of_runs == "fewest")
+#: The counters whose largest contributors a region keeps, and what those are.
+ITEMIZED = {name: spec.items for name, spec in COUNTERS.items() if spec.items is not None}
+#: Counters explained by another's contributors: the bytes copied by the copies.
+EXPLAINED_BY = {name: spec.explained_by for name, spec in COUNTERS.items() if spec.explained_by is not None}
+#: The signals whose metrics vary from run to run (:attr:`.base.Signal.timed`).
+TIMED_SIGNALS = frozenset(signal.name for signal in SIGNALS if signal.timed)
+
+
+def needs(signal_names: Iterable[str]) -> frozenset[Need]:
+    """What a capture records for budgets on these signals (names from :data:`BY_NAME`)."""
+    return frozenset(need for name in signal_names for need in BY_NAME[name].needs)
+
+
+__all__ = [
+    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "SIGNALS", "TIMED_SIGNALS", "BudgetKind",
+    "CounterSpec", "Need", "Signal", "needs",
+]  # fmt: skip

@@ -1,0 +1,172 @@
+"""What a signal unit is made of (pure data, no torch): its exact counters (:class:`CounterSpec`), its budget markers
+(:class:`BudgetKind`) and the signal itself (:class:`Signal`), which says what a test's capture must record for
+it and where it can be measured."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..analysis.gaps import Timeline
+from ..analysis.memory import MemoryStats
+
+MIB = 1024 * 1024
+
+
+class Limit(Protocol):
+    """What a budget's sentence reads of the budget (:class:`..budgets.Budget`)."""
+
+    @property
+    def marker(self) -> str: ...
+    @property
+    def limit(self) -> float: ...
+    @property
+    def stat(self) -> str: ...
+
+
+class Measured(Protocol):
+    """What a signal reads of a measurement (:class:`..measurement.Measurement`) to say what it measured."""
+
+    @property
+    def tokens(self) -> int | None: ...
+    @property
+    def syncs(self) -> int: ...
+    @property
+    def timelines(self) -> Sequence[Timeline | None]: ...
+    @property
+    def gpu_timelines(self) -> list[Timeline]: ...
+    @property
+    def memory(self) -> Sequence[MemoryStats]: ...
+    def count(self, name: str) -> int | None: ...
+
+
+#: A budget's sentence: the arithmetic of a check in words, from the value it read, the measurement and the index
+#: of the run nearest that value (the example the sentence quotes).
+Sentence = Callable[[Limit, float, Measured, int], str]
+
+
+class Need(enum.Enum):
+    """What a test's capture records for a signal's budgets, beyond the regions' own probes."""
+
+    TIMELINE = "the GPU timeline"
+    """The call's timeline instrument (:mod:`..instruments`)."""
+    ALLOCATOR = "the allocator's numbers per region"
+    RACE_WATCH = "the race watch"
+
+
+@dataclass(frozen=True)
+class CounterSpec:
+    """One exact counter, described once: what it counts, and how the plugin shows and explains it (its metrics,
+    its summary column, its budget and the explanation of a regression are made from this). The signal whose
+    probe counts it lists it (:attr:`Signal.counters`)."""
+
+    name: str
+    description: str
+    quiet_when_zero: bool = False
+    """Left out of a test's metrics when 0 and no budget reads it (torch.compile's counters: a loop that does
+    not compile has none); an absent value compares as 0 against a baseline."""
+    per_token: bool = False
+    """Also given per token (decode step), as ``<name>_per_token``: the unit its budget uses."""
+    column: str | None = None
+    """The summary's column for it (its per-token value where it has one); None: in the JSON results only."""
+    items: str | None = None
+    """What its largest contributors are, where a region keeps them (operators, kernels, reasons)."""
+    explained_by: str | None = None
+    """The counter whose contributors explain a change of this one (the copies behind the bytes copied)."""
+    unit: str = ""
+    budget: str | None = None
+    """The marker that limits it (``@pytest.mark.<budget>(limit)``; per token where it is given so): the budget,
+    its documentation and its failure sentence are made from this entry."""
+    sentence: Sentence | None = None
+    """Its budget's sentence, where it says more than the count (None: the count and its description)."""
+    of_runs: str = "largest"
+    """Which of a ``measure()``'s runs gives its count: ``largest`` (a count that varies fails on its worst run) or
+    ``fewest`` (:data:`.FEWEST`)."""
+
+
+@dataclass(frozen=True)
+class BudgetKind:
+    """One budget marker, described once: its signature (the marker function), the signal it needs, the metric
+    it reads (whose rule aggregates its runs, as for the summary and the baseline), its bounds and direction, and
+    its sentence."""
+
+    marker: str
+    signature: Callable[..., None]
+    signal: str
+    metric: Callable[[str], str]
+    """The name of the metric it reads, given the budget's ``stat``."""
+    sentence: Sentence
+    limit_argument: str | None = "limit"
+    """The marker's argument that is the limit (None: the limit is 0, e.g. ``no_async_races``)."""
+    upper: bool = True
+    """True: the value may not exceed the limit; False: it may not fall below it."""
+    fraction: bool = False
+    """The limit is a fraction in [0, 1]."""
+    needs_tokens: bool = False
+    unmeasured: str = ""
+    """Why there is no value when the signal was captured but the metric has no run."""
+    counter: str | None = None
+    """The exact counter it reads (:data:`.COUNTERS`), whose probe may say why it has none."""
+    stat: str | None = None
+    """The argument that picks the statistic the metric reads (``max_gpu_idle_us``'s ``stat``), if it has one."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signal, as a unit: its exact counters, its budgets (those of its counters are made from them), where it
+    can be measured, whether its numbers vary from run to run, and what a test's capture records for it. Its region
+    probes are the torch side's (:data:`..guard.REGION_PROBES`)."""
+
+    name: str
+    counters: tuple[CounterSpec, ...] = ()
+    kinds: tuple[BudgetKind, ...] = ()
+    """Its budgets that read no counter of its own."""
+    cuda: bool = False
+    """Its numbers are measured on CUDA only: a budget on a CPU run is "not measured"."""
+    needs_text: str = ""
+    """What its counters' budgets need, for their documentation (" Needs CUDA.")."""
+    timed: bool = False
+    """Its metrics vary from run to run (judged on medians, and A/B): the only budgets a timings-only run
+    (--syncguard-timings-only) checks; the others are counts, judged once in a run that counts."""
+    needs: frozenset[Need] = frozenset()
+    unmeasured: Callable[[Measured], str | None] | None = None
+    """Why a measurement has none of its numbers, beyond the device it ran on (None: it has them)."""
+
+
+def named(name: str) -> Callable[[str], str]:
+    """A budget kind's metric that is one metric whatever the ``stat``."""
+    return lambda stat: name
+
+
+def counter_kind(signal: Signal, spec: CounterSpec) -> BudgetKind:
+    """The budget of a counter with a marker (:attr:`CounterSpec.budget`): ``marker(limit)`` on the count, or on
+    the count per token where the counter is given so."""
+    assert spec.budget is not None, spec
+    over = " divided by tokens" if spec.per_token else " in the region"
+
+    def marker(limit: float) -> None:
+        pass
+
+    marker.__name__ = marker.__qualname__ = spec.budget
+    marker.__doc__ = f"Fail when {spec.description}{over} exceed ``limit``.{signal.needs_text}"
+    metric = f"{spec.name}_per_token" if spec.per_token else spec.name
+    sentence = spec.sentence or _counted(spec)
+    return BudgetKind(
+        spec.budget, marker, signal.name, named(metric), sentence, needs_tokens=spec.per_token, counter=spec.name
+    )
+
+
+def _counted(spec: CounterSpec) -> Sentence:
+    """The sentence of a counter's budget that has no sentence of its own."""
+
+    def sentence(budget: Limit, value: float, m: Measured, example: int) -> str:
+        if spec.per_token:
+            return (
+                f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {m.count(spec.name)} "
+                f"{spec.description} over {m.tokens} tokens"
+            )
+        return f"{budget.marker}: limit {budget.limit:g}, measured {value:g} {spec.description}"
+
+    return sentence

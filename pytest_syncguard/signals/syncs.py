@@ -1,0 +1,37 @@
+"""The syncs signal: host-device syncs, counted by the sync probe (:mod:`..probes.syncs`) on CPU and CUDA, each
+with its call site; budgets per token and in total."""
+
+from __future__ import annotations
+
+from .base import BudgetKind, Limit, Measured, Signal, named
+
+
+# The marker functions are never called for their result: their signatures are the markers' API, used to bind
+# the marker's arguments, and their docstrings are what `pytest --markers` shows.
+def max_syncs_per_token(limit: float) -> None:
+    """Fail when host-device syncs divided by tokens (decode steps) exceed ``limit``."""
+
+
+def max_syncs(limit: float) -> None:
+    """Fail when the total of host-device syncs in the region (or the whole test) exceeds ``limit``."""
+
+
+def _per_token(budget: Limit, value: float, m: Measured, example: int) -> str:
+    return (
+        f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
+        f"{m.syncs} syncs over {m.tokens} tokens"
+    )
+
+
+def _total(budget: Limit, value: float, m: Measured, example: int) -> str:
+    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
+
+
+SIGNAL = Signal(
+    "syncs",
+    kinds=(
+        BudgetKind("max_syncs_per_token", max_syncs_per_token, "syncs", named("syncs_per_token"), _per_token,
+                   needs_tokens=True),
+        BudgetKind("max_syncs", max_syncs, "syncs", named("syncs"), _total),
+    ),
+)  # fmt: skip

@@ -1,0 +1,99 @@
+"""The timeline signal: the GPU's idle gaps and busy fraction over a region's judged steps, recorded by the call's
+timeline instrument (:mod:`..instruments`), and the device work its traces count exactly (launches, copies,
+memsets); CUDA only."""
+
+from __future__ import annotations
+
+from ..analysis.gaps import steps_note
+from .base import BudgetKind, CounterSpec, Limit, Measured, Need, Signal, named
+
+
+def max_gpu_idle_us(limit: float, *, stat: str = "max") -> None:
+    """Fail when the GPU's idle gaps in the region (all streams merged, steady state) exceed ``limit`` us;
+    ``stat`` is "max", "mean" or a percentile such as "p99". Needs CUDA."""
+
+
+def min_gpu_busy(fraction: float) -> None:
+    """Fail when GPU busy time over the region's GPU span (steady state) is below ``fraction``. Needs CUDA."""
+
+
+def gap_metric_name(stat: str) -> str:
+    """The metric of an idle-gap statistic: ``p99`` -> ``p99_gap_us``."""
+    return f"{stat}_gap_us"
+
+
+def _judged_steps(m: Measured, example: int) -> str:
+    timelines = m.gpu_timelines
+    shown = timelines[example]
+    runs = f"median of {len(timelines)} regions, " if len(timelines) > 1 else ""
+    steps = "no steps"
+    if shown.steps:
+        steps = f"{shown.judged_steps} steps judged after {shown.warmup_steps} warm-up{steps_note(shown.steps_from)}"
+    return runs + steps
+
+
+def _idle(budget: Limit, value: float, m: Measured, example: int) -> str:
+    gaps = len(m.gpu_timelines[example].gaps_us)
+    return (
+        f"{budget.marker}: limit {budget.limit:g} us ({budget.stat} gap), measured {value:.1f} us "
+        f"({gaps} gaps, {_judged_steps(m, example)})"
+    )
+
+
+def _busy(budget: Limit, value: float, m: Measured, example: int) -> str:
+    shown = m.gpu_timelines[example]
+    return (
+        f"{budget.marker}: limit {budget.limit:.2f}, measured {value:.3f}: GPU busy {shown.busy_us:.0f} us "
+        f"of a {shown.span_us:.0f} us span ({_judged_steps(m, example)})"
+    )
+
+
+def _launches(budget: Limit, value: float, m: Measured, example: int) -> str:
+    graphs = m.count("graph_launches") or 0
+    kernels = (m.count("launches") or 0) - graphs
+    return (
+        f"{budget.marker}: limit {budget.limit:g} per token, measured {value:.1f}: {kernels} kernel launches and "
+        f"{graphs} CUDA graph launches ({m.count('graph_kernels') or 0} kernels in the graphs) over {m.tokens} tokens"
+    )
+
+
+def _copies(way: str, words: str) -> tuple[CounterSpec, CounterSpec]:
+    copies = f"copies_{way}"
+    return (
+        CounterSpec(copies, f"{words} copies", items="copies (kind and size)"),
+        CounterSpec(f"copy_bytes_{way}", f"bytes copied {words.replace('-to-', ' to ')}", explained_by=copies,
+                    unit="B"),
+    )  # fmt: skip
+
+
+def _no_timeline(m: Measured) -> str | None:
+    return "no GPU timeline was recorded" if not m.timelines else None
+
+
+NO_GPU_WORK = "the region launched no GPU work"
+
+SIGNAL = Signal(
+    "timeline",
+    counters=(
+        CounterSpec("launches", "kernel launches (a CUDA graph launch counts one)", per_token=True,
+                    column="launches/token", items="kernels", budget="max_launches_per_token", sentence=_launches),
+        CounterSpec("graph_launches", "CUDA graph launches", column="graph launches"),
+        CounterSpec("graph_kernels", "kernels and copy nodes run by CUDA graph launches",
+                    items="kernels and copy nodes in CUDA graphs"),
+        *_copies("h2d", "host-to-device"),
+        *_copies("d2h", "device-to-host"),
+        *_copies("d2d", "device-to-device"),
+        CounterSpec("memsets", "memsets", items="memsets (size)"),
+    ),
+    kinds=(
+        BudgetKind("max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, _idle, unmeasured=NO_GPU_WORK,
+                   stat="stat"),
+        BudgetKind("min_gpu_busy", min_gpu_busy, "timeline", named("busy_fraction"), _busy, limit_argument="fraction",
+                   upper=False, fraction=True, unmeasured=NO_GPU_WORK),
+    ),
+    cuda=True,
+    needs_text=" Needs CUDA; counted from the timeline capture.",
+    timed=True,
+    needs=frozenset({Need.TIMELINE}),
+    unmeasured=_no_timeline,
+)  # fmt: skip
