@@ -25,7 +25,7 @@ from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .environment import host_id, slug_for
 from .guard import GenerationRegion, SyncGuard
-from .instruments import Instrument, Traced
+from .instruments import WHOLE_CALL, Instrument, Traced
 from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
 from .report import perfetto
@@ -154,7 +154,7 @@ class CallCapture:
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
         self.whole_call = GenerationRegion(
-            None, self.guard.default_device(), track_memory=self.memory, check_races=self.races
+            None, self.guard.default_device(), track_memory=self.memory, check_races=self.races, run=WHOLE_CALL
         )
         try:
             with ExitStack() as stack:

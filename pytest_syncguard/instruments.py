@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 
     from .measurement import Measurement
 
-#: What a region runs as (:attr:`.guard.GenerationRegion.run`): a timed run, or a ``measure()``'s counting run.
-TIMED_RUN, COUNTING_RUN = "timed", "counting"
+#: What a region runs as (:attr:`.guard.GenerationRegion.run`): a timed run, a ``measure()``'s counting run, or a
+#: test's whole call (measured when it opens no region of its own; nothing records its timeline on its own).
+TIMED_RUN, COUNTING_RUN, WHOLE_CALL = "timed", "counting", "call"
 
 
 @dataclass
@@ -64,8 +65,8 @@ class Instrument:
         """Enter what records over the whole call."""
 
     def run(self, number: int, kind: str) -> AbstractContextManager[Any]:
-        """What records region ``number``'s timeline on its own (``kind``: :data:`TIMED_RUN` or
-        :data:`COUNTING_RUN`), entered outside the region's clock."""
+        """What records region ``number``'s timeline on its own (``kind``: :data:`TIMED_RUN`, :data:`COUNTING_RUN`
+        or :data:`WHOLE_CALL`), entered outside the region's clock."""
         return nullcontext()
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:

@@ -37,11 +37,11 @@ def captured(loop: Any, *, host_ops: bool = False) -> tuple[trace_file.Trace, Me
     torch.cuda.synchronize()
     guard = SyncGuard("capture", device="cuda")
     capture = CallCapture.of("capture", guard, BUDGETS, GuardOptions(warmup_steps=2))
-    capture.host_ops = host_ops
+    capture.instrument.host_ops = host_ops  # type: ignore[attr-defined]  # the trace's
     try:
         with capture.recording():
             loop(guard)
-        trace = trace_file.load(capture.trace_files[0])
+        trace = trace_file.load(capture.instrument.trace_files[0])
         return trace, capture.with_timelines(Measurement.combine(guard.measurements))
     finally:
         capture.keep(None, failed=False)

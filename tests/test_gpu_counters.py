@@ -60,7 +60,7 @@ def measured(run: Any) -> Measurement:
     torch.cuda.empty_cache()
     guard = SyncGuard("counters", device="cuda")
     capture = CallCapture.of("counters", guard, [Budget("max_launches_per_token", 1e9)], GuardOptions())
-    assert capture.timeline
+    assert capture.source is not None
     with capture.recording(), guard.generation(tokens=8):
         run()
     try:

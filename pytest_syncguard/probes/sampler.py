@@ -50,9 +50,9 @@ def samples_for(window: tuple[int, int]) -> int:
 
 
 #: Threads that evaluate a region's samples (each with a CUPTI host object of its own), after its timed run: CUPTI
-#: evaluates a sample in about 1 µs, 1.5 s for no_cache's run on one thread of an H100 host, 0.69 s on four
-#: (bench/bench_pm_decode.py).
-DECODE_THREADS = min(8, available_cores())
+#: evaluates a sample in about 1 µs, 1.5 s for no_cache's run on one thread of an H100 host, 0.64 s on eight and
+#: 0.46 s on sixteen (bench/bench_pm_decode.py).
+DECODE_THREADS = min(16, available_cores())
 #: The marker kernel's length in clock cycles (``torch.cuda._sleep``): about 50 µs on an H100, long enough that the
 #: host has recorded the event after it before it ends (that event then completes at the marker's end).
 MARKER_CYCLES = 100_000
