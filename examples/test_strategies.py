@@ -60,7 +60,11 @@ LAUNCHES_PER_TOKEN = {
     "cuda_graph": 8, "hf_generate": 300,
 }  # fmt: skip
 #: The compiled step is compiled once, in the warm-up run: nothing compiles, recompiles or breaks in the loop.
+GRAPH_STRATEGIES = ("static_compiled", "cuda_graph")
 COMPILED = [pytest.mark.max_recompiles(0), pytest.mark.max_graph_breaks(0)]
+#: The graphs are recorded once, in the warm-up run, and replayed by every step: none is recorded again or
+#: skipped in the loop (CUDA: a CPU run says these are not measured).
+GRAPHED = [pytest.mark.max_graph_recordings(0), pytest.mark.no_graph_skips]
 TIMELINE_BUDGETS: dict[str, list[pytest.MarkDecorator]] = {
     # Every step's activations and logits are larger than any cached block (the sequence grows): on the H100
     # the allocator reserved 40.9 GiB for a 1.9 GiB allocated peak, fragmentation 0.953.
@@ -86,7 +90,7 @@ def speed_budgets(name: str) -> list[pytest.MarkDecorator]:
     marks = [SYNC_BUDGETS[name]]
     if name in OPS_PER_TOKEN:  # the CUDA-only strategies have no CPU count
         marks.append(pytest.mark.max_ops_per_token(OPS_PER_TOKEN[name]))
-    return marks + (COMPILED if name == "static_compiled" else [])
+    return marks + (COMPILED if name == "static_compiled" else []) + (GRAPHED if name in GRAPH_STRATEGIES else [])
 
 
 def timeline_budgets(name: str) -> list[pytest.MarkDecorator]:

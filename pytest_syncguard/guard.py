@@ -19,7 +19,7 @@ from .analysis.races import RaceEvent
 from .analysis.sites import SyncSite
 from .instruments import COUNTING_RUN, TIMED_RUN
 from .measurement import Measurement, RegionTiming
-from .probes import compiles, ops
+from .probes import compiles, graphs, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
@@ -247,6 +247,7 @@ REGION_PROBES = (
     RegionProbe("races", lambda r: r.check_races and r._on_cuda, lambda r: RACES.watching(r._races, r._counts)),
     RegionProbe("driver calls", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
     RegionProbe("compiles", _always, lambda r: compiles.counting(r._counts)),
+    RegionProbe("CUDA graphs", _always, lambda r: graphs.counting(r._counts)),
     RegionProbe("operators", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
 )
 
