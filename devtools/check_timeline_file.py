@@ -14,8 +14,8 @@ import torch
 
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.gate.render import perfetto
 from pytest_syncguard.guard import SyncGuard
-from pytest_syncguard.report import perfetto
 from pytest_syncguard.timeline_source import TimelineSource
 
 

@@ -43,7 +43,7 @@ record)
 judge)
     python -m pytest "${plugin[@]}" examples --syncguard --syncguard-require-gpu --syncguard-baselines "$2" \
         --syncguard-json "$out/judge.json" -q
-    python -m pytest_syncguard.cli report "$out/judge.json" --baselines "$2" --markdown "$out/judge.md"
+    python -m pytest_syncguard.gate.cli report "$out/judge.json" --baselines "$2" --markdown "$out/judge.md"
     ;;
 plant-record)
     folder="$(planted_copy 0)"
@@ -63,7 +63,7 @@ plant-ab | plant-aa)
     shift $(($# < 2 ? $# : 2))
     base="$(planted_copy 0)"
     head="$(planted_copy "$percent" "$percent-head")"
-    (cd "$head" && PYTHONPATH="$PWD" python -m pytest_syncguard.cli ab --base-dir "$(realpath "$base")" \
+    (cd "$head" && PYTHONPATH="$PWD" python -m pytest_syncguard.gate.cli ab --base-dir "$(realpath "$base")" \
         --time-budget "$seconds" --out "$out/ab-$percent" --json "$out/ab-$percent.json" "$@" -- \
         -p pytest_syncguard.plugin examples/test_strategies.py -k "test_speed and ($strategies)")
     ;;

@@ -53,8 +53,8 @@ share)
     "${suite[@]}" -n 2 --syncguard-json "$out/apart.json" >"$out/apart.log" 2>&1
     tail -n 3 "$out/shared.log" "$out/apart.log"
     rm -rf "$out/apart-baselines" && mkdir "$out/apart-baselines"
-    python -m pytest_syncguard.cli baselines --record "$out/apart.json" -- "$out/apart-baselines"
-    python -m pytest_syncguard.cli report "$out/shared.json" --baselines "$out/apart-baselines" --judge-host-timings \
+    python -m pytest_syncguard.gate.cli baselines --record "$out/apart.json" -- "$out/apart-baselines"
+    python -m pytest_syncguard.gate.cli report "$out/shared.json" --baselines "$out/apart-baselines" --judge-host-timings \
         --markdown "$out/share.md" --json "$out/share-verdicts.json"
     ;;
 serial)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from _pytest.config.argparsing import Parser
 
-from pytest_syncguard import plugin, results_file
+from pytest_syncguard import plugin
 from pytest_syncguard.budgets import marker_docs
-from pytest_syncguard.cli import build_parser
 from pytest_syncguard.codec import layout
+from pytest_syncguard.gate import results_file
+from pytest_syncguard.gate.cli import build_parser
 from pytest_syncguard.guard import GenerationRegion, SyncGuard
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import METRICS

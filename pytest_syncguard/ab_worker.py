@@ -70,7 +70,7 @@ class ABWorker:
     def run_turn(self, session: pytest.Session, turn: list[pytest.Item], path: Path) -> tuple[int, str]:
         """Run ``turn``'s tests once each and write their results to ``path``: (tests measured, why pytest
         stopped early or "")."""
-        from . import results_file
+        from .gate import results_file
 
         results = self.session.results
         for item in turn:

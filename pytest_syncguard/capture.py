@@ -21,14 +21,14 @@ from . import instruments
 from .analysis import snapshot
 from .analysis.gaps import TimelineSummary
 from .analysis.snapshot import AllocationSite
-from .baselines import BaselineError, BaselineStore
 from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
 from .environment import host_id, slug_for
+from .gate.baselines import BaselineError, BaselineStore
+from .gate.render import perfetto
 from .guard import GenerationRegion, SyncGuard
 from .instruments import WHOLE_CALL, Instrument, Traced
 from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
-from .report import perfetto
 from .result import MeasuredTest
 from .signals import Need, needs
 from .timeline_source import TRACE, TimelineSource

@@ -19,7 +19,6 @@ import pytest
 
 from . import ranks
 from .ab_channel import WORKER_OPTION, Channel
-from .baselines import BaselineStore
 from .budgets import (
     Budget,
     BudgetError,
@@ -29,9 +28,10 @@ from .budgets import (
     options_for,
     parse_tolerance,
 )
-from .comparison import DEFAULT_TOLERANCE, NOT_UPDATED
 from .files import file_problem, folder_problem
-from .report.perfetto import TimelineFiles
+from .gate.baselines import BaselineStore
+from .gate.comparison import DEFAULT_TOLERANCE, NOT_UPDATED
+from .gate.render.perfetto import TimelineFiles
 from .rootdir import space_form_problem
 from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
@@ -517,15 +517,15 @@ class SyncguardSession:
         result = item.stash.get(_RESULT, None)
         if call.when != "call" or result is None:
             return report
-        from .report.terminal import failure_text
+        from .gate.render.terminal import failure_text
 
         self.results[item.nodeid] = result
         if self.is_worker:
-            from .results_file import record
+            from .gate.results_file import record
 
             setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
-            from .report.junit import PREFIX, properties
+            from .gate.render.junit import PREFIX, properties
 
             # --junitxml writes the properties of the teardown report, which pytest builds from the item's; a test
             # run again has only its last run's.
@@ -565,7 +565,7 @@ class SyncguardSession:
         """On the xdist controller: the results its workers measured."""
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if report.when == "call" and data is not None and not self.is_worker:
-            from .results_file import from_record
+            from .gate.results_file import from_record
 
             self.results[report.nodeid] = from_record(data)
             self._ran_on[report.nodeid] = id(getattr(report, "node", None))
@@ -583,7 +583,7 @@ class SyncguardSession:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.enabled or self.is_worker:
             return
-        from .report.terminal import baseline_lines, summary_lines
+        from .gate.render.terminal import baseline_lines, summary_lines
 
         terminalreporter.write_sep("=", "syncguard summary")
         if self.interrupted:
@@ -633,7 +633,7 @@ class SyncguardSession:
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
         if self.json_path is not None and not self.is_worker:
-            from . import results_file
+            from .gate import results_file
 
             try:
                 results_file.write(self.json_path, self.results.values())

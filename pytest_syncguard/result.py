@@ -19,7 +19,7 @@ from .analysis.races import AsyncRace, RaceEvent, stream_name
 from .analysis.sites import Frame, SyncSite
 from .analysis.snapshot import AllocationSite
 from .budgets import BudgetCheck, closest_run
-from .comparison import Comparison
+from .gate.comparison import Comparison
 from .metrics import Metrics
 from .signals import ITEMIZED, Need
 from .timeline_source import TimelineSource

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.ab import Plan, judged_by_baseline, read_report, run, summary_lines
-from pytest_syncguard.ab_sides import read_results
 from pytest_syncguard.analysis.ab_stats import (
     IMPROVEMENT,
     INCONCLUSIVE,
@@ -32,7 +30,9 @@ from pytest_syncguard.analysis.ab_stats import (
     rounds_needed,
 )
 from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
-from pytest_syncguard.baselines import BaselineStore, read, update
+from pytest_syncguard.gate.ab import Plan, judged_by_baseline, read_report, run, summary_lines
+from pytest_syncguard.gate.ab_sides import read_results
+from pytest_syncguard.gate.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
 
 
@@ -214,7 +214,7 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     )
     repo = _repository(tmp_path, slower)
     environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
-    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "3",
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "3",
                "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression",
                "--timed-runs", "2", "--", "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, timeout=600)
@@ -250,13 +250,13 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
     (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
     head_results = repo / "syncguard-ab" / "round1-head.json"
-    rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(head_results), "--ab", "ab.json"],
+    rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "report", str(head_results), "--ab", "ab.json"],
                               cwd=repo, capture_output=True, text=True)  # fmt: skip
     # test_steady's timing may come out a regression too: two rounds at 50% confidence cannot rule out noise.
     regressed = len(report.with_verdict(REGRESSION))
     assert regressed in (1, 2)
     assert rendered.returncode == 0 and f"A/B on one runner: {regressed} regressions in 2 tests" in rendered.stdout
-    refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(head_results), "--ab", "bad.json"],
+    refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "report", str(head_results), "--ab", "bad.json"],
                              cwd=repo, capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
 
@@ -271,7 +271,7 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
     assert failing != textwrap.dedent(LOOP)
     repo = _repository(tmp_path, failing)
     # Host timings are not judged: two rounds of a CPU loop's wall time on a loaded machine may read a regression.
-    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
                "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression",
                "--no-host-timings", "--", "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env={**os.environ, "SYNCGUARD_NATIVE": "0"}, capture_output=True,
@@ -294,7 +294,7 @@ def test_a_side_that_cannot_start_says_why_and_a_rerun_keeps_no_earlier_rounds(t
     stale = repo / "syncguard-ab" / "round9-base.json"
     stale.parent.mkdir()
     stale.write_text("{}")
-    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD", "--rounds", "2", "--",
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD", "--rounds", "2", "--",
                "nosuchfile.py"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -312,7 +312,7 @@ def _report(tmp_path: Path, name: str, *extra: str) -> tuple[str, str]:
     junit = tmp_path / f"{name}.xml"
     junit.write_bytes(gzip.decompress((GATE / f"{name}.xml.gz").read_bytes()))
     markdown = tmp_path / f"{name}.md"
-    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "report", str(junit), "--baselines",
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "report", str(junit), "--baselines",
                            str(GATE / "baselines"), "--markdown", str(markdown), *extra],
                           capture_output=True, text=True, check=True)  # fmt: skip
     return done.stderr, markdown.read_text()
@@ -403,7 +403,7 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
     runs = tmp_path / "runs"
     runs.touch()
     environment = {**os.environ, "SYNCGUARD_NATIVE": "0", "AB_RUNS": str(runs), "AB_SLOW_FROM": str(slow_from)}
-    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD~1", "--rounds", "6", "--",
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "6", "--",
                "test_slow.py", "-q"]  # fmt: skip
     ab = subprocess.Popen(command, cwd=repo, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True)  # fmt: skip
@@ -449,7 +449,7 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
 
 
 def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tmp_path: Path) -> None:
-    from pytest_syncguard.ab_sides import read_results
+    from pytest_syncguard.gate.ab_sides import read_results
 
     # A results file of schema version 1 (written by the plugin before every result carried its slug), its one
     # record made into a CPU test, a CUDA test compared with no baseline and one compared with an H100's.
@@ -472,7 +472,7 @@ def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tm
 def test_syncguard_baselines_old_new_judges_each_change_by_the_gates_one_comparison(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pytest_syncguard.cli import main
+    from pytest_syncguard.gate.cli import main
 
     fingerprint = {"torch": "2.11", "device_name": "NVIDIA H100 80GB HBM3"}
     base = {"syncs": 4, "ops": 8, "gpu_us_per_token": 2000.0, "seconds": 0.5, "fragmentation": 0.1}
@@ -518,7 +518,7 @@ def test_ctrl_c_during_the_base_checkout_leaves_no_worktree_locked_or_folder(tmp
     _big_repo(repo, 6000)
     temp.mkdir()
     environment = {**os.environ, "TMPDIR": str(temp), "SYNCGUARD_NATIVE": "0"}
-    command = [sys.executable, "-m", "pytest_syncguard.cli", "ab", "--base", "HEAD", "--", "f00000.txt"]
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD", "--", "f00000.txt"]
     ab = subprocess.Popen(command, cwd=repo, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True)  # fmt: skip
     try:
@@ -542,7 +542,7 @@ def test_ctrl_c_during_the_base_checkout_leaves_no_worktree_locked_or_folder(tmp
 def test_a_base_that_is_no_commit_or_cannot_be_checked_out_is_named_and_leaves_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_syncguard.cli import main
+    from pytest_syncguard.gate.cli import main
 
     repo, temp = tmp_path / "repo", tmp_path / "tmp"
     _big_repo(repo, 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.ab_sides import ABError, WarmSide
+from pytest_syncguard.gate.ab_sides import ABError, WarmSide
 
 CONFTEST = """
 import os

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.baselines import SCHEMA, BaselineError, read
-from pytest_syncguard.cli import main
+from pytest_syncguard.gate.baselines import SCHEMA, BaselineError, read
+from pytest_syncguard.gate.cli import main
 
 
 def _baseline(path: Path, text: str | bytes) -> Path:
@@ -152,7 +152,7 @@ def test_a_gzip_that_unpacks_past_the_limit_is_refused_before_it_is_held(
 def test_a_timeline_file_with_a_number_past_a_float_names_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pytest_syncguard.report.perfetto import KEY, SCHEMA, SCHEMA_VERSION
+    from pytest_syncguard.gate.render.perfetto import KEY, SCHEMA, SCHEMA_VERSION
 
     meta = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "origin_us": 0, "nodeid": "t", "source": "trace"}
     path = tmp_path / "t.timeline.json"
@@ -206,7 +206,7 @@ def test_a_junit_tolerance_that_is_not_a_fraction_is_an_error(
 
 
 def _results_file(path: Path, tests: list[dict[str, object]]) -> Path:
-    from pytest_syncguard.results_file import SCHEMA, SCHEMA_VERSION
+    from pytest_syncguard.gate.results_file import SCHEMA, SCHEMA_VERSION
 
     path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
     return path
@@ -377,8 +377,8 @@ def test_no_lock_file_is_left_beside_a_baseline_nor_an_ab_folder_in_git_status(t
     """--syncguard-update-baselines left cpu.json.lock, and syncguard ab its syncguard-ab/, in the working tree."""
     import subprocess
 
-    from pytest_syncguard.baselines import update
     from pytest_syncguard.files import ignored_folder
+    from pytest_syncguard.gate.baselines import update
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     update(tmp_path / "baselines" / "cpu.json", "cpu", {"t::a": {"syncs": 1}}, {}, {})

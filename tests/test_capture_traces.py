@@ -172,7 +172,7 @@ def test_an_unreliable_trace_gives_its_reason_and_no_number(tmp_path: Path) -> N
 def test_trace_command_says_unreliable_and_exits_1(tmp_path: Path) -> None:
     path = tmp_path / "lost.trace.json"
     path.write_text(json.dumps({"traceEvents": _device_events_lost_after(events("capture_marked_steps"), 0.6)}))
-    cli = [sys.executable, "-m", "pytest_syncguard.cli", "trace"]
+    cli = [sys.executable, "-m", "pytest_syncguard.gate.cli", "trace"]
     done = subprocess.run([*cli, str(path)], capture_output=True, text=True)
     assert done.returncode == 1 and "unreliable: device events were lost" in done.stdout
     done = subprocess.run([*cli, "--json", str(path)], capture_output=True, text=True)
@@ -227,7 +227,7 @@ def test_what_a_graph_ran_counts_the_same_whatever_kind_cupti_records_it_as() ->
 
 def test_syncguard_trace_says_when_every_step_is_a_warm_up_step(capsys: pytest.CaptureFixture[str]) -> None:
     """--warmup-steps >= the trace's steps printed "325 device ops" then "no device activity"."""
-    from pytest_syncguard.cli import main
+    from pytest_syncguard.gate.cli import main
 
     path = Path(__file__).parent / "data" / "capture_marked_steps.trace.json.gz"
     assert main(["trace", str(path), "--warmup-steps", "12"]) == 2
@@ -245,7 +245,7 @@ def test_syncguard_trace_warns_of_kernels_that_start_before_their_launch(
     import gzip
     import json
 
-    from pytest_syncguard.cli import main
+    from pytest_syncguard.gate.cli import main
 
     data = json.loads(
         gzip.decompress((Path(__file__).parent / "data" / "capture_marked_steps.trace.json.gz").read_bytes())

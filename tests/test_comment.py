@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_syncguard.comment import marker
+from pytest_syncguard.gate.comment import marker
 
 STAND_IN = Path(__file__).parent / "stand_ins" / "gh.py"
 MARK = marker("nvidia-h100-80gb-hbm3")
@@ -40,7 +40,7 @@ class FakeGitHub:
     def comment(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         args = ["--pr", "7", "--body-file", str(self.body), "--key", "nvidia-h100-80gb-hbm3", *extra]
         return subprocess.run(
-            [sys.executable, "-m", "pytest_syncguard.cli", "comment", *args],
+            [sys.executable, "-m", "pytest_syncguard.gate.cli", "comment", *args],
             env=env or self.env(),
             capture_output=True,
             text=True,

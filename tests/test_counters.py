@@ -21,11 +21,11 @@ from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.analysis.trace_file import profiler_only
 from pytest_syncguard.budgets import Budget, check_budgets
-from pytest_syncguard.comparison import compare
+from pytest_syncguard.gate.comparison import compare
+from pytest_syncguard.gate.render.terminal import failure_text
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.probes.native import NATIVE
-from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest
 
 transformers = pytest.importorskip("transformers")

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "devtools"))
 
 import reference_docs  # noqa: E402
 
-from pytest_syncguard.cli import build_parser  # noqa: E402
+from pytest_syncguard.gate.cli import build_parser  # noqa: E402
 
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 PAGES = [p for p in PAGES if "_build" not in p.parts]

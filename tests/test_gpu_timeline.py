@@ -118,7 +118,7 @@ def test_host_read_gap_fails_with_its_line_and_the_graph_passes(pytester: pytest
     assert len(kept) == 2 and "test_eager_with_host_read" in kept[0].name
     # The kept trace reads back through the CLI with the same analysis.
     cli = subprocess.run(
-        [sys.executable, "-m", "pytest_syncguard.cli", "trace", str(kept[0])], capture_output=True, text=True
+        [sys.executable, "-m", "pytest_syncguard.gate.cli", "trace", str(kept[0])], capture_output=True, text=True
     )
     print(cli.stdout)
     assert cli.returncode == 0 and "host sync" in cli.stdout

@@ -85,7 +85,8 @@ def test_the_ci_side_and_the_signal_catalogue_import_no_torch() -> None:
     import sys
 
     modules = (
-        "cli", "report.markdown", "report.junit", "report.terminal", "ab", "baselines", "results_file", "comment",
+        "gate.cli", "gate.render.markdown", "gate.render.junit", "gate.render.terminal", "gate.ab", "gate.baselines",
+        "gate.results_file", "gate.comment",
         "signals", "budgets", "result", "metrics",
     )  # fmt: skip
     code = "import sys\n" + "".join(f"import pytest_syncguard.{m}\n" for m in modules) + "print('torch' in sys.modules)"

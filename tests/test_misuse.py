@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_syncguard.cli import main
 from pytest_syncguard.files import write_atomically
+from pytest_syncguard.gate.cli import main
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes import native
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder

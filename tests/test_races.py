@@ -15,10 +15,10 @@ from pytest_syncguard.analysis.races import AsyncRace, RaceEvent, StreamClocks
 from pytest_syncguard.analysis.sites import Frame
 from pytest_syncguard.budgets import DEFAULT_RACE_CHECK, Budget, with_default_checks
 from pytest_syncguard.codec import decode, encode
+from pytest_syncguard.gate.render.terminal import failure_text
+from pytest_syncguard.gate.results_file import from_record, record
 from pytest_syncguard.probes import native
-from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest, race_record
-from pytest_syncguard.results_file import from_record, record
 
 MAIN, SIDE, OTHER_DEVICE = (0, 0), (0, 7), (1, 0)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import cmarkgfm
 import pytest
 
-from pytest_syncguard.report.markdown import COMMENT_LIMIT, SiteLinks, code, render
-from pytest_syncguard.report.run import compare_run
+from pytest_syncguard.gate.render.markdown import COMMENT_LIMIT, SiteLinks, code, render
+from pytest_syncguard.gate.run import compare_run
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
 # stays put between the baseline run and the PR run.
@@ -82,7 +82,7 @@ def pr_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest_syncguard.cli", "report", *args], cwd=cwd, capture_output=True, text=True
+        [sys.executable, "-m", "pytest_syncguard.gate.cli", "report", *args], cwd=cwd, capture_output=True, text=True
     )
 
 
@@ -244,7 +244,7 @@ def test_cli_truncates_a_report_over_65536_characters(pytester: pytest.Pytester)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.strip() == full.strip() and "truncated" not in printed.stderr
     # A reader that goes away (`| head -1`) ends the command quietly, as a shell's pipeline expects.
-    head = subprocess.run(f"{sys.executable} -m pytest_syncguard.cli report many.xml | head -1", shell=True,
+    head = subprocess.run(f"{sys.executable} -m pytest_syncguard.gate.cli report many.xml | head -1", shell=True,
                           cwd=pytester.path, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert head.stdout.count("\n") == 1 and "Traceback" not in head.stderr and "BrokenPipe" not in head.stderr
 
@@ -283,7 +283,7 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
 def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_not_filed_as_cuda(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    from pytest_syncguard.report.junit import read_cases
+    from pytest_syncguard.gate.render.junit import read_cases
 
     # A test kept out of baselines has no comparison: its case still names the baseline file of its device.
     pytester.makepyfile(
@@ -317,7 +317,7 @@ def _h100(tmp_path: Path, name: str) -> Path:
 def test_a_real_unchanged_h100_job_reads_in_a_dozen_lines(tmp_path: Path) -> None:
     """The GPU job's comment on an H100 where nothing regressed and the A/B had nothing left to judge: the verdict,
     one line of summary, the rest collapsed; no unchanged test listed where it shows."""
-    from pytest_syncguard.ab import read_report
+    from pytest_syncguard.gate.ab import read_report
 
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-all-judged.json"))
@@ -369,7 +369,7 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
 
 
 def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Path) -> None:
-    from pytest_syncguard.ab import read_report
+    from pytest_syncguard.gate.ab import read_report
 
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-planted-cuda-graph.json"))
@@ -383,8 +383,8 @@ def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Pat
 def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) -> None:
     """What a failing test prints in pytest's report: after what regressed and what changed, the GPU and cost links
     the PR comment shows."""
-    from pytest_syncguard import results_file
-    from pytest_syncguard.report.terminal import failure_text
+    from pytest_syncguard.gate import results_file
+    from pytest_syncguard.gate.render.terminal import failure_text
 
     tests = {t.nodeid.split("::")[1]: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
     text = failure_text(tests["test_timeline[kv_cache]"]).splitlines()

@@ -21,14 +21,14 @@ from pytest_syncguard import SyncGuard, SyncguardUsageError
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.budgets import Budget, check_budgets
-from pytest_syncguard.comparison import compare
+from pytest_syncguard.gate.comparison import compare
+from pytest_syncguard.gate.render.junit import read_cases
+from pytest_syncguard.gate.render.terminal import failure_text, summary_lines
+from pytest_syncguard.gate.results_file import from_record, record
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.probes.sampler import SAMPLER
-from pytest_syncguard.report.junit import read_cases
-from pytest_syncguard.report.terminal import failure_text, summary_lines
 from pytest_syncguard.result import MeasuredTest
-from pytest_syncguard.results_file import from_record, record
 from pytest_syncguard.signals import KINDS
 from pytest_syncguard.timeline_source import AUTO, SAMPLED, TRACE, SamplerUnavailable, choose
 
@@ -275,8 +275,8 @@ def test_a_budget_judges_the_value_the_summary_json_and_baseline_show() -> None:
 
 
 def test_a_counters_metrics_budget_and_column_are_views_of_its_one_registry_entry() -> None:
+    from pytest_syncguard.gate.render.terminal import _COUNTER_COLUMNS
     from pytest_syncguard.metrics import METRICS
-    from pytest_syncguard.report.terminal import _COUNTER_COLUMNS
     from pytest_syncguard.signals import COUNTERS
 
     for spec in COUNTERS.values():
@@ -310,7 +310,7 @@ def no_torch(tmp_path: Path) -> dict[str, str]:
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest_syncguard.cli", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "pytest_syncguard.gate.cli", *args], env=env, capture_output=True, text=True
     )
 
 

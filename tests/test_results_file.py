@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard import results_file
 from pytest_syncguard.codec import CodecError, decode, encode, layout
+from pytest_syncguard.gate import results_file
 from pytest_syncguard.result import MeasuredTest
 
 DATA = Path(__file__).parent / "data"
@@ -110,7 +110,7 @@ def test_the_codec_ignores_keys_it_does_not_know_and_lists_every_record_of_the_l
 def test_a_real_h100_results_document_reads_and_reports_as_the_run_judged_it(tmp_path: Path) -> None:
     """The suite's results document from an H100 run (tests/data/h100_results), reported against the baseline
     that run compared with: each test's comparison agrees with the run's own, and every count is unchanged."""
-    from pytest_syncguard.report.run import compare_run
+    from pytest_syncguard.gate.run import compare_run
 
     data = DATA / "h100_results"
     results = tmp_path / "results.json"

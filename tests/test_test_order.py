@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_syncguard import results_file
 from pytest_syncguard.analysis.memory import MemoryStats
+from pytest_syncguard.gate import results_file
 from pytest_syncguard.metrics import metric
 
 ROOT = Path(__file__).resolve().parents[1]

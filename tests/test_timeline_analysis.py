@@ -212,7 +212,7 @@ def test_truncated_and_malformed_files_name_the_file(tmp_path: Path) -> None:
 
 
 def syncguard_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", *args], capture_output=True, text=True)
 
 
 def test_trace_command_prints_the_analysis_and_json() -> None:

@@ -17,11 +17,11 @@ from pytest_syncguard.analysis import gaps, sampled, trace_file
 from pytest_syncguard.analysis.gaps import Timeline
 from pytest_syncguard.budgets import Budget, GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.gate.render import perfetto
+from pytest_syncguard.gate.render.terminal import failure_text
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import Traced
 from pytest_syncguard.measurement import Measurement
-from pytest_syncguard.report import perfetto
-from pytest_syncguard.report.terminal import failure_text
 from pytest_syncguard.result import MeasuredTest
 from pytest_syncguard.signals import Need
 from pytest_syncguard.timeline_source import TRACE, TimelineSource
@@ -119,14 +119,14 @@ def test_a_judged_timeline_is_a_trace_event_file_that_reads_back_to_its_numbers(
     assert (back.steps, back.judged_steps, back.steps_from) == (timeline.steps, timeline.judged_steps,
                                                                 timeline.steps_from)  # fmt: skip
     # And through the command, as a user would.
-    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "trace", str(path), "--json"],
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "trace", str(path), "--json"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     (shown,) = json.loads(done.stdout)["regions"]
     assert shown["busy_fraction"] == pytest.approx(timeline.busy_fraction, abs=1e-5)
     assert shown["max_gap_us"] == pytest.approx(timeline.gap_stat("max"), abs=1e-5)
     assert shown["p99_gap_us"] == pytest.approx(timeline.gap_stat("p99"), abs=1e-5)
     assert shown["gaps"] == len(timeline.gaps_us)
-    text = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "trace", str(path)], capture_output=True,
+    text = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "trace", str(path)], capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
     assert f"max gap {timeline.gap_stat('max'):.1f} us, p99 gap {timeline.gap_stat('p99'):.1f} us" in text
     assert f"({source} source)" in text
@@ -137,12 +137,12 @@ def test_a_profiler_trace_is_not_taken_for_a_timeline_file_and_a_broken_one_is_n
     newer = tmp_path / f"newer{perfetto.SUFFIX}"
     newer.write_bytes(gzip.compress(json.dumps({perfetto.KEY: {"schema": perfetto.SCHEMA, "schema_version": 99},
                                                 "traceEvents": []}).encode()))  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "trace", str(newer)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "trace", str(newer)], capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 2 and f"{newer}: timeline schema 'pytest-syncguard/timeline' version 99" in done.stderr
     cut = tmp_path / f"cut{perfetto.SUFFIX}"
     cut.write_text('{"syncguardTimeline": {"schema": ')
-    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.cli", "trace", str(cut)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "trace", str(cut)], capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 2 and f"{cut}: not a readable syncguard timeline" in done.stderr
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import results_file
 from ..analysis.explain import Details
-from ..baselines import Baseline, path_for, read
 from ..codec import encode
-from ..comparison import Comparison, Drift, compare
 from ..environment import fingerprint_changes
 from ..result import PARTIAL
+from . import results_file
+from .baselines import Baseline, path_for, read
 from .cases import RunCase
-from .junit import read_cases
+from .comparison import Comparison, Drift, compare
+from .render.junit import read_cases
 
 
 @dataclass(frozen=True)

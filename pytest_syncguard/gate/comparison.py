@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .analysis.explain import Details, Explanation, explain
-from .metrics import Metrics, metric
+from ..analysis.explain import Details, Explanation, explain
+from ..metrics import Metrics, metric
 
 #: A test's status against its baseline entry when a count the entry holds was not measured now.
 NOT_MEASURED = "not measured"

@@ -16,15 +16,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...analysis.explain import Details
+from ...codec import CodecError, decode
+from ...environment import is_slug, unnamed_slug
+from ...metrics import Metrics, metric, value_problem
 from .. import upgrades
-from ..analysis.explain import Details
-from ..codec import CodecError, decode
-from ..environment import is_slug, unnamed_slug
-from ..metrics import Metrics, metric, value_problem
-from .cases import RunCase
+from ..cases import RunCase
 
 if TYPE_CHECKING:
-    from ..result import MeasuredTest
+    from ...result import MeasuredTest
 
 PREFIX = "syncguard."
 

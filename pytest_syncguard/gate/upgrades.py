@@ -45,7 +45,7 @@ def comparison(data: object) -> object:
 def results_v1(test: Mapping[str, Any]) -> dict[str, Any]:
     """One test of a results file of schema version 1: metric values and their runs apart (``metrics``,
     ``samples``), budget checks flat (``budgets``, ``passed``), the comparison as ``baseline``, no device slug."""
-    from .environment import unnamed_slug
+    from ..environment import unnamed_slug
 
     upgraded = {k: v for k, v in test.items() if k not in ("samples", "budgets", "baseline")}
     upgraded["metrics"] = {"values": test.get("metrics"), "runs": test.get("samples")}

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
+from ..analysis.explain import Explanation, explain
+from ..codec import CodecError, decode, encode, read_document
+from ..files import ignored_folder
+from ..metrics import DEVICE_TIME, metric, timing_order
+from ..result import MeasuredTest
 from . import upgrades
 from .ab_sides import ABError, Side, fresh_sides, warm_sides
-from .analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
-from .analysis.explain import Explanation, explain
-from .codec import CodecError, decode, encode, read_document
 from .comparison import count_status
-from .files import ignored_folder
-from .metrics import DEVICE_TIME, metric, timing_order
-from .result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/ab"
 #: Version 2: records by :mod:`.codec` (a changed site's fields under ``site``); version 1 still reads.

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from ..analysis.explain import Details, Explanation
 from ..analysis.gaps import TimelineSummary
-from ..comparison import Drift, Fingerprint, Spread
 from ..metrics import Metrics
 from ..result import MeasuredTest, SiteRecord
+from .comparison import Drift, Fingerprint, Spread
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
 _OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .codec import encode
+from ..codec import encode
+from ..files import MAX_UNPACKED_BYTES, write_atomically
 from .comment import GH_TIMEOUT_S
-from .files import MAX_UNPACKED_BYTES, write_atomically
 
 if TYPE_CHECKING:
     from .ab import ABReport
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 def _timeline_file(args: argparse.Namespace) -> int:
     """``syncguard trace`` of a judged timeline the plugin wrote: each region's numbers, from its events."""
-    from .report.perfetto import TimelineFileError, load
-    from .report.terminal import gap_lines
+    from .render.perfetto import TimelineFileError, load
+    from .render.terminal import gap_lines
 
     try:
         meta, regions = load(Path(args.file), args.max_unpacked_mb << 20, "--max-unpacked-mb")
@@ -59,9 +59,9 @@ def _timeline_file(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from .analysis import gaps, reliability, trace_file
-    from .report.perfetto import is_timeline_file
-    from .report.terminal import gap_lines
+    from ..analysis import gaps, reliability, trace_file
+    from .render.perfetto import is_timeline_file
+    from .render.terminal import gap_lines
 
     if is_timeline_file(Path(args.file)):
         return _timeline_file(args)
@@ -122,7 +122,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _device(args: argparse.Namespace) -> int:
-    from .environment import fingerprint, slug_for
+    from ..environment import fingerprint, slug_for
 
     device = "cuda" if _cuda() else "cpu"
     data = {"slug": slug_for(device), **fingerprint(device)}
@@ -142,7 +142,7 @@ def _cuda() -> bool:
 def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) -> str | None:
     """Why one of a command's paths cannot be used, checked before any work: (option, value, kind) with kind
     ``file`` (written), ``folder`` (written into) or ``checkout`` (an existing folder, read)."""
-    from .files import file_problem, folder_problem
+    from ..files import file_problem, folder_problem
 
     for option, value, kind in outputs:
         if not value:
@@ -160,7 +160,7 @@ def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) 
 def _ab(args: argparse.Namespace) -> int:
     from .ab import ABInterrupted, Plan, document, judged_by_baseline, run, summary_lines
     from .ab_sides import ABError
-    from .report.markdown import ab_lines
+    from .render.markdown import ab_lines
 
     if not args.pytest_args:
         print("syncguard ab: give the pytest arguments after --, e.g. -- tests/test_speed.py", file=sys.stderr)
@@ -211,10 +211,10 @@ def _ab_report(path: str | None) -> ABReport | None:
 
 def _report(args: argparse.Namespace) -> int:
     from .baselines import BaselineError
-    from .report.junit import JUnitError
-    from .report.markdown import COMMENT_LIMIT, SiteLinks, render
-    from .report.run import compare_run
+    from .render.junit import JUnitError
+    from .render.markdown import COMMENT_LIMIT, SiteLinks, render
     from .results_file import ResultsError
+    from .run import compare_run
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
@@ -361,8 +361,8 @@ def _record(args: argparse.Namespace) -> int:
 
 def _show_entry(nodeid: str, entry: Mapping[str, float], baseline: Baseline) -> None:
     """A test's entry, and under it each calibrated metric's recordings with the tolerance their spread sets."""
+    from ..metrics import metric as metric_named
     from .comparison import tolerance_of
-    from .metrics import metric as metric_named
 
     metrics = ", ".join(f"{m} {spec.format(v) if (spec := metric_named(m)) else v}" for m, v in sorted(entry.items()))
     print(f"{nodeid}: {metrics}")
@@ -380,9 +380,9 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
     """Each test of NEW against its entry in OLD by the one comparison the gate uses (counts exactly, device-side
     metrics within their tolerance, host timings shown but not judged), with what explains a count's change.
     A baseline value is a recorded median, compared as one."""
+    from ..environment import fingerprint_changes
+    from ..metrics import Metrics
     from .comparison import MIN_RUNS, compare
-    from .environment import fingerprint_changes
-    from .metrics import Metrics
 
     changed = 0
     for key, (was, now) in fingerprint_changes(old.fingerprint, new.fingerprint).items():
@@ -414,7 +414,7 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
 
 
 def _tolerance(text: str) -> float:
-    from .budgets import parse_tolerance
+    from ..budgets import parse_tolerance
 
     try:
         return parse_tolerance(text)

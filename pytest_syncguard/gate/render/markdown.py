@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from ...metrics import DEVICE_TIME, timing_order
+from ..chain import Code, Entry, Line, Site, budget_entries, regression_entries, value_text
 from ..comparison import Change
-from ..metrics import DEVICE_TIME, timing_order
-from .chain import Code, Entry, Line, Site, budget_entries, regression_entries, value_text
-from .run import CaseComparison, RunComparison
+from ..run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
     from ..ab import ABReport

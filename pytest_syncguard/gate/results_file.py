@@ -11,11 +11,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import __version__, upgrades
-from .codec import CodecError, decode, encode, read_document
-from .files import write_atomically
-from .metrics import value_problem
-from .result import MeasuredTest
+from .. import __version__
+from ..codec import CodecError, decode, encode, read_document
+from ..files import write_atomically
+from ..metrics import value_problem
+from ..result import MeasuredTest
+from . import upgrades
 
 SCHEMA = "pytest-syncguard/results"
 SCHEMA_VERSION = 2

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
+from ..analysis.explain import Details
+from ..codec import CodecError, decode, encode
+from ..files import lock_path, write_atomically
+from ..metrics import value_problem
 from . import upgrades
-from .analysis.explain import Details
-from .codec import CodecError, decode, encode
 from .comparison import Comparison, Spread, compare
-from .files import lock_path, write_atomically
-from .metrics import value_problem
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
-    from .result import MeasuredTest
+    from ..metrics import Metrics
+    from ..result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/baselines"
 SCHEMA_VERSION = 3
@@ -92,7 +92,7 @@ class Baseline:
 def path_for(directory: Path, slug: str) -> Path:
     """The baseline file of a device slug in ``directory``; a slug that is no slug (``../x/y`` from an untrusted
     JUnit file) is an error, never a path outside it."""
-    from .environment import is_slug
+    from ..environment import is_slug
 
     if not is_slug(slug):
         raise BaselineError(f"{slug!r} is not a device slug (lowercase letters, digits and '-')")
@@ -250,8 +250,8 @@ def recorded(
     tolerance it lies beyond: then it starts a new one (a single recording calibrates none: a second value joins
     it, however far; reset the history after a change made on purpose). The entry's value is the history's
     median."""
+    from ..metrics import metric, rounded
     from .comparison import calibrated_tolerance
-    from .metrics import metric, rounded
 
     entry = dict(metrics)
     history: dict[str, tuple[Recording, ...]] = {}
@@ -323,7 +323,7 @@ class BaselineStore:
     ) -> Comparison:
         """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"), ``details``
         explaining a change of its counts; raises :class:`BaselineError` naming a file that cannot be read."""
-        from .environment import fingerprint, fingerprint_changes, slug_for
+        from ..environment import fingerprint, fingerprint_changes, slug_for
 
         slug = slug_for(device)
         path = path_for(self.directory, slug)

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..analysis.explain import Explanation
-from ..comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
+from .comparison import Change, Comparison
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
-    from ..ab import ABReport
+    from .ab import ABReport
 
 #: How many sites a failed budget and a link of a chain show at most.
 SHOWN = 3
@@ -176,7 +176,7 @@ def cost_lines(verdict: CaseComparison, ab: ABReport | None = None) -> tuple[Lin
 
 
 def _ab_timing(ab: ABReport | None, nodeid: str) -> tuple[Line, ...] | None:
-    from ..ab import ratio_text
+    from .ab import ratio_text
 
     if ab is None:
         return None

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..analysis.counts import SHOWN
-from ..analysis.gaps import AttributedGap, TimelineSummary, steps_note
-from ..analysis.memory import MemoryStats
-from ..analysis.races import race_lines
-from ..analysis.snapshot import AllocationSite
-from ..metrics import METRICS
-from ..result import MeasuredTest, SiteRecord
-from ..signals import ITEMIZED, Need
-from ..signals.base import MIB
-from ..signals.syncs import SIGNAL as SYNCS
+from ...analysis.counts import SHOWN
+from ...analysis.gaps import AttributedGap, TimelineSummary, steps_note
+from ...analysis.memory import MemoryStats
+from ...analysis.races import race_lines
+from ...analysis.snapshot import AllocationSite
+from ...metrics import METRICS
+from ...result import MeasuredTest, SiteRecord
+from ...signals import ITEMIZED, Need
+from ...signals.base import MIB
+from ...signals.syncs import SIGNAL as SYNCS
 from .perfetto import SUFFIX
 
 STACK_LINES = 4
@@ -63,9 +63,9 @@ def failure_text(result: MeasuredTest) -> str:
 def consequence_lines(result: MeasuredTest) -> list[str]:
     """Of a regression, the rest of its chain as the PR comment shows it (:mod:`.chain`): what it did on the GPU,
     what it cost."""
-    from .cases import RunCase
-    from .chain import cost_lines, gpu_lines, plain
-    from .run import CaseComparison
+    from ..cases import RunCase
+    from ..chain import cost_lines, gpu_lines, plain
+    from ..run import CaseComparison
 
     assert result.comparison is not None
     verdict = CaseComparison(RunCase.of(result), result.comparison)

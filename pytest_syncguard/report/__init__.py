@@ -1,1 +1,0 @@
-"""Renderings of measured results: failure text, terminal summary, JSON file."""
