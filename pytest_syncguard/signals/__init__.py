@@ -36,8 +36,6 @@ FEWEST = frozenset(name for name, spec in COUNTERS.items() if spec.of_runs == "f
 ITEMIZED = {name: spec.items for name, spec in COUNTERS.items() if spec.items is not None}
 #: Counters explained by another's contributors: the bytes copied by the copies.
 EXPLAINED_BY = {name: spec.explained_by for name, spec in COUNTERS.items() if spec.explained_by is not None}
-#: The signals whose metrics vary from run to run (:attr:`.base.Signal.timed`).
-TIMED_SIGNALS = frozenset(signal.name for signal in SIGNALS if signal.timed)
 
 
 def needs(signal_names: Iterable[str]) -> frozenset[Need]:
@@ -46,6 +44,6 @@ def needs(signal_names: Iterable[str]) -> frozenset[Need]:
 
 
 __all__ = [
-    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "SIGNALS", "TIMED_SIGNALS", "BudgetKind",
+    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "SIGNALS", "BudgetKind",
     "CounterSpec", "Need", "Signal", "needs",
 ]  # fmt: skip

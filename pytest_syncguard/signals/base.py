@@ -122,7 +122,8 @@ class Signal:
     name: str
     counters: tuple[CounterSpec, ...] = ()
     kinds: tuple[BudgetKind, ...] = ()
-    """Its budgets that read no counter of its own."""
+    """Its budgets besides those its counters' :attr:`CounterSpec.budget` make (a marker without a limit, a budget on
+    a noisy metric)."""
     cuda: bool = False
     """Its numbers are measured on CUDA only: a budget on a CPU run is "not measured"."""
     needs_text: str = ""
