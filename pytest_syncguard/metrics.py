@@ -1,5 +1,5 @@
-"""The metrics a test's measurement yields: how each is read from the measured regions, how it is compared
-with a baseline and how it is shown. The one table of them is :data:`METRICS`.
+"""The metrics a test's measurement yields: the one table of them (:data:`METRICS`, made from the signals' own
+metrics and their exact counters), and a test's values of them (:class:`Metrics`).
 
 Counts (syncs and the counters of :mod:`.analysis.counts`) are deterministic and compared exactly; the rest are
 noisy: each measured run (region) gives one value, and a test's metric aggregates them by the metric's one rule
@@ -14,98 +14,26 @@ says the runner is the baseline's host.
 from __future__ import annotations
 
 import math
-import re
-import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
-from .signals import COUNTERS
-from .signals.base import MIB
-from .signals.timeline import gap_metric_name
+from .signals import COUNTERS, SIGNALS
+from .signals.base import Measured, Metric, worst
+from .signals.timeline import DEVICE_TIME, gap_metric, gap_stat_of
+
+__all__ = ["DEVICE_TIME", "METRICS", "Metric", "Metrics", "metric", "rounded", "timing_order", "value_problem"]
 
 if TYPE_CHECKING:
-    from .analysis.memory import MemoryStats
     from .measurement import Measurement
 
-#: The device's own time per decode step: the timing the gate judges against a baseline, shown first.
-DEVICE_TIME = "gpu_us_per_token"
 
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    counted: bool
-    """A deterministic count: any increase is a regression."""
-    higher_is_better: bool
-    floor: float
-    """Noisy metrics: changes smaller than this (in ``unit``) are never reported, whatever the tolerance."""
-    runs: Callable[[Measurement], list[float]]
-    """Its value in each measured run of a measurement (empty when not measured)."""
-    quiet_when_zero: bool = False
-    """Counted metrics only: left out of a test's metrics when 0 and no budget reads it; absent compares as 0."""
-    host: bool = False
-    """Depends on the host that launches the work: not judged against a baseline recorded on another runner."""
-    tolerance: float | None = None
-    """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
-    one, or (with :attr:`min_tolerance`) the baseline's recordings calibrate one."""
-    min_tolerance: float | None = None
-    """Device-side metrics whose baseline keeps a history of recordings: the least tolerance their spread may
-    calibrate (:func:`.comparison.calibrated_tolerance`), what moves between hosts of one GPU model
-    (docs/explanation/gate.md)."""
-    aggregate: Callable[[Sequence[float]], float] = statistics.median
-    """How a test's runs make its value, for its budget, the summary, the JSON results and the baseline alike: the
-    median of a noisy metric, the worst run of memory (a budget must hold in every run), the largest count."""
-    ab_min_effect: float | None = None
-    """The smallest relative change ``syncguard ab`` calls a regression or improvement of it, unless
-    ``--min-effect`` says; None: :data:`.ab.DEFAULT_MIN_EFFECT`."""
-    description: str = ""
-    """What it is, in a few words (the reference's metric table)."""
-    column: str | None = None
-    """Of the exact counters: the summary's column for it; None: in the JSON results only."""
-
-    def format(self, value: float) -> str:
-        if self.counted and float(value).is_integer():
-            return f"{int(value)}"
-        text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
-        return f"{text} {self.unit}" if self.unit else text
-
-
-def _gap_runs(stat: str) -> Callable[[Measurement], list[float]]:
-    return lambda m: [t.gap_stat(stat) for t in m.gpu_timelines]
-
-
-def _per_token(m: Measurement) -> list[float]:
-    return [m.syncs / m.tokens] if m.tokens else []
-
-
-def _own_memory(m: Measurement) -> list[MemoryStats]:
-    """The allocator numbers of the regions in which no cudaMalloc failed: where the GPU's memory ran out and the
-    allocator freed its cache to retry, its peaks depend on what else held that GPU's memory, not on the test."""
-    return [s for s in m.memory if not s.alloc_retries]
-
-
-def _rates(m: Measurement) -> list[float]:
-    return [rate for t in m.timings if (rate := t.tokens_per_second) is not None]
-
-
-_GAP_METRIC = re.compile(r"^(max|mean|p\d+(?:\.\d+)?)_gap_us$")
-
-
-def _counted(name: str) -> Callable[[Measurement], list[float]]:
+def _counted(name: str) -> Callable[[Measured], list[float]]:
     return lambda m: [] if (value := m.count(name)) is None else [float(value)]
 
 
-def _counted_per_token(name: str) -> Callable[[Measurement], list[float]]:
+def _counted_per_token(name: str) -> Callable[[Measured], list[float]]:
     return lambda m: [] if (value := m.per_token(name)) is None else [value]
-
-
-def _worst(runs: Sequence[float]) -> float:
-    """Of a lower-is-better metric, the worst run; of a count, the largest (a count that varies fails on its
-    worst run rather than passing on its best)."""
-    return max(runs)
 
 
 def _counter_metrics() -> list[Metric]:
@@ -114,66 +42,19 @@ def _counter_metrics() -> list[Metric]:
     for spec in COUNTERS.values():
         column = None if spec.per_token else spec.column
         metrics.append(Metric(spec.name, spec.unit, counted=True, higher_is_better=False, floor=0.0,
-                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero, aggregate=_worst,
+                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero, aggregate=worst,
                               description=spec.description, column=column))  # fmt: skip
         if spec.per_token:
             metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
-                                  runs=_counted_per_token(spec.name), aggregate=_worst,
+                                  runs=_counted_per_token(spec.name), aggregate=worst,
                                   description=f"{spec.description}, per token", column=spec.column))  # fmt: skip
     return metrics
 
 
-@cache
-def _gap(stat: str) -> Metric:
-    return Metric(
-        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0, runs=_gap_runs(stat), host=True,
-        description=f"the {stat} idle gap of the device over the region's judged steps, all streams merged",
-    )  # fmt: skip
-
-
+#: Every metric: each signal's own (:attr:`.signals.base.Signal.metrics`), then each exact counter's.
 METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in (
-        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)],
-               aggregate=_worst, description="host-device syncs in the measured regions"),
-        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token,
-               aggregate=_worst, description="host-device syncs per token (decode step)"),
-        _gap("max"),
-        _gap("p99"),
-        Metric(
-            "busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
-            runs=lambda m: [t.busy_fraction for t in m.gpu_timelines], host=True,
-            description="the device's busy time over the span of the region's judged steps",
-        ),
-        Metric(
-            DEVICE_TIME, "us", counted=False, higher_is_better=False, floor=1.0,
-            runs=lambda m: m.device_us_per_token(), tolerance=0.05, min_tolerance=0.015, ab_min_effect=0.01,
-            description="the device's busy time per judged decode step, from the kernels' records of the traced "
-            "runs (a measure()'s counting run)",
-        ),
-        Metric(
-            # Its floor follows reserved_mb's 2%: a reserved peak within that moves 1 - allocated/reserved by up
-            # to 0.02 x (1 - fragmentation) for the same allocated peak, a packing of blocks, not a regression.
-            "fragmentation", "", counted=False, higher_is_better=False, floor=0.02,
-            runs=lambda m: [s.fragmentation for s in _own_memory(m)], tolerance=0.02, min_tolerance=0.02,
-            aggregate=_worst,
-            description="1 - allocated peak / reserved peak of the caching allocator in a region",
-        ),
-        Metric(
-            "reserved_mb", "MiB", counted=False, higher_is_better=False, floor=2.0,
-            runs=lambda m: [s.reserved_peak / MIB for s in _own_memory(m)], tolerance=0.02, min_tolerance=0.02,
-            aggregate=_worst,
-            description="the caching allocator's reserved peak in a region",
-        ),
-        Metric(
-            "seconds", "s", counted=False, higher_is_better=False, floor=0.0,
-            runs=lambda m: [t.seconds for t in m.timings], host=True, description="wall time of a measured run",
-        ),
-        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates, host=True,
-               description="tokens over the wall time of a measured run"),
-        *_counter_metrics(),
-    )
-}  # fmt: skip
+    m.name: m for m in (*(m for signal in SIGNALS for m in signal.metrics), *_counter_metrics())
+}
 
 
 def metric(name: str) -> Metric | None:
@@ -182,8 +63,8 @@ def metric(name: str) -> Metric | None:
     known = METRICS.get(name)
     if known is not None:
         return known
-    match = _GAP_METRIC.match(name)
-    return _gap(match.group(1)) if match else None
+    stat = gap_stat_of(name)
+    return gap_metric(stat) if stat is not None else None
 
 
 def timing_order(name: str) -> tuple[int, str]:

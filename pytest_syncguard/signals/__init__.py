@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import compiles, graphs, memory, ops, races, syncs, timeline
+from . import compiles, graphs, memory, ops, races, syncs, timeline, wall_time
 from .base import BudgetKind, CounterSpec, Need, Signal, counter_kind
 
 #: Every signal, in the order of the metrics, the summary's columns and the markers.
 SIGNALS: tuple[Signal, ...] = (
     syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL, graphs.SIGNAL,
+    wall_time.SIGNAL,
 )  # fmt: skip
 BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
 #: Every exact counter, by name.

@@ -5,6 +5,7 @@ it and where it can be measured."""
 from __future__ import annotations
 
 import enum
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -13,6 +14,15 @@ from ..analysis.gaps import Timeline
 from ..analysis.memory import MemoryStats
 
 MIB = 1024 * 1024
+
+
+class Timing(Protocol):
+    """One region's wall time (:class:`..measurement.RegionTiming`)."""
+
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def tokens_per_second(self) -> float | None: ...
 
 
 class Limit(Protocol):
@@ -39,7 +49,11 @@ class Measured(Protocol):
     def gpu_timelines(self) -> list[Timeline]: ...
     @property
     def memory(self) -> Sequence[MemoryStats]: ...
+    @property
+    def timings(self) -> Sequence[Timing]: ...
     def count(self, name: str) -> int | None: ...
+    def per_token(self, name: str) -> float | None: ...
+    def device_us_per_token(self) -> list[float]: ...
 
 
 #: A budget's sentence: the arithmetic of a check in words, from the value it read, the measurement and the index
@@ -54,6 +68,54 @@ class Need(enum.Enum):
     """The call's timeline instrument (:mod:`..instruments`)."""
     ALLOCATOR = "the allocator's numbers per region"
     RACE_WATCH = "the race watch"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric, described once: how it is read from a measurement's runs, aggregated, compared and shown."""
+
+    name: str
+    unit: str
+    counted: bool
+    """A deterministic count: any increase is a regression."""
+    higher_is_better: bool
+    floor: float
+    """Noisy metrics: changes smaller than this (in ``unit``) are never reported, whatever the tolerance."""
+    runs: Callable[[Measured], list[float]]
+    """Its value in each measured run of a measurement (empty when not measured)."""
+    quiet_when_zero: bool = False
+    """Counted metrics only: left out of a test's metrics when 0 and no budget reads it; absent compares as 0."""
+    host: bool = False
+    """Depends on the host that launches the work: not judged against a baseline recorded on another runner."""
+    tolerance: float | None = None
+    """Device-side metrics: the relative change within which they are unchanged, unless a test or the run sets
+    one, or (with :attr:`min_tolerance`) the baseline's recordings calibrate one."""
+    min_tolerance: float | None = None
+    """Device-side metrics whose baseline keeps a history of recordings: the least tolerance their spread may
+    calibrate (:func:`..gate.comparison.calibrated_tolerance`), what moves between hosts of one GPU model
+    (docs/explanation/gate.md)."""
+    aggregate: Callable[[Sequence[float]], float] = statistics.median
+    """How a test's runs make its value, for its budget, the summary, the JSON results and the baseline alike: the
+    median of a noisy metric, the worst run of memory (a budget must hold in every run), the largest count."""
+    ab_min_effect: float | None = None
+    """The smallest relative change ``syncguard ab`` calls a regression or improvement of it, unless
+    ``--min-effect`` says; None: :data:`..gate.ab.DEFAULT_MIN_EFFECT`."""
+    description: str = ""
+    """What it is, in a few words (the reference's metric table)."""
+    column: str | None = None
+    """Of the exact counters: the summary's column for it; None: in the JSON results only."""
+
+    def format(self, value: float) -> str:
+        if self.counted and float(value).is_integer():
+            return f"{int(value)}"
+        text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+        return f"{text} {self.unit}" if self.unit else text
+
+
+def worst(runs: Sequence[float]) -> float:
+    """Of a lower-is-better metric, the worst run; of a count, the largest (a count that varies fails on its
+    worst run rather than passing on its best)."""
+    return max(runs)
 
 
 @dataclass(frozen=True)
@@ -121,6 +183,8 @@ class Signal:
 
     name: str
     counters: tuple[CounterSpec, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    """Its metrics besides its counters' (which :data:`..metrics.METRICS` makes from them)."""
     kinds: tuple[BudgetKind, ...] = ()
     """Its budgets besides those its counters' :attr:`CounterSpec.budget` make (a marker without a limit, a budget on
     a noisy metric)."""

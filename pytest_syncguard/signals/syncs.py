@@ -3,7 +3,7 @@ with its call site; budgets per token and in total."""
 
 from __future__ import annotations
 
-from .base import BudgetKind, Limit, Measured, Signal, named
+from .base import BudgetKind, Limit, Measured, Metric, Signal, named, worst
 
 
 # The marker functions are never called for their result: their signatures are the markers' API, used to bind
@@ -27,8 +27,18 @@ def _total(budget: Limit, value: float, m: Measured, example: int) -> str:
     return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
 
 
+def _per_token_runs(m: Measured) -> list[float]:
+    return [m.syncs / m.tokens] if m.tokens else []
+
+
 SIGNAL = Signal(
     "syncs",
+    metrics=(
+        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)],
+               aggregate=worst, description="host-device syncs in the measured regions"),
+        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token_runs,
+               aggregate=worst, description="host-device syncs per token (decode step)"),
+    ),
     kinds=(
         BudgetKind("max_syncs_per_token", max_syncs_per_token, "syncs", named("syncs_per_token"), _per_token,
                    needs_tokens=True),

@@ -4,8 +4,11 @@ memsets); CUDA only."""
 
 from __future__ import annotations
 
+import re
+from functools import cache
+
 from ..analysis.gaps import steps_note
-from .base import BudgetKind, CounterSpec, Limit, Measured, Need, Signal, named
+from .base import BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Signal, named
 
 
 def max_gpu_idle_us(limit: float, *, stat: str = "max") -> None:
@@ -17,9 +20,30 @@ def min_gpu_busy(fraction: float) -> None:
     """Fail when GPU busy time over the region's GPU span (steady state) is below ``fraction``. Needs CUDA."""
 
 
+#: The device's own time per decode step: the timing the gate judges against a baseline, shown first.
+DEVICE_TIME = "gpu_us_per_token"
+_GAP_METRIC = re.compile(r"^(max|mean|p\d+(?:\.\d+)?)_gap_us$")
+
+
 def gap_metric_name(stat: str) -> str:
     """The metric of an idle-gap statistic: ``p99`` -> ``p99_gap_us``."""
     return f"{stat}_gap_us"
+
+
+def gap_stat_of(name: str) -> str | None:
+    """The statistic of an idle-gap metric's name (``p95_gap_us`` -> ``p95``); None for another name."""
+    match = _GAP_METRIC.match(name)
+    return match.group(1) if match else None
+
+
+@cache
+def gap_metric(stat: str) -> Metric:
+    """The metric of an idle-gap statistic (``max``, ``mean``, a percentile), the one a budget asks for too."""
+    return Metric(
+        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0,
+        runs=lambda m: [t.gap_stat(stat) for t in m.gpu_timelines], host=True,
+        description=f"the {stat} idle gap of the device over the region's judged steps, all streams merged",
+    )  # fmt: skip
 
 
 def _judged_steps(m: Measured, example: int) -> str:
@@ -74,6 +98,17 @@ NO_GPU_WORK = "the region launched no GPU work"
 
 SIGNAL = Signal(
     "timeline",
+    metrics=(
+        gap_metric("max"),
+        gap_metric("p99"),
+        Metric("busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
+               runs=lambda m: [t.busy_fraction for t in m.gpu_timelines], host=True,
+               description="the device's busy time over the span of the region's judged steps"),
+        Metric(DEVICE_TIME, "us", counted=False, higher_is_better=False, floor=1.0,
+               runs=lambda m: m.device_us_per_token(), tolerance=0.05, min_tolerance=0.015, ab_min_effect=0.01,
+               description="the device's busy time per judged decode step, from the kernels' records of the traced "
+               "runs (a measure()'s counting run)"),
+    ),
     counters=(
         CounterSpec("launches", "kernel launches (a CUDA graph launch counts one)", per_token=True,
                     column="launches/token", items="kernels", budget="max_launches_per_token", sentence=_launches),
