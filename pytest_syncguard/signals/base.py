@@ -70,6 +70,14 @@ class Need(enum.Enum):
     RACE_WATCH = "the race watch"
 
 
+class Section(enum.Enum):
+    """What a failure of a signal's budget shows after its sentence (:func:`..gate.render.terminal.failure_text`)."""
+
+    SITES = "the sync sites, most frequent first"
+    TIMELINE = "the GPU timeline's source, statistics and largest gaps"
+    ALLOCATOR = "the allocator's numbers per region and the largest allocation sites"
+
+
 @dataclass(frozen=True)
 class Metric:
     """One metric, described once: how it is read from a measurement's runs, aggregated, compared and shown."""
@@ -196,6 +204,8 @@ class Signal:
     """Its metrics vary from run to run (judged on medians, and A/B): the only budgets a timings-only run
     (--syncguard-timings-only) checks; the others are counts, judged once in a run that counts."""
     needs: frozenset[Need] = frozenset()
+    shows: frozenset[Section] = frozenset()
+    """What a failure of one of its budgets shows (its counters' largest contributors are shown for any counter)."""
     unmeasured: Callable[[Measured], str | None] | None = None
     """Why a measurement has none of its numbers, beyond the device it ran on (None: it has them)."""
 

@@ -4,7 +4,7 @@ cudaMalloc and cudaFree calls, :mod:`..probes.memory`); CUDA only."""
 from __future__ import annotations
 
 from ..analysis.memory import MemoryStats
-from .base import MIB, BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Signal, named, worst
+from .base import MIB, BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Section, Signal, named, worst
 
 
 def max_fragmentation(limit: float) -> None:
@@ -65,4 +65,5 @@ SIGNAL = Signal(
     needs_text=" Needs CUDA.",
     timed=True,
     needs=frozenset({Need.ALLOCATOR}),
+    shows=frozenset({Section.ALLOCATOR}),
 )  # fmt: skip

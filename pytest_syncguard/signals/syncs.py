@@ -3,7 +3,7 @@ with its call site; budgets per token and in total."""
 
 from __future__ import annotations
 
-from .base import BudgetKind, Limit, Measured, Metric, Signal, named, worst
+from .base import BudgetKind, Limit, Measured, Metric, Section, Signal, named, worst
 
 
 # The marker functions are never called for their result: their signatures are the markers' API, used to bind
@@ -44,4 +44,5 @@ SIGNAL = Signal(
                    needs_tokens=True),
         BudgetKind("max_syncs", max_syncs, "syncs", named("syncs"), _total),
     ),
+    shows=frozenset({Section.SITES}),
 )  # fmt: skip

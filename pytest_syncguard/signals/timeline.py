@@ -8,7 +8,7 @@ import re
 from functools import cache
 
 from ..analysis.gaps import steps_note
-from .base import BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Signal, named
+from .base import BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Section, Signal, named
 
 
 def max_gpu_idle_us(limit: float, *, stat: str = "max") -> None:
@@ -130,5 +130,6 @@ SIGNAL = Signal(
     needs_text=" Needs CUDA; counted from the timeline capture.",
     timed=True,
     needs=frozenset({Need.TIMELINE}),
+    shows=frozenset({Section.TIMELINE}),
     unmeasured=_no_timeline,
 )  # fmt: skip

@@ -11,9 +11,8 @@ from ...analysis.races import race_lines
 from ...analysis.snapshot import AllocationSite
 from ...metrics import METRICS
 from ...result import MeasuredTest, SiteRecord
-from ...signals import ITEMIZED, Need
-from ...signals.base import MIB
-from ...signals.syncs import SIGNAL as SYNCS
+from ...signals import ITEMIZED
+from ...signals.base import MIB, Section
 from .perfetto import SUFFIX
 
 STACK_LINES = 4
@@ -25,8 +24,7 @@ def failure_text(result: MeasuredTest) -> str:
     if result.error is not None:
         lines.append(f"syncguard: {result.error}")
     broken = [c for c in result.checks if c.held is False]
-    signals = {c.budget.signal for c in broken}
-    needs = {need for signal in signals for need in signal.needs}
+    shown = {section for c in broken for section in c.budget.signal.shows}
     if broken:
         lines.append(f"syncguard: {len(broken)} of {len(result.checks)} budgets exceeded on {result.device}")
         lines.extend(f"  {c.text}" for c in broken)
@@ -35,21 +33,21 @@ def failure_text(result: MeasuredTest) -> str:
         lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
         lines.extend(f"  {line}" for line in result.comparison.explanation.lines())
         lines.extend(consequence_lines(result))
-    if SYNCS in signals or not broken:
+    if Section.SITES in shown or not broken:
         lines.extend(site_lines(result))
     counters = [c.budget.kind.counter for c in broken if c.budget.kind.counter]
     if result.comparison is not None:  # a counter that regressed against the baseline
         counters += [c.metric.removesuffix("_per_token") for c in result.comparison.of("regression")]
     lines.extend(count_lines(result, counters))
-    if result.timeline_source is not None and Need.TIMELINE in needs:
+    if result.timeline_source is not None and Section.TIMELINE in shown:
         lines.append(f"syncguard: {result.timeline_source.describe()}")
-    if result.timeline is not None and Need.TIMELINE in needs:
+    if result.timeline is not None and Section.TIMELINE in shown:
         lines.extend(timeline_lines(result))
     if result.gap_diagnosis is not None:
         lines.extend(diagnosis_lines(result.gap_diagnosis))
     if result.races:
         lines.extend(race_lines(result.races))
-    if result.memory and Need.ALLOCATOR in needs:
+    if result.memory and Section.ALLOCATOR in shown:
         lines.extend(memory_lines(result.memory))
         lines.extend(allocation_site_lines(result.allocation_sites))
     for path in result.artifacts:
