@@ -105,7 +105,7 @@ class GenerationRegion:
         return self._measured().by_kind()
 
     def count(self, name: str) -> int | None:
-        """One of the region's exact counters (``ops``, ``recompiles``, ...; see :data:`.analysis.counts.COUNTERS`);
+        """One of the region's exact counters (``ops``, ``recompiles``, ...; see :data:`.signals.COUNTERS`);
         None where it was not measured. Launches, copies and memsets come from the test's timeline after its call:
         they are in the test's results, not here."""
         return self._measured().count(name)

@@ -56,7 +56,7 @@ class Measurement:
     """Per region number: its exact counters (operators, compilations, launches, ...)."""
     count_parts: tuple[tuple[int, ...], ...] = ()
     """The regions whose counters add up, each given as the runs of one part (a ``measure()``'s repeats), of
-    which the largest counts (of the allocator's driver calls, the fewest: :data:`.analysis.counts.FEWEST`)."""
+    which the largest counts (of the allocator's driver calls, the fewest: :data:`.signals.FEWEST`)."""
     unreliable_timeline: str | None = None
     """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
     races: tuple[RaceEvent, ...] = ()

@@ -48,7 +48,7 @@ class Details:
 
     sites: tuple[SiteCount, ...] = ()
     top: Mapping[str, Items] = field(default_factory=dict)
-    """Per itemized counter (:data:`.counts.ITEMIZED`), its largest contributors, largest first."""
+    """Per itemized counter (:data:`..signals.ITEMIZED`), its largest contributors, largest first."""
     top_limit: int = 0
     """How many contributors each list kept at most: an item missing from a full list may still have some."""
 
