@@ -271,10 +271,7 @@ class CudaCallProbe:
             return f"no CUPTI library could be loaded ({exc})"
         status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
         if status == cupti.MULTIPLE_SUBSCRIBERS:
-            return (
-                "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another tool "
-                "that subscribed to CUPTI)"
-            )
+            return cupti.meaning(status)
         if status != 0:
             return f"cuptiSubscribe failed with CUptiResult {status}"
         for domain, cbid in self._wanted:

@@ -35,8 +35,14 @@ _MEANINGS = {
     33: "not supported on a virtualized device",
     35: "insufficient privileges to read GPU performance counters (ERR_NVGPUCTRPERM)",
     36: "the old profiler API is initialized in this process",
-    MULTIPLE_SUBSCRIBERS: "CUPTI's one subscriber of the process is taken",
+    MULTIPLE_SUBSCRIBERS: "CUPTI's one subscriber of the process is taken (a profiler capture running now, or another "
+    "tool that subscribed to CUPTI)",
 }
+
+
+def meaning(status: int) -> str | None:
+    """What a CUptiResult means, in words, where it is one the plugin names (None: see cupti_result.h)."""
+    return _MEANINGS.get(status)
 
 
 class CuptiError(RuntimeError):
@@ -44,9 +50,9 @@ class CuptiError(RuntimeError):
 
     def __init__(self, call: str, status: int) -> None:
         self.status = status
-        meaning = _MEANINGS.get(status)
-        self.message = meaning or f"{call} returned {status} (see cupti_result.h)"
-        super().__init__(f"{call} returned {status}: {meaning or 'see cupti_result.h'}")
+        said = meaning(status)
+        self.message = said or f"{call} returned {status} (see cupti_result.h)"
+        super().__init__(f"{call} returned {status}: {said or 'see cupti_result.h'}")
 
 
 def process_library(fragment: str) -> ctypes.CDLL | None:
