@@ -427,22 +427,8 @@ class SyncGuard:
             if outermost:
                 self.measurements.pop()
         # The timeline and timing of every timed run are kept, the memory of every run: noisy metrics are judged
-        # on their median.
-        counted_calls = [m for m in runs if m.cuda_calls_uncounted is None]
-        worst = max(counted_calls or runs, key=lambda m: m.syncs)
-        timed = runs[counting_run:]
-        worst = replace(
-            worst,
-            region_numbers=tuple(n for m in timed for n in m.region_numbers),
-            memory=tuple(s for m in runs for s in m.memory),
-            timings=tuple(t for m in timed for t in m.timings),
-            # Counters: of the repeats, the largest count of each, the fewest of some (see analysis.counts.total).
-            region_counts={n: c for m in runs for n, c in m.region_counts.items()},
-            count_parts=(tuple(n for m in runs for n in m.region_numbers),),
-            races=tuple(r for m in runs for r in m.races),
-            # A counting run under a trace cannot count them (the trace holds CUPTI): the timed runs do.
-            cuda_calls_uncounted=None if counted_calls else runs[0].cuda_calls_uncounted,
-        )
+        # on their median. Counters: of the repeats, the largest count of each, the fewest of some.
+        worst = Measurement.of_runs(runs, counting_run=counting_run)
         if outermost:
             self.measurements.append(worst)
         return worst

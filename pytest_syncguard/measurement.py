@@ -3,9 +3,9 @@ complete with timelines and device time, and the budgets, metrics and results re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .analysis.counts import RegionCounts, top_over, total
 from .analysis.device_work import DeviceTime
@@ -14,6 +14,8 @@ from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
+from .signals import PARTS as SIGNAL_PARTS
+from .signals.base import Part, Runs, chained, first_reason, known_sum, last, one_part, united
 
 
 class RegionTiming(NamedTuple):
@@ -32,6 +34,21 @@ def invisible_kinds(on_device: bool) -> tuple[str, ...]:
     if on_device:
         return ()
     return tuple(kind.value for kind in SyncKind if kind not in CPU_VISIBLE_KINDS)
+
+
+#: The parts of a measurement that belong to no one signal: where and over how many tokens it ran, its regions,
+#: and the exact counters, which every region keeps alike (a counter's own rule picks its run,
+#: :func:`.analysis.counts.total`).
+CORE: tuple[Part, ...] = (
+    Part("device", last),
+    Part("tokens", known_sum),
+    Part("region_numbers", chained, Runs.TIMED),
+    Part("unmeasured", first_reason),
+    Part("region_counts", united, Runs.EVERY),
+    Part("count_parts", chained, Runs.EVERY, of_runs=one_part),
+)
+#: Every field of a measurement, each once: the core's, then the signals' own.
+PARTS: tuple[Part, ...] = (*CORE, *SIGNAL_PARTS)
 
 
 @dataclass(frozen=True)
@@ -143,29 +160,29 @@ class Measurement:
         return dict(sorted(totals.items()))
 
     @staticmethod
-    def combine(measurements: list[Measurement]) -> Measurement:
-        """All regions of a test as one: syncs and tokens add up (tokens unknown if any region lacks them)."""
+    def combine(measurements: Sequence[Measurement]) -> Measurement:
+        """All regions of a test as one, each part merged as its signal says (:data:`PARTS`): syncs and tokens
+        add up (tokens unknown if any region lacks them)."""
         if len(measurements) == 1:
             return measurements[0]
-        counts = [m.tokens for m in measurements]
-        tokens = None if any(t is None for t in counts) else sum(t for t in counts if t is not None)
-        events = tuple(e for m in measurements for e in m.events)
-        return Measurement(
-            measurements[-1].device,
-            tokens,
-            events,
-            region_numbers=tuple(n for m in measurements for n in m.region_numbers),
-            timelines=tuple(t for m in measurements for t in m.timelines),
-            memory=tuple(s for m in measurements for s in m.memory),
-            timings=tuple(t for m in measurements for t in m.timings),
-            unmeasured=next((m.unmeasured for m in measurements if m.unmeasured), None),
-            region_counts={n: c for m in measurements for n, c in m.region_counts.items()},
-            count_parts=tuple(p for m in measurements for p in m.count_parts),
-            unreliable_timeline=next((m.unreliable_timeline for m in measurements if m.unreliable_timeline), None),
-            races=tuple(r for m in measurements for r in m.races),
-            device_times={n: d for m in measurements for n, d in m.device_times.items()},
-            cuda_calls_uncounted=next((m.cuda_calls_uncounted for m in measurements if m.cuda_calls_uncounted), None),
-        )
+        return Measurement(**{p.field: p.regions([getattr(m, p.field) for m in measurements]) for p in PARTS})
+
+    @staticmethod
+    def of_runs(runs: Sequence[Measurement], *, counting_run: bool) -> Measurement:
+        """A ``measure()``'s runs as one (the first its counting run, if it had one), each part taken from the runs
+        its signal says (:class:`.signals.base.Runs`): the counts and syncs of its worst run, the timings and
+        timelines of its timed runs, the allocator's numbers of every run."""
+        counted_calls = [m for m in runs if m.cuda_calls_uncounted is None]
+        chosen = {
+            Runs.WORST: [max(counted_calls or runs, key=lambda m: m.syncs)],
+            Runs.EVERY: list(runs),
+            Runs.TIMED: list(runs[counting_run:]),
+        }
+        merged: dict[str, Any] = {}
+        for part in PARTS:
+            values = [getattr(m, part.field) for m in chosen[part.runs]]
+            merged[part.field] = (part.of_runs or part.regions)(values)
+        return Measurement(**merged)
 
     def device_us_per_token(self) -> list[float]:
         """The device's busy time per judged decode step of each traced region (per token where its steps were

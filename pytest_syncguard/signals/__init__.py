@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import compiles, graphs, memory, ops, races, syncs, timeline, wall_time
-from .base import BudgetKind, CounterSpec, Need, Signal, counter_kind
+from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
 #: Every signal, in the order of the metrics, the summary's columns and the markers.
 SIGNALS: tuple[Signal, ...] = (
@@ -16,15 +16,18 @@ SIGNALS: tuple[Signal, ...] = (
     wall_time.SIGNAL,
 )  # fmt: skip
 BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
+#: The fields of a measurement the signals fill, with how each merges across regions and runs.
+PARTS: tuple[Part, ...] = tuple(part for signal in SIGNALS for part in signal.parts)
 #: Every exact counter, by name.
 COUNTERS: dict[str, CounterSpec] = {spec.name: spec for signal in SIGNALS for spec in signal.counters}
-#: Every budget marker, by name: each signal's counters' budgets, then its own.
+#: Every budget marker, by name: the budgets on syncs (the first signal's), then every counter's budget, then the
+#: other signals' own budgets, in the order of the signals.
 KINDS: dict[str, BudgetKind] = {
     kind.marker: kind
-    for signal in SIGNALS
     for kind in (
-        *(counter_kind(signal, spec) for spec in signal.counters if spec.budget is not None),
-        *signal.kinds,
+        *SIGNALS[0].kinds,
+        *(counter_kind(signal, spec) for signal in SIGNALS for spec in signal.counters if spec.budget is not None),
+        *(kind for signal in SIGNALS[1:] for kind in signal.kinds),
     )
 }
 #: The counters whose count is their fewest run's. The caching allocator packs each request into the best-fitting
@@ -45,6 +48,6 @@ def needs(signal_names: Iterable[str]) -> frozenset[Need]:
 
 
 __all__ = [
-    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "SIGNALS", "BudgetKind",
-    "CounterSpec", "Need", "Signal", "needs",
+    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "PARTS", "SIGNALS", "BudgetKind",
+    "CounterSpec", "Need", "Part", "Signal", "needs",
 ]  # fmt: skip

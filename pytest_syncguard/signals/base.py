@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import enum
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..analysis.gaps import Timeline
 from ..analysis.memory import MemoryStats
@@ -183,10 +183,61 @@ class BudgetKind:
     """The argument that picks the statistic the metric reads (``max_gpu_idle_us``'s ``stat``), if it has one."""
 
 
+def chained(values: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """Per-region items, one after another in region order."""
+    return tuple(item for value in values for item in value)
+
+
+def united(values: Sequence[Mapping[int, Any]]) -> dict[int, Any]:
+    """Items keyed by region number, all regions' together."""
+    return {number: item for value in values for number, item in value.items()}
+
+
+def first_reason(values: Sequence[str | None]) -> str | None:
+    """Why a number is missing: the first region's reason that has one."""
+    return next((value for value in values if value), None)
+
+
+def last(values: Sequence[Any]) -> Any:
+    return values[-1]
+
+
+def known_sum(values: Sequence[int | None]) -> int | None:
+    """A sum that is unknown where any part of it is."""
+    return None if any(value is None for value in values) else sum(v for v in values if v is not None)
+
+
+def one_part(values: Sequence[tuple[tuple[int, ...], ...]]) -> tuple[tuple[int, ...], ...]:
+    """Regions whose counters make one count of its runs (:attr:`..measurement.Measurement.count_parts`)."""
+    return (tuple(number for parts in values for part in parts for number in part),)
+
+
+class Runs(enum.Enum):
+    """Which of a ``measure()``'s runs give a part of its measurement."""
+
+    WORST = "the run with the most syncs (of those whose CUDA calls were counted)"
+    EVERY = "every run, the counting run too"
+    TIMED = "the timed runs (all runs where there is no counting run)"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One field of a measurement (:class:`..measurement.Measurement`) and how it merges: across a test's regions
+    (:meth:`..measurement.Measurement.combine`), and across a ``measure()``'s runs
+    (:meth:`..measurement.Measurement.of_runs`), whose chosen runs merge by ``of_runs`` (by ``regions`` unless
+    said)."""
+
+    field: str
+    regions: Callable[[Sequence[Any]], Any]
+    runs: Runs = Runs.WORST
+    of_runs: Callable[[Sequence[Any]], Any] | None = None
+
+
 @dataclass(frozen=True)
 class Signal:
     """One signal, as a unit: its exact counters, its budgets (those of its counters are made from them), where it
-    can be measured, whether its numbers vary from run to run, and what a test's capture records for it. Its region
+    can be measured, whether its numbers vary from run to run, what a test's capture records for it, and its part
+    of a measurement. Its region
     probes are the torch side's (:data:`..guard.REGION_PROBES`)."""
 
     name: str
@@ -208,6 +259,9 @@ class Signal:
     """What a failure of one of its budgets shows (its counters' largest contributors are shown for any counter)."""
     unmeasured: Callable[[Measured], str | None] | None = None
     """Why a measurement has none of its numbers, beyond the device it ran on (None: it has them)."""
+    parts: tuple[Part, ...] = ()
+    """The fields of a measurement its probes fill (beyond the exact counters, which every region keeps alike), and
+    how each merges across regions and runs."""
 
 
 def named(name: str) -> Callable[[str], str]:

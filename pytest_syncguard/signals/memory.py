@@ -4,7 +4,22 @@ cudaMalloc and cudaFree calls, :mod:`..probes.memory`); CUDA only."""
 from __future__ import annotations
 
 from ..analysis.memory import MemoryStats
-from .base import MIB, BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Section, Signal, named, worst
+from .base import (
+    MIB,
+    BudgetKind,
+    CounterSpec,
+    Limit,
+    Measured,
+    Metric,
+    Need,
+    Part,
+    Runs,
+    Section,
+    Signal,
+    chained,
+    named,
+    worst,
+)
 
 
 def max_fragmentation(limit: float) -> None:
@@ -66,4 +81,5 @@ SIGNAL = Signal(
     timed=True,
     needs=frozenset({Need.ALLOCATOR}),
     shows=frozenset({Section.ALLOCATOR}),
+    parts=(Part("memory", chained, Runs.EVERY),),  # per region and device: a budget holds in every run
 )  # fmt: skip

@@ -3,7 +3,7 @@ with its call site; budgets per token and in total."""
 
 from __future__ import annotations
 
-from .base import BudgetKind, Limit, Measured, Metric, Section, Signal, named, worst
+from .base import BudgetKind, Limit, Measured, Metric, Part, Section, Signal, chained, first_reason, named, worst
 
 
 # The marker functions are never called for their result: their signatures are the markers' API, used to bind
@@ -45,4 +45,7 @@ SIGNAL = Signal(
         BudgetKind("max_syncs", max_syncs, "syncs", named("syncs"), _total),
     ),
     shows=frozenset({Section.SITES}),
+    # A measure() keeps its worst run's syncs; where a run could not count the CUDA calls made outside torch (a
+    # trace held CUPTI), a run that could is the worst.
+    parts=(Part("events", chained), Part("cuda_calls_uncounted", first_reason)),
 )  # fmt: skip

@@ -8,7 +8,22 @@ import re
 from functools import cache
 
 from ..analysis.gaps import steps_note
-from .base import BudgetKind, CounterSpec, Limit, Measured, Metric, Need, Section, Signal, named
+from .base import (
+    BudgetKind,
+    CounterSpec,
+    Limit,
+    Measured,
+    Metric,
+    Need,
+    Part,
+    Runs,
+    Section,
+    Signal,
+    chained,
+    first_reason,
+    named,
+    united,
+)
 
 
 def max_gpu_idle_us(limit: float, *, stat: str = "max") -> None:
@@ -132,4 +147,10 @@ SIGNAL = Signal(
     needs=frozenset({Need.TIMELINE}),
     shows=frozenset({Section.TIMELINE}),
     unmeasured=_no_timeline,
+    # Filled after the call by its instrument (:meth:`..instruments.Instrument.timelines`): the timed runs'
+    # timelines, the traced runs' device time.
+    parts=(
+        Part("timelines", chained, Runs.TIMED), Part("unreliable_timeline", first_reason, Runs.EVERY),
+        Part("device_times", united, Runs.EVERY),
+    ),
 )  # fmt: skip

@@ -3,7 +3,7 @@ Host timings: judged A/B on one runner, not against a baseline recorded on anoth
 
 from __future__ import annotations
 
-from .base import Measured, Metric, Signal
+from .base import Measured, Metric, Part, Runs, Signal, chained
 
 
 def _rates(m: Measured) -> list[float]:
@@ -19,4 +19,5 @@ SIGNAL = Signal(
                description="tokens over the wall time of a measured run"),
     ),
     timed=True,
+    parts=(Part("timings", chained, Runs.TIMED),),
 )  # fmt: skip

@@ -1,0 +1,53 @@
+"""A measurement's parts merge as their signals say: across a test's regions, and across a ``measure()``'s runs,
+checked against syncs made on purpose (``.item()`` calls counted by construction)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import fields
+
+import torch
+
+from pytest_syncguard import SyncGuard
+from pytest_syncguard.measurement import PARTS, Measurement
+from pytest_syncguard.signals import SIGNALS
+
+
+def test_every_field_of_a_measurement_is_one_part_with_its_rules() -> None:
+    declared = Counter(part.field for part in PARTS)
+    assert [name for name, times in declared.items() if times > 1] == []
+    assert set(declared) == {f.name for f in fields(Measurement)}
+    owners = {part.field: signal.name for signal in SIGNALS for part in signal.parts}
+    assert owners["events"] == "syncs" and owners["memory"] == "memory" and owners["timings"] == "wall_time"
+
+
+def _syncs(count: int) -> None:
+    x = torch.ones(2)
+    for _ in range(count):
+        x.sum().item()
+
+
+def test_a_measures_runs_merge_as_their_signals_say() -> None:
+    guard = SyncGuard("test_runs", device="cpu")
+    calls = iter([1, 4, 2, 3])  # the counting run, then three timed runs; the second run is the worst
+    worst = guard.measure(lambda: _syncs(next(calls)), tokens=2, warmup=0, repeat=3)
+    assert worst.syncs == 4 and len(worst.events) == 4
+    # The timings and region numbers are the timed runs' only; the counters keep every run, as one part.
+    assert len(worst.timings) == 3 and worst.regions == 3
+    (part,) = worst.count_parts
+    assert len(part) == 4 and part[1:] == worst.region_numbers and set(worst.region_counts) == set(part)
+    assert guard.measurements == [worst]
+
+
+def test_a_tests_regions_combine_their_syncs_and_tokens() -> None:
+    guard = SyncGuard("test_regions", device="cpu")
+    with guard.generation(tokens=2):
+        _syncs(1)
+    with guard.generation(tokens=3):
+        _syncs(2)
+    both = Measurement.combine(guard.measurements)
+    assert (both.syncs, both.tokens, both.regions, len(both.timings)) == (3, 5, 2, 2)
+    assert both.count_parts == tuple((n,) for n in both.region_numbers)
+    with guard.generation():  # no tokens: the sum is unknown
+        _syncs(1)
+    assert Measurement.combine(guard.measurements).tokens is None
