@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,7 +195,30 @@ def test_a_cuda_call_inside_allow_is_recorded_as_intended_and_not_counted() -> N
     assert region.measurement is not None and region.measurement.cuda_calls_uncounted is None
 
 
-def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again_after() -> None:
+#: Set in the fresh process that runs a test which needs one.
+_FRESH = "SYNCGUARD_TEST_FRESH_PROCESS"
+
+
+def _in_a_fresh_process(request: pytest.FixtureRequest) -> bool:
+    """Whether this is the fresh process; if not, run the test there and check it passed."""
+    if os.environ.get(_FRESH):
+        return True
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", f"{__file__}::{request.node.name}", "-q", "-p", "no:cacheprovider"],
+        env={**os.environ, _FRESH: "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return False
+
+
+def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again_after(
+    request: pytest.FixtureRequest,
+) -> None:
+    """In a fresh process: kineto holds CUPTI's subscriber during each capture. Run after the profiler captures of
+    tests/test_gpu_counters.py or tests/test_gpu.py in one process (an H100, torch 2.11), a capture left it free and
+    the probe counted in it, rightly, since CUPTI let it subscribe; what in kineto decides that is not known here."""
+    if not _in_a_fresh_process(request):
+        return
     with cupti_detached_afterwards(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
         torch.ones(4, device="cuda").sum()
         with CUDA_CALLS.counting() as watch:
@@ -205,6 +231,11 @@ def test_while_a_profiler_capture_holds_cupti_the_probe_says_so_and_counts_again
         _runtime().cudaDeviceSynchronize()
 
     assert _counted(case) == ([("cudaDeviceSynchronize", _line(case))], 0)
+    with cupti_detached_afterwards(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        torch.ones(4, device="cuda").sum()
+        with CUDA_CALLS.counting() as again:
+            torch.cuda.synchronize()
+    assert again.not_counted is not None and "subscriber" in again.not_counted
 
 
 def test_a_capture_inside_a_counting_region_takes_cupti_keeps_its_kernels_and_gives_it_back() -> None:
