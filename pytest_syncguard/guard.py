@@ -225,6 +225,8 @@ class RegionProbe:
     races), which :meth:`GenerationRegion._finish` reads once all have closed."""
 
     name: str
+    signal: str | None
+    """The signal whose numbers it records (:data:`.signals.BY_NAME`); None: the region's own bookkeeping."""
     wanted: Callable[[GenerationRegion], bool]
     recording: Callable[[GenerationRegion], AbstractContextManager[object]]
 
@@ -236,20 +238,21 @@ def _always(region: GenerationRegion) -> bool:
 #: Every probe of a region, outermost first: a probe does not see the work of those outside it, so the counters
 #: are innermost (the other probes' own operators are not counted) and the race watch is inside the sync probe
 #: (its copy kernel announces the copies), as is the CUDA-call probe (it counts into the sync probe's recorders).
-#: The allocator's numbers are read on its exit, after those inside.
+#: The allocator's numbers are read on its exit, after those inside. The wall time is the region's own clock.
 REGION_PROBES = (
-    RegionProbe("timeline annotation", _always, lambda r: TIMELINE.region(r.number)),
-    RegionProbe("marked steps", _always, lambda r: closing(r._steps)),
-    RegionProbe("forward calls", lambda r: r.model is not None, lambda r: r._model_hooks()),
-    RegionProbe("allocator", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory)),
-    RegionProbe("syncs", _always, lambda r: PROBE.recording(r._recorder)),
-    RegionProbe("CUDA calls", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls()),
-    RegionProbe("races", lambda r: r.check_races and r._on_cuda, lambda r: RACES.watching(r._races, r._counts)),
-    RegionProbe("driver calls", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
-    RegionProbe("compiles", _always, lambda r: compiles.counting(r._counts)),
-    RegionProbe("CUDA graphs", _always, lambda r: graphs.counting(r._counts)),
-    RegionProbe("operators", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
-)
+    RegionProbe("timeline annotation", "timeline", _always, lambda r: TIMELINE.region(r.number)),
+    RegionProbe("marked steps", "timeline", _always, lambda r: closing(r._steps)),
+    RegionProbe("forward calls", None, lambda r: r.model is not None, lambda r: r._model_hooks()),
+    RegionProbe("allocator", "memory", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory)),
+    RegionProbe("syncs", "syncs", _always, lambda r: PROBE.recording(r._recorder)),
+    RegionProbe("CUDA calls", "syncs", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls()),
+    RegionProbe("races", "races", lambda r: r.check_races and r._on_cuda,
+                lambda r: RACES.watching(r._races, r._counts)),
+    RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
+    RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
+    RegionProbe("CUDA graphs", "graphs", _always, lambda r: graphs.counting(r._counts)),
+    RegionProbe("operators", "ops", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
+)  # fmt: skip
 
 
 def _validated_tokens(tokens: Any, where: str) -> int | None:

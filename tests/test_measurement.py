@@ -9,8 +9,9 @@ from dataclasses import fields
 import torch
 
 from pytest_syncguard import SyncGuard
+from pytest_syncguard.guard import REGION_PROBES
 from pytest_syncguard.measurement import PARTS, Measurement
-from pytest_syncguard.signals import SIGNALS
+from pytest_syncguard.signals import BY_NAME, SIGNALS
 
 
 def test_every_field_of_a_measurement_is_one_part_with_its_rules() -> None:
@@ -19,6 +20,12 @@ def test_every_field_of_a_measurement_is_one_part_with_its_rules() -> None:
     assert set(declared) == {f.name for f in fields(Measurement)}
     owners = {part.field: signal.name for signal in SIGNALS for part in signal.parts}
     assert owners["events"] == "syncs" and owners["memory"] == "memory" and owners["timings"] == "wall_time"
+
+
+def test_every_signal_has_its_region_probes_but_the_wall_time_the_regions_own_clock() -> None:
+    served = {probe.signal for probe in REGION_PROBES if probe.signal is not None}
+    assert served <= set(BY_NAME)
+    assert set(BY_NAME) - served == {"wall_time"}
 
 
 def _syncs(count: int) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from . import compiles, graphs, memory, ops, races, syncs, timeline, wall_time
 from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
-#: Every signal, in the order of the metrics, the summary's columns and the markers.
+#: Every signal, in the order of the metrics and the summary's columns (the markers' order: :data:`KINDS`).
 SIGNALS: tuple[Signal, ...] = (
     syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL, graphs.SIGNAL,
     wall_time.SIGNAL,
