@@ -125,6 +125,11 @@ def test_host_read_gap_fails_with_its_line_and_the_graph_passes(pytester: pytest
 
 
 def test_busy_time_equals_the_profilers_kernel_events() -> None:
+    """The busy time read from the exported trace against the profiler's own device events of the same capture, by
+    the timeline's definition (docs/explanation/timeline.md): kernels and device-to-device copies occupy the GPU
+    (the ``.item()`` copies to the host and memsets do not), and an idle stretch under MIN_GAP_US is busy. The
+    union of every device event, the first truth, drifted 1.4-1.6% either way on H100s as the two rules pulled;
+    by the definition the two agreed to 0.1 us in 6 runs on an H100 (GPU-1f1e0bce)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -143,19 +148,22 @@ def test_busy_time_equals_the_profilers_kernel_events() -> None:
     timeline = gaps.analyze(trace_file.load(path))
     assert timeline is not None
     device_events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    intervals = sorted((e.time_range.start, e.time_range.end) for e in device_events)
+    occupying = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset")) or "DtoD" in e.name]
+    assert 0 < len(occupying) < len(device_events)  # the host copies are there, and left out
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in occupying)
     busy, end = 0.0, float("-inf")
-    for start, stop in intervals:  # union of the profiler's own device intervals
-        if start > end:
+    for start, stop in intervals:  # the union, a stretch under MIN_GAP_US between two being busy
+        if start - end >= gaps.MIN_GAP_US:
             busy += stop - start
             end = stop
         elif stop > end:
             busy += stop - end
             end = stop
     print(
-        f"busy: plugin {timeline.busy_us:.1f} us, profiler events {busy:.1f} us, ops {timeline.gpu_ops} vs {len(device_events)}"
+        f"busy: plugin {timeline.busy_us:.1f} us, profiler events {busy:.1f} us, ops {timeline.gpu_ops} vs "
+        f"{len(device_events)} ({len(occupying)} occupying)"
     )
-    assert timeline.busy_us == pytest.approx(busy, rel=0.01, abs=2.0)
+    assert timeline.busy_us == pytest.approx(busy, rel=0, abs=0.5)
 
 
 MEMORY = """
