@@ -197,18 +197,16 @@ class GenerationRegion:
         counts = RegionCounts()
         for found in self._counts:
             counts = counts.merged(found)
+        filled = {name: value for probe in REGION_PROBES if probe.fills for name, value in probe.fills(self).items()}
         return Measurement(
-            self.device,
-            tokens,
-            tuple(self._recorder.events),
+            device=self.device,
+            tokens=tokens,
             region_numbers=(self.number,),
-            memory=tuple(self._memory),
             timings=() if seconds is None else (RegionTiming(tokens, seconds),),
             unmeasured=unmeasured,
             region_counts={self.number: counts},
             count_parts=((self.number,),),
-            races=tuple(self._races),
-            cuda_calls_uncounted=self._cuda_calls.not_counted,
+            **filled,
         )
 
     @contextmanager
@@ -220,15 +218,19 @@ class GenerationRegion:
 
 @dataclass(frozen=True)
 class RegionProbe:
-    """One probe of a measured region: whether the region wants it, and what records its part of the region's
-    results around the region's block, into the region's own lists (sync events, counts, allocator numbers,
-    races), which :meth:`GenerationRegion._finish` reads once all have closed."""
+    """One probe of a measured region: whether the region wants it, what records its part of the region's results
+    around the region's block, into the region's own lists (sync events, counts, allocator numbers, races), and
+    the fields of the region's measurement it fills from them, which :meth:`GenerationRegion._finish` reads once all
+    have closed. A counter's probe fills none: its counts join the region's :class:`.analysis.counts.RegionCounts`."""
 
     name: str
     signal: str | None
     """The signal whose numbers it records (:data:`.signals.BY_NAME`); None: the region's own bookkeeping."""
     wanted: Callable[[GenerationRegion], bool]
     recording: Callable[[GenerationRegion], AbstractContextManager[object]]
+    fills: Callable[[GenerationRegion], dict[str, Any]] | None = None
+    """The parts of the measurement it fills (:data:`.measurement.PARTS`), by field (empty where it was not
+    wanted)."""
 
 
 def _always(region: GenerationRegion) -> bool:
@@ -243,11 +245,14 @@ REGION_PROBES = (
     RegionProbe("timeline annotation", "timeline", _always, lambda r: TIMELINE.region(r.number)),
     RegionProbe("marked steps", "timeline", _always, lambda r: closing(r._steps)),
     RegionProbe("forward calls", None, lambda r: r.model is not None, lambda r: r._model_hooks()),
-    RegionProbe("allocator", "memory", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory)),
-    RegionProbe("syncs", "syncs", _always, lambda r: PROBE.recording(r._recorder)),
-    RegionProbe("CUDA calls", "syncs", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls()),
+    RegionProbe("allocator", "memory", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory),
+                lambda r: {"memory": tuple(r._memory)}),
+    RegionProbe("syncs", "syncs", _always, lambda r: PROBE.recording(r._recorder),
+                lambda r: {"events": tuple(r._recorder.events)}),
+    RegionProbe("CUDA calls", "syncs", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls(),
+                lambda r: {"cuda_calls_uncounted": r._cuda_calls.not_counted}),
     RegionProbe("races", "races", lambda r: r.check_races and r._on_cuda,
-                lambda r: RACES.watching(r._races, r._counts)),
+                lambda r: RACES.watching(r._races, r._counts), lambda r: {"races": tuple(r._races)}),
     RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
     RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
     RegionProbe("CUDA graphs", "graphs", _always, lambda r: graphs.counting(r._counts)),
