@@ -236,9 +236,8 @@ class Part:
 @dataclass(frozen=True)
 class Signal:
     """One signal, as a unit: its exact counters, its budgets (those of its counters are made from them), where it
-    can be measured, whether its numbers vary from run to run, what a test's capture records for it, and its part
-    of a measurement. Its region
-    probes are the torch side's (:data:`..guard.REGION_PROBES`)."""
+    can be measured, whether its numbers vary from run to run, what a test's capture records for it, and its parts
+    of a measurement. Its region probes are the torch side's (:data:`..guard.REGION_PROBES`), each naming it."""
 
     name: str
     counters: tuple[CounterSpec, ...] = ()
