@@ -175,8 +175,7 @@ class Traced(Instrument):
         problem = sentinel_problem(trace) or next((t.unreliable for t in timelines if t and t.unreliable), None)
         counts = dict(measurement.region_counts)
         for n in traced:
-            work = device_work(trace, windows[n]) if problem is None else unreliable_counts(problem)
-            counts[n] = counts.get(n, RegionCounts()).merged(work)
+            _add_work(counts, n, trace, windows[n], problem)
         if problem is not None:
             return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
         return replace(measurement, timelines=timelines, region_counts=counts, device_times=_device_times(found))
@@ -214,8 +213,7 @@ def _with_traced_runs(
         trace = trace_file.load(path)
         problem = sentinel_problem(trace)
         for n, window in gaps.regions(trace).items():
-            work = device_work(trace, window) if problem is None else unreliable_counts(problem)
-            counts[n] = counts.get(n, RegionCounts()).merged(work)
+            _add_work(counts, n, trace, window, problem)
             timeline = gaps.analyze(trace, window=window, warmup_steps=warmup_steps)
             found[n] = timeline if problem is None and (timeline is None or timeline.unreliable is None) else None
     if timed_timelines:
@@ -254,6 +252,19 @@ def judge_sampled_region(
     timeline = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup_steps)
     return SampledJudgement(timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None,
                             steps=placed)  # fmt: skip
+
+
+def _add_work(
+    counts: dict[int, RegionCounts],
+    number: int,
+    trace: trace_file.Trace,
+    window: tuple[float, float],
+    problem: str | None,
+) -> None:
+    """Region ``number``'s device work in ``window`` of its trace joins its counts; where the trace cannot be trusted
+    (``problem``), the reason it has none does."""
+    work = device_work(trace, window) if problem is None else unreliable_counts(problem)
+    counts[number] = counts.get(number, RegionCounts()).merged(work)
 
 
 def _all_regions(measurement: Measurement) -> list[int]:

@@ -21,6 +21,7 @@ import torch
 from pytest_syncguard.analysis import trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
 from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
 from pytest_syncguard.probes.sync_ops import SyncKind
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
@@ -68,10 +69,9 @@ def extension(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _runtime() -> ctypes.CDLL:
     """The CUDA runtime torch loaded (the same library, so the same state), as ctypes sees it."""
     torch.cuda.init()
-    with open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "/libcudart" in line})
-    assert paths, "no shared libcudart in this process"
-    return ctypes.CDLL(paths[0])
+    runtime = cupti.process_library("/libcudart")
+    assert runtime is not None, "no shared libcudart in this process"
+    return runtime
 
 
 def _counted(fn: Callable[[], object]) -> tuple[list[tuple[str, int]], int]:

@@ -89,7 +89,7 @@ def _rerecord_reason(frame: FrameType | None) -> str:
             reason = reason()
         except Exception:  # torch's own diagnostics: never fail the user's step over them
             return ""
-    return " ".join(str(reason).split())[:_REASON_CHARS] if reason else ""
+    return _one_line(reason) if reason else ""
 
 
 def _skipped(graph: Any) -> str | None:
@@ -102,7 +102,12 @@ def _skipped(graph: Any) -> str | None:
     failed = getattr(info, "cudagraph_fail_reasons", None)
     if not reason and failed:
         reason = f"skipping cudagraphs due to {failed}"
-    return " ".join(str(reason).split())[:_REASON_CHARS] if reason else None
+    return _one_line(reason) if reason else None
+
+
+def _one_line(reason: object) -> str:
+    """torch's reason as one line of at most :data:`_REASON_CHARS` characters."""
+    return " ".join(str(reason).split())[:_REASON_CHARS]
 
 
 def _tree_fallback(manager: Any, function: Any) -> str:
