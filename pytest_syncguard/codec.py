@@ -47,8 +47,8 @@ def read_document(path: Path, schema: str, newest: int, what: str) -> tuple[dict
     what is wrong (unreadable, another schema, a newer version) in terms of ``what`` the file should be."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CodecError(f"not a readable {what} ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, a number too long
+        raise CodecError(f"not a readable {what} ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not isinstance(data, dict) or data.get("schema") != schema:
         raise CodecError(f"not a {what} (schema {schema!r} expected)")
     version = data.get("schema_version")

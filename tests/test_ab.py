@@ -255,7 +255,8 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     # test_steady's timing may come out a regression too: two rounds at 50% confidence cannot rule out noise.
     regressed = len(report.with_verdict(REGRESSION))
     assert regressed in (1, 2)
-    assert rendered.returncode == 0 and f"A/B on one runner: {regressed} regressions in 2 tests" in rendered.stdout
+    noun = "regression" if regressed == 1 else "regressions"
+    assert rendered.returncode == 0 and f"A/B on one runner: {regressed} {noun} in 2 tests" in rendered.stdout
     refused = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "report", str(head_results), "--ab", "bad.json"],
                              cwd=repo, capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "--ab bad.json: A/B report is malformed" in refused.stderr
@@ -283,7 +284,7 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
     assert [t.nodeid for t in report.tests] == ["test_loop.py::test_decode"] and report.regressions == 1
     assert not report.only_in
     markdown = (repo / "ab.md").read_text()
-    assert "A/B on one runner: 1 tests failed on the head" in markdown.splitlines()[0]
+    assert "A/B on one runner: 1 test failed on the head" in markdown.splitlines()[0]
     assert "**failed on the head** (not compared)" in markdown
 
 
@@ -325,15 +326,17 @@ def test_the_h100_gate_passes_an_unchanged_suite_from_another_host_and_names_eac
     recorded passes (judging its host timings would have failed it), and the planted changes are caught where they
     were planted, with what changed, and nowhere else."""
     summary, _ = _report(tmp_path, "unchanged-host3")
-    assert "17 tests, 0 regressions" in summary
+    assert "no regressions: 17 tests passed" in summary
     cried_wolf, _ = _report(tmp_path, "unchanged-host3", "--judge-host-timings")
-    assert "17 tests, 0 regressions" not in cried_wolf
+    assert "no regressions: 17 tests passed" not in cried_wolf
     speed, speed_md = _report(tmp_path, "planted-speed")
-    assert "3 tests, 2 regressions" in speed  # kv_cache and static_cache; cuda_graph's counts hold
+    assert (
+        "2 of 3 tests failed: 2 regressed against the baseline" in speed
+    )  # kv_cache and static_cache; cuda_graph's counts hold
     assert "sync site appeared at `examples/strategies.py:71` in `kv_cache`: `if token[0].item() < 0:" in speed_md
     assert "test_speed[cuda_graph]" not in speed_md.split("### ❌ Regressions")[1].split("<details>")[0]
     timeline, timeline_md = _report(tmp_path, "planted-timeline")
-    assert "3 tests, 3 regressions" in timeline
+    assert "3 of 3 tests failed: 3 regressed against the baseline" in timeline
     regressions = timeline_md.split("### ❌ Regressions")[1].split("<details>")[0]
     assert "`gpu_us_per_token` 2092 us → 2542 us (+21.5%), judged within 5.0%" in regressions  # the step slower
     assert "`launches` 35663 → 35763" in regressions and "CUDAFunctorOnSelf_add" in regressions

@@ -95,6 +95,19 @@ def test_never_edits_someone_elses_comment_even_with_the_marker(tmp_path: Path) 
     assert not [c for c in gh.calls if "PATCH" in c["argv"]]
 
 
+def test_a_marker_quoted_inside_another_keys_comment_marks_nothing(tmp_path: Path) -> None:
+    """The other GPU model's comment holds a test id that quotes this key's marker in a code span: it stays that
+    model's comment; this key's job creates its own."""
+    hostile = f"- `tests/test_x.py::test[{MARK}]` on `cpu`"
+    other_model = {"id": 5, "user": {"login": "syncguard-bot"}, "body": f"report\n{hostile}\n\n{marker('cpu')}\n"}
+    gh = FakeGitHub(tmp_path, [*others(4), other_model])
+    done = gh.comment()
+    assert done.returncode == 0, done.stderr
+    assert "created comment 6" in done.stdout
+    assert {c["id"]: c["body"] for c in gh.comments}[5] == other_model["body"]
+    assert not [c for c in gh.calls if "PATCH" in c["argv"]]
+
+
 def test_a_workflow_token_posts_as_github_actions(tmp_path: Path) -> None:
     mine = {"id": 2, "user": {"login": "github-actions[bot]"}, "body": MARK}
     gh = FakeGitHub(tmp_path, [*others(1), mine], login=None)
@@ -188,7 +201,9 @@ def test_the_poster_comments_and_removes_the_forks_approval(tmp_path: Path) -> N
     gh, done = poster(tmp_path, "12\n")
     assert done.returncode == 0, done.stderr
     (created,) = gh.comments
-    assert created["body"].startswith("**✅ syncguard: no regressions**\n\n1 tests on `nvidia-h100-80gb-hbm3`")
+    assert created["body"].startswith(
+        "**✅ syncguard: no regressions: 1 test passed**\n\n1 test on `nvidia-h100-80gb-hbm3`"
+    )
     assert created["body"].rstrip().endswith(MARK)
     labels = json.loads(gh.state.read_text())["pulls"]["12"]["labels"]
     assert labels == [{"name": "perf"}]

@@ -108,13 +108,13 @@ def test_the_verdict_comes_first_with_each_regressions_chain_and_the_rest_collap
     assert done.returncode == 0, done.stderr
     text = (pr_run / "out" / "comment.md").read_text()
     lines = text.splitlines()
-    assert lines[0] == "**❌ syncguard: 1 regression**"
+    assert lines[0] == "**❌ syncguard: 1 of 8 tests failed: 1 regressed against the baseline**"
     assert lines[2] == (
         "8 tests on `cpu`, judged against `cpu.json`: 1 regressed, 1 improved, 1 unchanged, 5 new, 1 missing; host "
         "timings not judged."
     )
     shown = visible(text)
-    assert "### ❌ Regressions" in shown and "- **`test_suite.py::test_regresses`** on `cpu`" in shown
+    assert "### ❌ Regressions (1 test)" in shown and "- **`test_suite.py::test_regresses`** on `cpu`" in shown
     entry = shown[shown.index("- **`test_suite.py::test_regresses`** on `cpu`") :]
     assert entry[1].startswith("  - **regressed:** `ops` ")  # the reads' operators, then the syncs
     assert entry[1].endswith("; `syncs` 4 → 12 (+200.0%); `syncs_per_token` 1 → 3 (+200.0%)")
@@ -129,7 +129,9 @@ def test_the_verdict_comes_first_with_each_regressions_chain_and_the_rest_collap
     assert {t["nodeid"]: t["comparison"]["status"] for t in data["tests"]}["test_suite.py::test_steady"] == "unchanged"
     assert data["missing"] == [{"device": "cpu", "nodeid": "test_suite.py::test_removed"}]
     failing = cli(pr_run, "pr.xml", "--baselines", "baselines", "--fail-on-regression")
-    assert failing.returncode == 1 and failing.stdout.startswith("**❌ syncguard: 1 regression**")
+    assert failing.returncode == 1 and failing.stdout.startswith(
+        "**❌ syncguard: 1 of 8 tests failed: 1 regressed against the baseline**"
+    )
 
 
 def test_the_results_file_gives_the_junit_files_verdicts_and_what_explains_them(pr_run: Path) -> None:
@@ -154,7 +156,7 @@ def test_without_a_baselines_folder_the_runs_own_comparison_is_reported_with_its
     the sites (file, line, source text) that the run compared."""
     junit = cli(pr_run, "pr.xml", "--json", "r.json")
     assert junit.returncode == 0, junit.stderr
-    assert junit.stdout.startswith("**❌ syncguard: 1 regression**")
+    assert junit.stdout.startswith("**❌ syncguard: 1 of 8 tests failed: 1 regressed against the baseline**")
     results = cli(pr_run, "pr.json")
     assert results.returncode == 0, results.stderr
     assert "**what changed:** sync site grew at `test_suite.py:" in results.stdout
@@ -210,7 +212,7 @@ def test_a_long_report_is_cut_to_githubs_limit_with_the_full_one_as_a_file(pr_ru
     run_ = compare_run([pr_run / "pr.xml"], pr_run / "baselines")
     text, cut = render(run_, limit=1200, full_report="comment.full.md")
     assert cut and len(text) <= 1200
-    assert text.startswith("**❌ syncguard: 1 regression**") and "### ❌ Regressions" in text
+    assert text.startswith("**❌ syncguard: 1 of 8 tests failed: 1 regressed") and "### ❌ Regressions" in text
     assert text.rstrip().endswith("more lines left out to fit a GitHub comment. The full report is `comment.full.md`._")
     full, cut_full = render(run_)
     assert not cut_full and len(full) < COMMENT_LIMIT
@@ -270,13 +272,13 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
     own = {c.case.nodeid: c.case.baseline_status for c in judged.cases}
     assert {c.case.nodeid: c.comparison.status for c in judged.cases} == own  # same verdicts as the run's
     text, _ = render(judged)
-    assert text.splitlines()[0] == "**❌ syncguard: 6 regressions**"
+    assert text.splitlines()[0] == "**❌ syncguard: 6 of 17 tests failed: 6 regressed against the baseline**"
     assert text.splitlines()[2].startswith("17 tests on `nvidia-h100-80gb-hbm3`")
     run_ = compare_run([junit], data / "baselines")
     assert not run_.with_status("regression")
     speed = next(c for c in run_.cases if c.case.nodeid.endswith("test_speed[cuda_graph]"))
     assert speed.case.metrics["syncs"] == 1 and speed.comparison.status == "unchanged"
-    assert render(run_)[0].splitlines()[0] == "**❌ syncguard: 6 tests failed**"  # the run's own failures, as such
+    assert render(run_)[0].splitlines()[0] == "**❌ syncguard: 6 of 17 tests failed: 6 failed in the run**"  # as such
     assert "`seconds` 0.664 s → 0.9515 s (+43.3%), judged within" in text
 
 
@@ -322,7 +324,7 @@ def test_a_real_unchanged_h100_job_reads_in_a_dozen_lines(tmp_path: Path) -> Non
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-all-judged.json"))
     shown = [line for line in visible(text) if line.strip()]
-    assert shown[0] == "**✅ syncguard: no regressions**"
+    assert shown[0] == "**✅ syncguard: no regressions: 17 tests passed**"
     assert shown[1] == (
         "17 tests on `nvidia-h100-80gb-hbm3`, judged against `nvidia-h100-80gb-hbm3.json`: 17 unchanged; host timings "
         "not judged."
@@ -343,10 +345,10 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     links = SiteLinks.of("octo/decode", "0123456789abcdef0123456789abcdef01234567", Path(__file__).parents[1])
     text, _ = render(run_, links=links)
     shown = visible(text)
-    assert shown[0] == "**❌ syncguard: 2 regressions, 1 failed budget**"
+    assert shown[0] == "**❌ syncguard: 2 of 2 tests failed: 1 with failed budgets, 2 regressed against the baseline**"
     line = "[`examples/strategies.py:74`](https://github.com/octo/decode/blob/0123456789abcdef0123456789abcdef01234567/" \
         "examples/strategies.py#L74)"  # fmt: skip
-    budgets = shown[shown.index("### ❌ Failed budgets") : shown.index("### ❌ Regressions")]
+    budgets = shown[shown.index("### ❌ Failed budgets (1 test)") : shown.index("### ❌ Regressions (2 tests)")]
     assert "  - **budget:** `max_syncs_per_token: limit 1.00 per token, measured 2.00: 200 syncs over 100 tokens`" in (
         budgets
     )
@@ -360,7 +362,8 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     cost = next(entry for entry in timeline if entry.startswith("  - **what it cost:**"))
     assert (
         cost
-        == "  - **what it cost:** 192 → 149 tokens/s (-22.5%) (not judged: a host timing, judged A/B on one runner)"
+        == "  - **what it cost:** tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this run "
+        "alone resolves no cost"
     )
     assert f'<a href="https://github.com/octo/decode/blob/{"0123456789abcdef" * 2}01234567/examples/strategies.py#L74">' \
         in html(text)  # fmt: skip
@@ -374,7 +377,7 @@ def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Pat
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-planted-cuda-graph.json"))
     shown = visible(text)
-    assert "### ❌ A/B on one runner: 1 regressions in 7 tests" in shown
+    assert "### ❌ A/B on one runner: 1 regression in 7 tests" in shown
     row = "| `examples/test_strategies.py::test_speed[cuda_graph]` | `gpu_us_per_token` | x1.029 [1.019, 1.032] |"
     assert any(line.startswith(row) for line in shown)
     assert any(line.startswith("6 tests unchanged: ") for line in shown)
@@ -396,7 +399,8 @@ def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) ->
         text[changed + 7],  # the widest gap and its cause, as the run found it
         "  busy fraction 0.393 → 0.304 (not judged: a host timing, judged A/B on one runner)",
         "  device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%",
-        "syncguard: what it cost: 192 → 149 tokens/s (-22.5%) (not judged: a host timing, judged A/B on one runner)",
+        "syncguard: what it cost: tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this "
+        "run alone resolves no cost",
     ]
     assert text[changed + 7].startswith("  widest gap 426 µs: host sync scalar read at ")
 

@@ -189,9 +189,11 @@ class ABReport:
 
     @property
     def regressions(self) -> int:
-        """Regressed tests, and tests that failed on the head: what ``--fail-on-regression`` fails on."""
-        failed = [how for how in self.failed_in.get("head", {}).values() if {"failed", "error"} & set(how)]
-        return len(self.with_verdict("regression")) + len(failed)
+        """Regressed tests, and tests the base measured that the head did not (failed, errored or skipped in a
+        round, or not run at all): what ``--fail-on-regression`` fails on. A head that skips its regressing test
+        does not pass."""
+        unmeasured = set(self.failed_in.get("head", {})) | set(self.only_in.get("base", ()))
+        return len(self.with_verdict("regression")) + len(unmeasured)
 
 
 def _is_host(name: str) -> bool:
@@ -655,10 +657,12 @@ def summary_lines(report: ABReport) -> list[str]:
         lines.append(f"judged against the baseline, not A/B-tested: {judged_text(report)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
     failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
+    missing = len(report.only_in.get("base", ()))
     lines.append(
         f"syncguard ab: {len(report.tests)} tests, "
         + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
         + "".join(f", {n} failed on the {side} (not compared)" for side, n in failed.items() if n)
+        + (f", {missing} measured on the base only (not compared)" if missing else "")
     )
     return lines
 
@@ -670,9 +674,9 @@ def judged_text(report: ABReport) -> str:
     return f"{len(report.judged_by_baseline)} tests ({', '.join(files)}): {ids}"
 
 
-def rounds_text(report: ABReport) -> str:
+def rounds_text(report: ABReport, shown: Callable[[str], str] = str) -> str:
     """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
-    side)``."""
+    side)``; why they stopped (text of the report, which may be untrusted) as ``shown`` renders it."""
     processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
     if report.timed_rounds:
         runs = "" if report.timed_runs is None else f" ({report.timed_runs} per test, after the traced one)"
@@ -680,7 +684,7 @@ def rounds_text(report: ABReport) -> str:
     if not report.host_timings:
         processes += ", host timings not judged"
     took = f", {_duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
-    return f"{report.rounds} rounds interleaved ({report.stopped or 'as asked'}{took}; {processes})"
+    return f"{report.rounds} rounds interleaved ({shown(report.stopped or 'as asked')}{took}; {processes})"
 
 
 def verdict_note(v: RatioVerdict, name: str = "") -> str:

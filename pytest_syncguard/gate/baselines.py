@@ -18,6 +18,8 @@ a baseline of this schema is an error naming it, and is never overwritten.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 SCHEMA = "pytest-syncguard/baselines"
 SCHEMA_VERSION = 3
 LOCK_TIMEOUT_S = 120.0
+#: The largest baseline file read (the H100 file of 17 tests with their details and histories is about 200 kB).
+MAX_FILE_BYTES = 64 << 20
 #: The most recordings a calibrated metric's history keeps; an update beyond it drops the oldest.
 HISTORY_LIMIT = 10
 
@@ -100,18 +104,37 @@ def path_for(directory: Path, slug: str) -> Path:
 
 
 def read(path: Path) -> Baseline | None:
-    """The baseline in ``path``; None when there is no such file."""
+    """The baseline in ``path``; None when there is no such file. Only a regular file of at most
+    :data:`MAX_FILE_BYTES` is read (a FIFO would hang the reader, a device or a huge file exhaust its memory, and a
+    symlink a pull request commits could point anywhere on the runner)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        found = os.lstat(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot read the baseline file: {exc}") from exc
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISREG(found.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
+        raise BaselineError(f"{path}: {what}; a baseline is a regular file (it was left as it is)")
+    if found.st_size > MAX_FILE_BYTES:
+        raise BaselineError(f"{path}: {found.st_size} bytes, more than a baseline file holds ({MAX_FILE_BYTES})")
+    try:
+        with path.open("rb") as source:
+            raw = source.read(MAX_FILE_BYTES + 1)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BaselineError(f"{path}: not UTF-8 text ({exc}); fix or delete it, it was left as it is") from exc
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read the baseline file: {exc}") from exc
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Baseline:
+    """The baseline that ``text`` (the content of ``path``, a file or a commit's blob) holds; :class:`BaselineError`
+    names ``path`` and what is wrong."""
     try:
         data = json.loads(text, parse_constant=_no_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise BaselineError(f"{path}: not valid JSON ({exc}); fix or delete it, it was left as it is") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BaselineError(f"{path}: not a pytest-syncguard baseline file (schema {SCHEMA!r} expected)")
@@ -150,6 +173,15 @@ def read(path: Path) -> Baseline | None:
     except CodecError as exc:
         raise BaselineError(f"{path}: not valid ({exc})") from exc
     return Baseline(path, str(data.get("device", path.stem)), fingerprint, tests, details, history)
+
+
+def of_device(baseline: Baseline | None, slug: str) -> Baseline | None:
+    """``baseline`` as the file of GPU model ``slug``: :class:`BaselineError` where it was recorded on another (a file
+    copied or renamed from another model's is no baseline of this one)."""
+    if baseline is not None and baseline.device != slug:
+        raise BaselineError(f"{baseline.path}: recorded on {baseline.device!r}, not {slug!r} as its name says: a "
+                            "baseline file is named by the slug of its device (syncguard device)")  # fmt: skip
+    return baseline
 
 
 def _no_constant(name: str) -> float:
@@ -225,7 +257,7 @@ def update(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with lock:
-            current = read(path)
+            current = of_device(read(path), device)
             tests = dict(current.tests) if current is not None else {}
             kept = dict(current.details) if current is not None else {}
             history = dict(current.history) if current is not None else {}
@@ -328,7 +360,7 @@ class BaselineStore:
         slug = slug_for(device)
         path = path_for(self.directory, slug)
         if path not in self._files:
-            self._files[path] = read(path)
+            self._files[path] = of_device(read(path), slug)
         baseline = self._files[path]
         spreads = baseline.spreads(nodeid) if baseline is not None else {}
         environment = fingerprint(device)

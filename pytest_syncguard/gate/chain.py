@@ -5,8 +5,9 @@ per token, the widest gap and its cause, busy fraction, device time per token) -
 judged A/B or not judged, said which).
 
 Pure data: each line is a sequence of parts, plain text of ours, :class:`Code` (text from the run: an identifier, a
-path, a source line) or :class:`Site` (a file and line), that the Markdown comment and the text report render each
-in their own way (:mod:`.markdown`; :func:`plain` for pytest's report, :func:`.terminal.consequence_lines`)."""
+path, a source line), :class:`Word` (a status or cause from the run) or :class:`Site` (a file and line), that the
+Markdown comment and the text report render each in their own way (:mod:`.markdown`; :func:`plain` for pytest's
+report, :func:`.terminal.consequence_lines`)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,15 @@ class Site:
     line: int
 
 
-Part = str | Code | Site
+@dataclass(frozen=True)
+class Word:
+    """A word from the run that names something of ours (a status, a cause, a kind): shown as it is where it is one
+    (:func:`harmless`), else as :class:`Code`. The run is untrusted: it may hold anything."""
+
+    text: str
+
+
+Part = str | Code | Site | Word
 Line = tuple[Part, ...]
 
 
@@ -119,7 +128,9 @@ def behaviour(comparison: Comparison) -> tuple[Line, ...]:
     for mover in comparison.explanation.movers[:SHOWN]:
         old = "-" if mover.old is None else str(mover.old)
         new = "-" if mover.new is None else str(mover.new)
-        lines.append((f"{ITEMIZED[mover.counter]}: ", Code(mover.item), f" {old} → {new}"))
+        counter = ITEMIZED.get(mover.counter)
+        named: Part = f"{counter}: " if counter is not None else Code(mover.counter)
+        lines.append((named, *((": ",) if counter is None else ()), Code(mover.item), f" {old} → {new}"))
     return tuple(lines)
 
 
@@ -129,8 +140,8 @@ def site_lines(explanation: Explanation) -> tuple[Line, ...]:
         site = change.site
         where: Line = (Site(site.path, site.line), " in ", Code(site.function))
         code: Line = (": ", Code(site.code)) if site.code else ()
-        lines.append((f"sync site {change.status} at ", *where, *code,
-                      f" ({site.kind}): {change.old} → {change.new} syncs"))  # fmt: skip
+        lines.append(("sync site ", Word(change.status), " at ", *where, *code, " (", Word(site.kind),
+                      f"): {change.old} → {change.new} syncs"))  # fmt: skip
     return tuple(lines)
 
 
@@ -148,8 +159,11 @@ def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
     by_cause = timeline.idle_us_by_cause if timeline is not None else {}
     total = sum(by_cause.values())
     if total > 0:
-        causes = ", ".join(f"{cause} {us / total:.0%}" for cause, us in by_cause.items() if us > 0)
-        lines.append((f"idle now by cause: {causes} (every gap of the run the timeline shows)",))
+        causes: list[Part] = []
+        for cause, us in by_cause.items():
+            if us > 0:
+                causes += [*([", "] if causes else []), Word(cause), f" {us / total:.0%}"]
+        lines.append(("idle now by cause: ", *causes, " (every gap of the run the timeline shows)"))
     if timeline is not None and timeline.top_gaps:
         gap = timeline.top_gaps[0]
         lines.append((f"widest gap {gap.duration_us:.0f} µs: ", Code(gap.cause), *((" ", Code(gap.detail)) if
@@ -172,6 +186,9 @@ def cost_lines(verdict: CaseComparison, ab: ABReport | None = None) -> tuple[Lin
     rate = next((c for c in verdict.comparison.changes if c.metric == "tokens_per_second"), None)
     if rate is None or rate.old is None or rate.new is None:
         return ()
+    if rate.status == "not judged":  # a host timing against another host's recording: no cost this run resolves
+        return (("tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this run alone "
+                 "resolves no cost",),)  # fmt: skip
     return ((f"{rate.old:.0f} → {rate.new:.0f} tokens/s{_relative(rate)} ({_judged(rate)})",),)
 
 
@@ -184,7 +201,7 @@ def _ab_timing(ab: ABReport | None, nodeid: str) -> tuple[Line, ...] | None:
     if test is None or "seconds" not in test.timings:
         return None
     v = test.timings["seconds"]
-    return ((f"time per run {ratio_text(v)}: {v.verdict}, judged A/B on this runner ({v.rounds} rounds)",),)
+    return ((f"time per run {ratio_text(v)}: ", Word(v.verdict), f", judged A/B on this runner ({v.rounds} rounds)"),)
 
 
 def _idle_per_token(device: Change | None, busy: Change | None) -> tuple[float, float] | None:
@@ -219,4 +236,4 @@ def value_text(name: str, value: float | None) -> str:
 
 
 def plain(line: Line) -> str:
-    return "".join(p if isinstance(p, str) else p.text if isinstance(p, Code) else f"{p.path}:{p.line}" for p in line)
+    return "".join(p if isinstance(p, str) else f"{p.path}:{p.line}" if isinstance(p, Site) else p.text for p in line)

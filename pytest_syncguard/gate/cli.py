@@ -157,6 +157,19 @@ def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) 
     return None
 
 
+def _clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
+              inputs: Sequence[tuple[str, str | None]]) -> str | None:  # fmt: skip
+    """Why an output path would overwrite one of the command's inputs (the same file, by any name), if so."""
+    for option, value, _ in outputs:
+        if not value or not Path(value).exists():
+            continue
+        for source, given in inputs:
+            if given and Path(given).exists() and os.path.samefile(value, given):
+                name = given if source == "RESULTS" else f"{source} {given}"
+                return f"syncguard {command}: {option} {value} would overwrite the input {name}: write it elsewhere"
+    return None
+
+
 def _ab(args: argparse.Namespace) -> int:
     from .ab import ABInterrupted, Plan, document, judged_by_baseline, run, summary_lines
     from .ab_sides import ABError
@@ -215,11 +228,16 @@ def _report(args: argparse.Namespace) -> int:
     from .render.markdown import COMMENT_LIMIT, SiteLinks, render
     from .results_file import ResultsError
     from .run import compare_run
+    from .verdict import Verdict
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
     outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--markdown", full, "file")]
-    if (problem := _path_problem("report", outputs)) is not None:
+    inputs = [*(("RESULTS", p) for p in args.files), ("--ab", args.ab)]
+    if args.baselines:
+        inputs += [("--baselines", str(p)) for p in Path(args.baselines).glob("*.json")]
+    problem = _path_problem("report", outputs) or _clobbers("report", outputs, inputs)
+    if problem is not None:
         print(problem, file=sys.stderr)
         return 2
     if (wrong := SiteLinks.problem(args.repository, args.commit)) is not None:
@@ -230,10 +248,15 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
+    if args.base_ref is not None and not args.baselines:
+        print("syncguard report: --base-ref judges against that commit's files of --baselines DIR: give both",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         run = compare_run(
-            paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings
-        )
+            paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings,
+            base_ref=args.base_ref,
+        )  # fmt: skip
     except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
@@ -241,27 +264,31 @@ def _report(args: argparse.Namespace) -> int:
         print(f"syncguard report: no measured test in {', '.join(map(str, paths))} (run pytest with --syncguard "
               "and --syncguard-json or --junitxml)", file=sys.stderr)  # fmt: skip
         return 2
-    if args.json:
-        write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
+    try:
+        if args.json:
+            write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        print(f"syncguard report: cannot write --json {args.json}: {exc}", file=sys.stderr)
+        return 2
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
     # Only a comment is cut to GitHub's limit: printed, the report is whole (there is no file for the rest).
     limit = COMMENT_LIMIT if args.markdown else sys.maxsize
     links = SiteLinks.of(args.repository, args.commit, Path.cwd())
     text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab, links=links)
-    if args.markdown:
-        write_atomically(Path(args.markdown), text)
-        if truncated and full_path is not None:
-            write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab, links=links)[0])
-    else:
-        print(text, end="")
-    regressions, failed = len(run.with_status("regression")), len(run.failed_tests)
-    print(
-        f"syncguard report: {len(run.cases)} tests, {regressions} regressions, {failed} failed (budgets, errors)"
-        + (f"; markdown truncated, full report in {full_path}" if truncated else ""),
-        file=sys.stderr,
-    )
-    ab_failed = ab is not None and ab.regressions > 0
-    return 1 if args.fail_on_regression and (regressions or failed or ab_failed) else 0
+    try:
+        if args.markdown:
+            write_atomically(Path(args.markdown), text)
+            if truncated and full_path is not None:
+                write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab, links=links)[0])
+        else:
+            print(text, end="")
+    except OSError as exc:  # a full disk, a folder gone: nothing half-written is left (write_atomically)
+        print(f"syncguard report: cannot write the report: {exc}", file=sys.stderr)
+        return 2
+    verdict = Verdict.of(run, ab, run.loosened)
+    print(f"syncguard report: {verdict.sentence()}" + (f"; markdown truncated, full report in {full_path}"
+          if truncated else ""), file=sys.stderr)  # fmt: skip
+    return verdict.exit_status(args.fail_on_regression)
 
 
 def _comment(args: argparse.Namespace) -> int:
@@ -495,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--repository", metavar="OWNER/NAME", help="with --commit: each sync site of a file of this "
                         "checkout is a link to its line on GitHub")  # fmt: skip
     report.add_argument("--commit", metavar="SHA", help="the head commit the run measured (with --repository)")
+    report.add_argument("--base-ref", metavar="REF", help="judge against this commit's files of --baselines (a pull "
+                        "request's base): a change cannot loosen its own gate; what the working tree's files loosen "
+                        "against them is said above the fold")  # fmt: skip
     report.set_defaults(run=_report)
 
     from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_ROUNDS

@@ -1,7 +1,7 @@
 """One sticky PR comment per key (GPU model) through the ``gh`` CLI.
 
-The comment carries a hidden marker with its key. Posting pages through all of the PR's comments, and
-edits the one that has the marker *and* was written by the same account; otherwise it creates one. Anyone
+The comment carries a hidden marker with its key as its last line. Posting pages through all of the PR's comments,
+and edits the one that ends with the marker *and* was written by the same account; otherwise it creates one. Anyone
 else's comment, even one that quotes the marker, is never edited (``gh pr comment --edit-last`` would edit
 the account's last comment, whatever it was).
 """
@@ -206,11 +206,13 @@ def post(
 
 
 def _ours(comments: list[dict[str, Any]], tag: str, me: str) -> list[int]:
-    """The ids of the comments with ``tag`` written by ``me``; one without a numeric id is an error."""
+    """The ids of the comments written by ``me`` whose last line is ``tag`` (where :func:`post` puts it: a marker
+    quoted elsewhere in a body, a test id's say, marks nothing); one without a numeric id is an error."""
     found = []
     for c in comments:
         user = c.get("user")
-        if tag in str(c.get("body", "")) and isinstance(user, dict) and str(user.get("login")) == me:
+        last = str(c.get("body", "")).rstrip().rpartition("\n")[2]
+        if last == tag and isinstance(user, dict) and str(user.get("login")) == me:
             number = comment_id(c)
             if number is None:
                 raise CommentError(f"gh api listed this tool's comment with id {c.get('id')!r}: not a number")

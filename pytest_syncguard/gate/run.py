@@ -1,9 +1,10 @@
 """A CI run's results: the measured tests of its results files (``--syncguard-json``) or, for runs that wrote
 none, its JUnit files, merged, each compared with its baseline.
 
-The cases come from one or several files (xdist, several jobs or GPU models) and are de-duplicated by
-(device, node id): the last file read wins. Each is compared with its baseline entry: from a baselines folder
-when one is given, else with the entry the run itself compared with (``syncguard.baseline.<metric>``).
+The cases come from one or several files (xdist, several jobs or GPU models, the ranks of a launch) and are
+de-duplicated by (device, node id): the worst case wins (a failure in any file stays), of equals the last read.
+Each is compared with its baseline entry: from a baselines folder when one is given, else with the entry the run
+itself compared with (``syncguard.baseline.<metric>``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from ..codec import encode
 from ..environment import fingerprint_changes
 from ..result import PARTIAL
 from . import results_file
-from .baselines import Baseline, path_for, read
+from .baselines import Baseline, of_device, path_for, read
 from .cases import RunCase
 from .comparison import Comparison, Drift, compare
+from .loosened import Loosened, at_commit, loosened
 from .render.junit import read_cases
 
 
@@ -44,6 +46,8 @@ class RunComparison:
     environment: dict[str, Drift] = field(default_factory=dict)
     """Per device slug: the fingerprint keys that differ from the baseline's."""
     sources: list[str] = field(default_factory=list)
+    loosened: list[Loosened] = field(default_factory=list)
+    """The baseline values the head's files loosen against the base's (``base_ref``)."""
 
     def with_status(self, status: str) -> list[CaseComparison]:
         return [c for c in self.cases if c.comparison.status == status]
@@ -87,21 +91,37 @@ def read_run(path: Path) -> list[RunCase]:
     return read_cases(path)
 
 
+def _severity(case: RunCase) -> int:
+    """How badly a case went: failed (a budget, an error, a regression) 2, measured 1, skipped 0."""
+    if case.broken or case.outcome in ("failed", "error") or case.baseline_status == "regression":
+        return 2
+    return 0 if case.outcome == "skipped" else 1
+
+
 def merge_cases(paths: Sequence[Path]) -> list[RunCase]:
-    """The cases of all files, one per (device, node id), in a stable order."""
+    """The cases of all files, one per (device, node id), in a stable order. A test in several files (the ranks of
+    one launch, shards that ran it twice) keeps its worst case: a failure in any file is never dropped, whatever
+    the order of the files; of equals, the last file's."""
     merged: dict[tuple[str, str], RunCase] = {}
     for path in paths:
         for case in read_run(path):
-            merged[(case.device_slug, case.nodeid)] = case
+            key = (case.device_slug, case.nodeid)
+            if key not in merged or _severity(case) >= _severity(merged[key]):
+                merged[key] = case
     return [merged[key] for key in sorted(merged)]
 
 
 def compare_run(
-    paths: Sequence[Path], baselines: Path | None, tolerance: float | None = None, host_timings: bool = False
+    paths: Sequence[Path],
+    baselines: Path | None,
+    tolerance: float | None = None,
+    host_timings: bool = False,
+    base_ref: str | None = None,
 ) -> RunComparison:
     """Compare every measured case of the files; raises ``ResultsError``/``JUnitError``/``BaselineError`` naming a
-    file.
-    Host timings are judged where ``host_timings`` says so, or where the run judged them."""
+    file. Host timings are judged where ``host_timings`` says so, or where the run judged them. With ``base_ref``
+    (a commit of the working directory's repository), the baselines are that commit's files of the ``baselines``
+    folder, and what the working tree's files loosen against them is kept in :attr:`RunComparison.loosened`."""
     run = RunComparison(sources=[str(p) for p in paths])
     files: dict[str, Baseline | None] = {}
     for case in merge_cases(paths):
@@ -111,7 +131,7 @@ def compare_run(
         if baselines is not None:
             path = path_for(baselines, slug)
             if slug not in files:
-                files[slug] = read(path)
+                files[slug] = _judging(path, base_ref, run)
             baseline = files[slug]
             entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
             drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
@@ -141,3 +161,15 @@ def compare_run(
         if baseline is not None:
             run.missing.extend((slug, nodeid) for nodeid in sorted(baseline.tests) if (slug, nodeid) not in seen)
     return run
+
+
+def _judging(path: Path, base_ref: str | None, run: RunComparison) -> Baseline | None:
+    """The baseline a run is judged against: ``path``, or with ``base_ref`` that commit's version of it (what the
+    working tree's file loosens against it goes into ``run``)."""
+    slug = path.stem
+    if base_ref is None:
+        return of_device(read(path), slug)
+    base, head = of_device(at_commit(Path.cwd(), base_ref, path), slug), of_device(read(path), slug)
+    if base is not None:
+        run.loosened.extend(loosened(base, head or Baseline(path, base.device, {}, {})))
+    return base

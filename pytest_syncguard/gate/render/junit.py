@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...analysis.explain import Details
-from ...codec import CodecError, decode
+from ...codec import decode
 from ...environment import is_slug, unnamed_slug
 from ...metrics import Metrics, metric, value_problem
 from .. import upgrades
@@ -81,7 +81,7 @@ def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
 def _json_object(raw: str | None) -> dict[str, Any]:
     try:
         data = json.loads(raw or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # bad JSON, a number too long, nesting too deep
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -91,8 +91,8 @@ def _details(raw: str | None) -> Details | None:
         return None
     try:
         return decode(Details, upgrades.details(json.loads(raw)), Prop.DETAILS)
-    except (json.JSONDecodeError, CodecError) as exc:
-        raise ValueError(f"property {PREFIX}{Prop.DETAILS} is not valid ({exc!r})") from exc
+    except (ValueError, RecursionError) as exc:  # CodecError is a ValueError
+        raise ValueError(f"property {PREFIX}{Prop.DETAILS} is not valid ({str(exc)[:200]})") from exc
 
 
 def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:

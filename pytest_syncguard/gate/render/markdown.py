@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from ...metrics import DEVICE_TIME, timing_order
-from ..chain import Code, Entry, Line, Site, budget_entries, regression_entries, value_text
+from ..chain import Code, Entry, Line, Site, Word, budget_entries, regression_entries, value_text
 from ..comparison import Change
+from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
+from ..verdict import Verdict, plural
 
 if TYPE_CHECKING:
     from ..ab import ABReport
@@ -33,6 +35,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_TEXT = 300
 #: Lists of new or missing tests longer than this are collapsed.
 LONG_LIST = 20
+#: Text from the run shown as it is: letters, digits and punctuation that Markdown gives no meaning to (no tag, mention,
+#: issue reference, link, emphasis, table pipe or escape), and no autolink (``www.``, ``scheme://``).
+_HARMLESS = re.compile(r"[A-Za-z0-9 .,:;%±()+=/-]{1,200}")
 _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -48,6 +53,18 @@ def code(text: object, *, cell: bool = False) -> str:
     padded = f" {cleaned} " if cleaned.startswith("`") or cleaned.endswith("`") else cleaned
     span = f"{fence}{padded}{fence}"
     return span.replace("|", "\\|") if cell else span
+
+
+def harmless(text: str) -> bool:
+    """Whether run-supplied ``text`` renders as itself in GitHub's Markdown, outside a code span too."""
+    lowered = text.lower()
+    return bool(_HARMLESS.fullmatch(text)) and "www." not in lowered and "://" not in lowered
+
+
+def said(text: object, *, cell: bool = False) -> str:
+    """A word from the run (a status, a verdict, a cause): as it is where it is :func:`harmless`, else a code span."""
+    value = str(text)
+    return value if harmless(value) else code(value, cell=cell)
 
 
 @dataclass(frozen=True)
@@ -86,9 +103,11 @@ class SiteLinks:
         return f"https://github.com/{self.repository}/blob/{self.commit}/{quote(path.as_posix())}#L{site.line}"
 
 
-def _part(part: str | Code | Site, links: SiteLinks | None) -> str:
+def _part(part: str | Code | Site | Word, links: SiteLinks | None) -> str:
     if isinstance(part, Code):
         return code(part.text)
+    if isinstance(part, Word):
+        return said(part.text)
     if isinstance(part, Site):
         span = code(f"{part.path}:{part.line}")
         url = links.url(part) if links is not None else None
@@ -158,7 +177,7 @@ def device_time_block(run: RunComparison) -> list[str]:
         lines.append(
             f"| {code(verdict.case.nodeid, cell=True)} | {code(verdict.case.device_slug, cell=True)} | "
             f"{value_text(change.metric, change.old)} → {value_text(change.metric, change.new)} | {_change(change)} | "
-            f"{_tolerance(change)} | {change.status} |"
+            f"{_tolerance(change)} | {said(change.status, cell=True)} |"
         )
     return [*lines, ""]
 
@@ -172,19 +191,6 @@ def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
     return [title, "", *items, ""]
 
 
-def headline(run: RunComparison) -> str:
-    """The verdict: the failed budgets and regressions, or the other failures, or none."""
-    regressed, budgets = len(run.with_status("regression")), sum(1 for v in run.cases if v.case.broken)
-    parts = [f"{regressed} regression{'s' if regressed != 1 else ''}"] if regressed else []
-    parts += [f"{budgets} failed budget{'s' if budgets != 1 else ''}"] if budgets else []
-    failed = len(run.failed_tests)
-    if parts:
-        return f"**❌ syncguard: {', '.join(parts)}**"
-    if failed:
-        return f"**❌ syncguard: {failed} tests failed**"
-    return "**✅ syncguard: no regressions**"
-
-
 def summary_line(run: RunComparison) -> str:
     """The run in one line: tests, devices, what judged them."""
     devices = ", ".join(code(d) for d in run.devices) or "no device"
@@ -196,24 +202,47 @@ def summary_line(run: RunComparison) -> str:
     host = "host timings judged" if any(v.comparison.host_timings for v in run.cases) else "host timings not judged"
     rest = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
     missing = f", {len(run.missing)} missing" if run.missing else ""
-    return f"{len(run.cases)} tests on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
+    return f"{plural(len(run.cases), 'test')} on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
+
+
+def _new_value(item: Loosened) -> str:
+    return "removed" if item.new is None else value_text(item.metric, item.new)
+
+
+def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
+    """The baseline values this change loosens (test, metric, base's value -> head's), said above the fold."""
+    if not loosened:
+        return []
+    rows = [
+        f"| {code(item.nodeid, cell=True)} | {code(item.device, cell=True)} | {code(item.metric, cell=True)} | "
+        f"{value_text(item.metric, item.old)} → {_new_value(item)} |"
+        for item in loosened
+    ]
+    return [
+        f"### ⚠️ This change loosens its own baselines ({plural(len(loosened), 'value')})", "",
+        "Judged against the base's baseline files; a reviewer approves these as the new level:", "",
+        "| test | device | metric | base → head |", "|---|---|---|---|", *rows, "",
+    ]  # fmt: skip
 
 
 def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | None = None) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
-    what is collapsed."""
-    blocks: list[list[str]] = [[headline(run), "", summary_line(run), ""]]
+    what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`."""
+    verdict = Verdict.of(run, ab, run.loosened)
+    blocks: list[list[str]] = [[verdict.headline(), "", summary_line(run), ""]]
+    if run.loosened:
+        blocks.append(loosened_block(run.loosened))
     budgets = budget_entries(run)
     if budgets:
-        blocks.append(["### ❌ Failed budgets", "", *_entries(budgets, links)])
+        blocks.append([f"### ❌ Failed budgets ({plural(len(budgets), 'test')})", "", *_entries(budgets, links)])
     regressions = regression_entries(run, ab)
     if regressions:
-        blocks.append(["### ❌ Regressions", "", *_entries(regressions, links)])
+        blocks.append([f"### ❌ Regressions ({plural(len(regressions), 'test')})", "", *_entries(regressions, links)])
     other = [v for v in run.failed_tests if not v.case.broken]
     if other:
         blocks.append([
-            "### ❌ Failed tests", "",
-            *(f"- {code(v.case.nodeid)} on {code(v.case.device_slug)}: {v.case.verdict}" for v in other), "",
+            f"### ❌ Failed tests ({plural(len(other), 'test')})", "",
+            *(f"- {code(v.case.nodeid)} on {code(v.case.device_slug)}: {said(v.case.verdict)}" for v in other), "",
         ])  # fmt: skip
     if ab is not None:
         blocks.append(ab_lines(ab))
@@ -247,12 +276,12 @@ def _details(run: RunComparison) -> list[str]:
         inside.append("")
     inside += ["| test | device | verdict | baseline |", "|---|---|---|---|"]
     inside += [
-        f"| {code(v.case.nodeid, cell=True)} | {code(v.case.device_slug, cell=True)} | {v.case.verdict} | "
-        f"{v.comparison.status} |"
+        f"| {code(v.case.nodeid, cell=True)} | {code(v.case.device_slug, cell=True)} | "
+        f"{said(v.case.verdict, cell=True)} | {said(v.comparison.status, cell=True)} |"
         for v in run.cases
     ]
     unchanged = len(run.with_status("unchanged"))
-    summary = f"Details: {unchanged} tests unchanged, device time and verdict of every test"
+    summary = f"Details: {plural(unchanged, 'test')} unchanged, device time and verdict of every test"
     return [f"<details><summary>{summary}</summary>", "", *inside, "", "</details>", ""]
 
 
@@ -263,25 +292,30 @@ def ab_lines(report: ABReport) -> list[str]:
 
     regressed = report.with_verdict("regression")
     failed = report.failed_in.get("head", {})
-    if not report.tests and not report.failed_in:
-        verdict = report.stopped or "no test compared"
-        title = f"A/B on one runner: {verdict}"
+    missing = report.only_in.get("base", ())
+    if not report.tests and not report.failed_in and not missing:
+        title = f"A/B on one runner: {said(report.stopped or 'no test compared')}"
     else:
-        verdict = f"{len(regressed)} regressions in {len(report.tests)} tests"
-        if failed:
-            verdict = f"{len(failed)} tests failed on the head; {verdict} compared"
-        title = f"{'❌' if regressed or failed else '✅'} A/B on one runner: {verdict}"
+        verdict = f"{plural(len(regressed), 'regression')} in {plural(len(report.tests), 'test')}"
+        raised = [n for n, how in failed.items() if {"failed", "error"} & set(how)]
+        unmeasured = len(failed) - len(raised) + len(missing)
+        not_compared = [f"{plural(len(raised), 'test')} failed on the head"] if raised else []
+        not_compared += [f"{plural(unmeasured, 'test')} not measured on the head"] if unmeasured else []
+        if not_compared:
+            verdict = f"{'; '.join(not_compared)}; {verdict} compared"
+        title = f"{'❌' if regressed or failed or missing else '✅'} A/B on one runner: {verdict}"
     lines = [
         *(f"- **failed on the head** (not compared): {code(failure_text(n, how))}" for n, how in failed.items()),
+        *(f"- **measured on the base, not on the head** (not compared): {code(n)}" for n in missing),
         *(
             f"- failed on the base (not compared): {code(failure_text(n, how))}"
             for n, how in report.failed_in.get("base", {}).items()
         ),
-        *([""] if report.failed_in else []),
+        *([""] if report.failed_in or missing else []),
         f"Head {code(report.head)} against base {code(report.base)} on "
         f"{code(report.device) if report.device else 'no device'}: "
-        f"{rounds_text(report)}; head/base with {report.confidence:.0%} intervals (exact signed-rank); a regression "
-        "or improvement lies wholly beyond "
+        f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank); a "
+        "regression or improvement lies wholly beyond "
         + (
             f"±{report.min_effect:.0%}."
             if report.min_effect is not None
@@ -294,17 +328,17 @@ def ab_lines(report: ABReport) -> list[str]:
     for test in report.tests:
         cells = [
             f"| {code(test.nodeid, cell=True)} | {code(c.metric, cell=True)} | {value_text(c.metric, c.base)} → "
-            f"{value_text(c.metric, c.head)} | exact | {c.status} |"
+            f"{value_text(c.metric, c.head)} (exact) | {said(c.status, cell=True)} |"
             for c in test.counts
         ]
         cells += [
             f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | {ratio_text(v)} | "
-            f"{v.verdict}{verdict_note(v, name)} |"
+            f"{said(v.verdict + verdict_note(v, name), cell=True)} |"
             for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
             if v.verdict != "unchanged"
         ]
-        cells += [f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | | {why} |" for name, why in
-                  sorted(test.unmeasured.items())]  # fmt: skip
+        cells += [f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | | {said(why, cell=True)} |"
+                  for name, why in sorted(test.unmeasured.items())]  # fmt: skip
         if not cells or (test.verdict == "unchanged" and not test.unmeasured):
             quiet.append(test.nodeid)
             continue
@@ -316,14 +350,14 @@ def ab_lines(report: ABReport) -> list[str]:
     if rows:
         lines += ["| test | metric | head/base [interval] or base → head | verdict |", "|---|---|---|---|", *rows, ""]
     if quiet:
-        lines += [f"{len(quiet)} tests unchanged: {', '.join(code(n) for n in quiet)}", ""]
-    for side, ids in sorted(report.only_in.items()):
-        lines.append(f"Measured only in the {side}, not compared: {', '.join(code(i) for i in ids)}")
+        lines += [f"{plural(len(quiet), 'test')} unchanged: {', '.join(code(n) for n in quiet)}", ""]
+    if ids := report.only_in.get("head"):
+        lines.append(f"Measured only in the head, not compared: {', '.join(code(i) for i in ids)}")
     if report.judged_by_baseline:
         files = ", ".join(code(Path(f).name) for f in sorted(set(report.judged_by_baseline.values())))
         tests = ", ".join(code(nodeid) for nodeid in report.judged_by_baseline)
         lines.append(f"Judged against the baseline ({files}), not A/B-tested: {tests}")
-    if regressed or failed:
+    if regressed or failed or missing:
         return [f"### {title}", "", *lines, ""]
     return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
 

@@ -186,7 +186,7 @@ def load(path: Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> t
         origin = float(meta["origin_us"])
         regions = [_region(entry, by_pid.get(int(entry["region"]), []), origin) for entry in meta["regions"]]
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
-            OverflowError) as exc:  # fmt: skip
+            OverflowError, RecursionError) as exc:  # fmt: skip
         if isinstance(exc, TimelineFileError):
             raise
         raise TimelineFileError(f"{path}: not a readable syncguard timeline ({exc!r})") from exc
