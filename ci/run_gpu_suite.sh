@@ -63,6 +63,8 @@ stage suite
 ab=()
 if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     merge_base="$(git merge-base "$BASE_SHA" HEAD)" || exit 1
+    # The suite is judged against the merge base's baselines: a pull request cannot loosen its own gate.
+    ab=(--base-ref "$merge_base")
     # Device time, all the A/B judges here, comes from each measure()'s traced run: in the rounds after the first,
     # that run alone (the rounds make the interval). Host timings need the tests' own timed runs.
     judged=(--no-host-timings --timed-runs 0)
@@ -74,7 +76,7 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" "${judged[@]}" \
         --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
         || status=1
-    ab=(--ab "$out/ab-$slug.json")
+    ab+=(--ab "$out/ab-$slug.json")
     stage ab
 fi
 

@@ -118,7 +118,10 @@ class Budget:
         return found
 
     def describe(self) -> str:
-        """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``."""
+        """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``; of a marker this version does not know (a record
+        of another version), its name and limit as the record has them, said unknown."""
+        if self.marker not in KINDS:
+            return f"{self.marker}({self.stat}) {self.limit:g} (a budget this version of syncguard does not know)"
         name = f"{self.marker}({self.stat})" if self.kind.stat is not None else self.marker
         if self.kind.limit_argument is None:
             return name

@@ -103,10 +103,12 @@ def _fingerprint(device: str) -> tuple[tuple[str, str | None], ...]:
     )
 
 
-def fingerprint_changes(recorded: dict[str, str | None], current: dict[str, str | None]) -> dict[str, list[str | None]]:
-    """The keys whose value differs: ``{key: [recorded, current]}`` (keys missing on either side are skipped)."""
+def fingerprint_changes(
+    recorded: dict[str, str | None], current: dict[str, str | None]
+) -> dict[str, tuple[str | None, str | None]]:
+    """The keys whose value differs: ``{key: (recorded, current)}`` (keys missing on either side are skipped)."""
     return {
-        key: [recorded[key], current[key]]
+        key: (recorded[key], current[key])
         for key in FINGERPRINT_KEYS
         if key in recorded and key in current and recorded[key] != current[key]
     }

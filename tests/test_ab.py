@@ -589,3 +589,40 @@ def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) 
     every = run(**common, judged={f"test_loop.py::{n}": "baselines/x.json" for n in ("test_decode", "test_steady")})
     assert every.rounds == 0 and not every.tests and "no round run" in every.stopped
     assert every.regressions == 0 and len(every.judged_by_baseline) == 2
+
+
+def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_ab_tested(tmp_path: Path) -> None:
+    """The PR adds a host read per step and records the new count into baselines/cpu.json in the same commit. The
+    report at --base-ref judges it against the base's file (a regression), says above the fold what the change
+    loosened, and the A/B does not leave the test out as judged."""
+    reads = textwrap.dedent(LOOP).replace(
+        "            y = step(y)\n", "            y = step(y)\n            _ = y.sum().item()\n"
+    )
+    repo = _repository(tmp_path)
+    pytest_run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard", "test_loop.py"]
+    subprocess.run([*pytest_run, "--syncguard-update-baselines"], cwd=repo, check=True, capture_output=True)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "baselines")
+    (repo / "test_loop.py").write_text(reads)
+    subprocess.run([*pytest_run, "--syncguard-update-baselines"], cwd=repo, check=True, capture_output=True)
+    _git(repo, "commit", "-qam", "more reads, and their baseline")
+    subprocess.run([*pytest_run, "--syncguard-json", "pr.json"], cwd=repo, check=True, capture_output=True)
+    report = [sys.executable, "-m", "pytest_syncguard.gate.cli", "report", "pr.json", "--baselines", "baselines"]
+    own = subprocess.run(report, cwd=repo, capture_output=True, text=True)
+    assert own.stderr == "syncguard report: no regressions: 2 tests passed\n"  # the hole: the head's own file
+    judged = subprocess.run([*report, "--base-ref", "HEAD~1", "--fail-on-regression"], cwd=repo, capture_output=True,
+                            text=True)  # fmt: skip
+    assert judged.returncode == 1, judged.stderr
+    assert judged.stderr.startswith("syncguard report: 1 of 2 tests failed: 1 regressed against the baseline; this "
+                                    "change loosens ")  # fmt: skip
+    shown = judged.stdout.split("<details>")[0]
+    assert "### ⚠️ This change loosens its own baselines" in shown
+    assert "| `test_loop.py::test_decode` | `cpu` | `syncs` | 10 → 20 |" in shown
+    assert "test_steady" not in shown.split("### ⚠️")[1].split("### ❌")[0]  # its entry did not move
+    plan = Plan(1, None, 0.5, timed_runs=0, host_timings=False)
+    ab = run(base_ref="HEAD~1", base_dir=None, head=repo, pytest_args=["test_loop.py", "-q"], plan=plan,
+             out=repo / "ab", progress=lambda line: None,
+             judged={f"test_loop.py::{n}": "baselines/cpu.json" for n in ("test_decode", "test_steady")})  # fmt: skip
+    assert [t.nodeid for t in ab.tests] == ["test_loop.py::test_decode"]
+    assert list(ab.judged_by_baseline) == ["test_loop.py::test_steady"]
+    assert ab.regressions == 1  # its syncs, exactly

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import cmarkgfm
@@ -414,3 +415,43 @@ def test_the_gpu_link_shares_the_idle_time_out_by_cause(tmp_path: Path) -> None:
     shares = [int(share) for share in re.findall(r"(\d+)%", line)]
     assert line.startswith("    - idle now by cause: host sync ") and ", other " in line
     assert len(shares) == 2 and 99 <= sum(shares) <= 101 and shares[0] > 0
+
+
+def test_the_headline_the_exit_status_and_every_count_are_one_verdict_with_the_ab(tmp_path: Path) -> None:
+    """The H200 PR job's contradiction: a suite that regressed nowhere against its baseline, and an A/B whose head
+    regressed. The headline, the command's last line and its exit status say the A/B's regression, and the A/B
+    table's count rows show their verdict in the verdict column (4 cells under 4 headers)."""
+    from pytest_syncguard.gate.ab import CountChange, document, read_report
+
+    results = _h100(tmp_path, "unchanged")
+    planted = read_report(H100_PR / "ab-planted-cuda-graph.json")  # as the H200 job found it: the kernel counted too
+    counted = replace(planted.tests[0], counts=(CountChange("launches", 627, 726, "regression"),))
+    ab = tmp_path / "ab.json"
+    ab.write_text(json.dumps(document(replace(planted, tests=(counted, *planted.tests[1:])))))
+    done = cli(tmp_path, str(results), "--baselines", str(Path(__file__).parents[1] / "baselines"), "--ab", str(ab),
+               "--markdown", "comment.md", "--fail-on-regression")  # fmt: skip
+    text = (tmp_path / "comment.md").read_text()
+    sentence = "1 of 17 tests failed: 1 regressed in the A/B"
+    assert text.splitlines()[0] == f"**❌ syncguard: {sentence}**"
+    assert done.returncode == 1 and done.stderr == f"syncguard report: {sentence}\n"
+    assert "### ❌ A/B on one runner: 1 regression in 7 tests" in text
+    rows = [r for r in re.findall(r"<tr>(.*?)</tr>", html(text), flags=re.S) if "<code>launches</code>" in r]
+    assert rows and all(re.findall(r"<td>(.*?)</td>", r, flags=re.S)[-1] == "regression" for r in rows), rows
+    assert all("627 → 726 (exact)" in r for r in rows)
+
+
+def test_a_failure_in_any_document_stays_whatever_their_order(tmp_path: Path) -> None:
+    """Two ranks' documents of one test: rank 0's failed its budget, rank 1's passed. Either order, the report keeps
+    the failure."""
+    from pytest_syncguard.gate import results_file
+
+    tests = {t.nodeid: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
+    failed = next(t for t in tests.values() if any(c.held is False for c in t.checks))
+    passed = replace(failed, checks=tuple(replace(c, held=True) for c in failed.checks), comparison=None)
+    for name, test in (("rank0.json", failed), ("rank1.json", passed)):
+        document = {"schema": results_file.SCHEMA, "schema_version": results_file.SCHEMA_VERSION,
+                    "tests": [results_file.record(test)]}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps(document))
+    for order in (("rank0.json", "rank1.json"), ("rank1.json", "rank0.json")):
+        done = cli(tmp_path, *order, "--fail-on-regression")
+        assert done.returncode == 1 and "1 of 1 test failed: 1 with failed budgets" in done.stderr, (order, done.stderr)

@@ -89,7 +89,8 @@ class Mover:
         old = "-" if self.old is None else str(self.old)
         new = "-" if self.new is None else str(self.new)
         delta = "" if self.old is None or self.new is None else f" ({self.new - self.old:+d})"
-        return f"{ITEMIZED[self.counter]} of {self.counter}: {self.item} {old} -> {new}{delta}"
+        # A counter of another version's record has no name here: its contributors, said as such.
+        return f"{ITEMIZED.get(self.counter, 'contributors')} of {self.counter}: {self.item} {old} -> {new}{delta}"
 
 
 @dataclass(frozen=True)

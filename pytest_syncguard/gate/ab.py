@@ -306,6 +306,30 @@ def judged_by_baseline(results: Path) -> dict[str, str]:
     }
 
 
+def baselines_changed(judged: Mapping[str, str], base: Path, head: Path) -> set[str]:
+    """The tests of ``judged`` (node id -> its baseline file, as the head's run named it) whose entry the head's
+    file loosens against the same file of the base's checkout: a change cannot pass by writing its own baseline."""
+    from .baselines import Baseline, BaselineError, read
+    from .loosened import loosened
+
+    found: set[str] = set()
+    for file in sorted(set(judged.values())):
+        head_file = (head / file).resolve()
+        try:
+            relative = head_file.relative_to(head.resolve())
+        except ValueError:
+            continue  # a baselines folder outside the checkout is the same file for both sides
+        try:
+            was, now = read(base / relative), read(head_file)
+        except BaselineError as exc:
+            raise ABError(f"--skip-judged: {exc}") from None
+        if was is None:
+            continue  # the base had no baseline: the head's file is the first, and its tests were judged by it
+        changed = {item.nodeid for item in loosened(was, now or Baseline(head_file, was.device, {}, {}))}
+        found |= {n for n, f in judged.items() if f == file and n in changed}
+    return found
+
+
 def min_effect_of(name: str, asked: float | None) -> float:
     """The smallest relative change a metric's A/B calls a regression or improvement: the one asked for, else the
     metric's own (device time resolves far less than a host timing), else :data:`DEFAULT_MIN_EFFECT`."""
@@ -606,7 +630,11 @@ def run(
                 else warm_sides(folders, pytest_args, out, timeout, progress)
             )
             collected = {n for side in sides.values() for n in side.collected}
-            left_out = {n: f for n, f in (judged or {}).items() if n in collected}
+            changed = baselines_changed(judged or {}, base, head)
+            if changed:
+                progress(f"syncguard ab: the change loosens the baseline entries of {', '.join(sorted(changed))}: "
+                         "A/B-tested, not left to the baseline it wrote")  # fmt: skip
+            left_out = {n: f for n, f in (judged or {}).items() if n in collected and n not in changed}
             if left_out and collected <= set(left_out):
                 base_side: list[dict[str, MeasuredTest]] = []
                 head_side: list[dict[str, MeasuredTest]] = []

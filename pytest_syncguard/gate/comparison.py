@@ -35,7 +35,7 @@ MIN_RECORDINGS = 2
 
 Fingerprint = dict[str, "str | None"]
 #: Fingerprint keys whose value differs: key -> [baseline's, this run's].
-Drift = dict[str, "list[str | None]"]
+Drift = dict[str, "tuple[str | None, str | None]"]
 
 
 @dataclass(frozen=True)

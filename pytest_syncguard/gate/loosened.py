@@ -4,7 +4,7 @@ A pull request that raises a test's recorded syncs in ``baselines/`` in the comm
 gate that reads the head's files. The report judges against the base's files instead (``syncguard report
 --base-ref``) and says above the fold what the head's files loosen: a count or a device-side value raised (or,
 of a higher-is-better metric, lowered), a metric or a test's entry removed. ``syncguard ab --skip-judged`` A/B-tests
-every test whose entry the change touched. No torch here."""
+every test whose entry the change loosened. No torch here."""
 
 from __future__ import annotations
 
@@ -42,13 +42,6 @@ def loosened(base: Baseline, head: Baseline) -> list[Loosened]:
             if new is None or (new < old if higher_is_better else new > old):
                 found.append(Loosened(base.device, nodeid, name, old, new))
     return found
-
-
-def touched(base: Baseline | None, head: Baseline | None) -> set[str]:
-    """The node ids whose entry differs between the two files (any value, either way)."""
-    if base is None or head is None:
-        return set(head.tests if head is not None else ()) | set(base.tests if base is not None else ())
-    return {n for n in set(base.tests) | set(head.tests) if base.tests.get(n) != head.tests.get(n)}
 
 
 def at_commit(checkout: Path, ref: str, path: Path) -> Baseline | None:

@@ -112,7 +112,7 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:
             raise ValueError(f"property {PREFIX}{Prop.TOLERANCE} = {raw_tolerance!r}: not a finite fraction >= 0")
     fingerprint = {str(k): None if v is None else str(v) for k, v in _json_object(found.get(Prop.FINGERPRINT)).items()}
     drift = {
-        str(k): [None if x is None else str(x) for x in v]
+        str(k): (None if v[0] is None else str(v[0]), None if v[1] is None else str(v[1]))
         for k, v in _json_object(found.get(Prop.FINGERPRINT_CHANGES)).items()
         if isinstance(v, list) and len(v) == 2
     }

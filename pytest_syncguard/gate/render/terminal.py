@@ -83,7 +83,7 @@ def count_lines(result: MeasuredTest, counters: Iterable[str]) -> list[str]:
             continue
         value = result.metrics.get(name)
         of = "" if value is None else f" of {value:g}"
-        lines.append(f"largest {ITEMIZED[name]} ({name}{of}, most first):")
+        lines.append(f"largest {ITEMIZED.get(name, 'contributors')} ({name}{of}, most first):")
         lines.extend(f"  {count:>7} x {label}" for label, count in top[:SHOWN])
     return lines
 
@@ -296,7 +296,7 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
             for r in results
             if r.outcome is not None
         )
-    drift: dict[str, dict[str, list[str | None]]] = {}
+    drift: dict[str, dict[str, tuple[str | None, str | None]]] = {}
     for _, c in compared:
         if c.drift:
             drift.setdefault(c.file, c.drift)
