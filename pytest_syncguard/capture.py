@@ -182,7 +182,7 @@ class CallCapture:
         as a Perfetto file where ``timelines`` says so."""
         result = None
         try:
-            result = self._result(require_gpu, None if raised else store, notes)
+            result = self._result(require_gpu, None if raised else store, notes, complete=raised is None)
             if result is not None and raised is not None:
                 result = replace(result, outcome=outcome_of(raised))
         finally:
@@ -209,7 +209,11 @@ class CallCapture:
         except (OSError, ValueError) as exc:
             return [], f"syncguard: {self.nodeid}: could not write its timeline file: {exc}"
 
-    def _result(self, require_gpu: bool, store: BaselineStore | None, notes: Sequence[str]) -> MeasuredTest | None:
+    def _result(
+        self, require_gpu: bool, store: BaselineStore | None, notes: Sequence[str], complete: bool = True
+    ) -> MeasuredTest | None:
+        """The result of what was measured; a call that raised (``complete`` False: skipped, failed) never got to
+        give its regions their token counts, so a budget that needs one is no usage error there."""
         whole = [self.whole_call.measurement] if self.whole_call and self.whole_call.measurement else []
         chosen = self.guard.measurements or whole
         if not chosen:
@@ -225,6 +229,7 @@ class CallCapture:
         if self.misuse is not None:
             error = error or f"{self.nodeid}: {self.misuse}"
         slug = slug_for(measurement.device)
+        usage_error = usage_error if complete else None
         result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
         found = [note for note in (_out_of_memory_note(self.nodeid, measurement), _python_kernel_note()) if note]
         result = replace(result, notes=(*notes, *found), timeline_source=self.source)

@@ -24,7 +24,11 @@ def _mode_for(path: Path) -> int:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``. The file
-    keeps its mode (a new one gets the umask's), not the private mode of the temporary file."""
+    keeps its mode (a new one gets the umask's), not the private mode of the temporary file. A ``path`` that is
+    there and is no regular file (a device such as /dev/stdout, a FIFO, a symbolic link) is an OSError: the rename
+    would put a file in its place."""
+    if (problem := _not_regular(path)) is not None:
+        raise OSError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = _mode_for(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -50,14 +54,36 @@ def lock_path(path: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"syncguard-{path.name}-{digest}.lock"
 
 
+IGNORE_ALL = "# Written by pytest-syncguard: nothing here is tracked.\n*\n"
+
+
 def ignored_folder(folder: Path) -> Path:
     """``folder``, made if needed, holding a ``.gitignore`` that ignores everything in it (git status then does
-    not list what the tool writes there)."""
+    not list what the tool writes there). A folder that holds anything else and is not one this function made (a
+    checkout, ``.``) is a ValueError: the tool would ignore and replace what is in it."""
+    if folder.is_dir() and any(folder.iterdir()) and not _ours(folder):
+        raise ValueError(f"{folder} holds files pytest-syncguard did not write: give a new or empty folder")
     folder.mkdir(parents=True, exist_ok=True)
     ignore = folder / ".gitignore"
     if not ignore.exists():
-        ignore.write_text("# Written by pytest-syncguard: nothing here is tracked.\n*\n", encoding="utf-8")
+        ignore.write_text(IGNORE_ALL, encoding="utf-8")
     return folder
+
+
+def _ours(folder: Path) -> bool:
+    try:
+        return (folder / ".gitignore").read_text(encoding="utf-8") == IGNORE_ALL
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _not_regular(path: Path) -> str | None:
+    """Why a file must not be written over ``path``: it is a symbolic link, or there and not a regular file."""
+    if path.is_symlink():
+        return f"{path} is a symbolic link: give the path of a file"
+    if path.exists() and not path.is_file():
+        return f"{path} is not a regular file: give the path of a file"
+    return None
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -96,7 +122,7 @@ def file_problem(path: Path) -> str | None:
     """Why a file cannot be written (or replaced) at ``path``, if so."""
     if path.is_dir():
         return f"{path} is a folder"
-    return _writable_folder(path.parent)
+    return _not_regular(path) or _writable_folder(path.parent)
 
 
 #: The most bytes a file is unpacked to by default (1 GiB): a trace of a 100-step GPT-2 decode is about 60 MB, and

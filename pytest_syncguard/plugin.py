@@ -158,7 +158,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in marker_lines():
         config.addinivalue_line("markers", line)
-    rank = ranks.current()
+    try:
+        rank = ranks.current()
+    except ValueError as exc:
+        raise pytest.UsageError(f"syncguard: {exc}") from None
     if rank is not None and config.option.xmlpath:  # one rank's JUnit file must not overwrite another's
         config.option.xmlpath = rank.path(str(config.option.xmlpath))
     session = SyncguardSession(config)
@@ -191,6 +194,18 @@ def _checked(value: object, option: str, problem: Callable[[Path], str | None]) 
     if found is not None:
         raise pytest.UsageError(f"{option} {value}: {found}")
     return path
+
+
+def _not_an_input(config: pytest.Config, results: Path) -> None:
+    """A usage error where the results file would overwrite the JUnit file or a baseline file."""
+    target = results.resolve()
+    junit = config.option.xmlpath
+    if junit and Path(str(junit)).resolve() == target:
+        raise pytest.UsageError(f"--syncguard-json {results} and --junitxml {junit} name one file: give two")
+    baselines = _baselines_dir(config).resolve()
+    if target.parent == baselines:
+        raise pytest.UsageError(f"--syncguard-json {results} is in the baselines folder {baselines}, where it would "
+                                "replace a GPU model's baselines: write it elsewhere")  # fmt: skip
 
 
 def _timeline_source(config: pytest.Config) -> str:
@@ -317,11 +332,13 @@ class SyncguardSession:
             raise pytest.UsageError(spaced)
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
-        rank = ranks.current()
+        rank = ranks.current()  # checked in pytest_configure
         json_option = config.getoption("syncguard_json")
         if rank is not None and json_option:
             json_option = rank.path(str(json_option))
         self.json_path = _checked(json_option, "--syncguard-json", file_problem)
+        if self.json_path is not None:
+            _not_an_input(config, self.json_path)
         self.artifacts = _checked(config.getoption("syncguard_artifacts"), "--syncguard-artifacts", folder_problem)
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         updating = bool(config.getoption("syncguard_update_baselines"))

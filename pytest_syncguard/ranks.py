@@ -30,9 +30,19 @@ class Rank:
 
 
 def current() -> Rank | None:
-    """This process's rank where it is one of several (WORLD_SIZE > 1), else None."""
-    try:
-        rank, world = int(os.environ.get("RANK", "")), int(os.environ.get("WORLD_SIZE", ""))
-    except ValueError:
+    """This process's rank where it is one of several (WORLD_SIZE > 1), else None. A ``WORLD_SIZE`` that is no
+    whole number, or one over 1 without a ``RANK`` below it, is a ValueError that names both: each rank's files would
+    otherwise overwrite the others'."""
+    raw_world, raw_rank = os.environ.get("WORLD_SIZE", "").strip(), os.environ.get("RANK", "").strip()
+    if not raw_world:
         return None
-    return Rank(rank, world) if world > 1 and 0 <= rank < world else None
+    if not (raw_world.isascii() and raw_world.isdigit()):
+        raise ValueError(f"WORLD_SIZE={raw_world!r} is not a number of processes (torchrun sets WORLD_SIZE and RANK)")
+    world = int(raw_world)
+    if world <= 1:
+        return None
+    if not (raw_rank.isascii() and raw_rank.isdigit()) or int(raw_rank) >= world:
+        said = f"RANK={raw_rank!r}" if raw_rank else "no RANK"
+        raise ValueError(f"WORLD_SIZE={world} with {said}: each process of a launch of {world} needs its RANK, 0 to "
+                         f"{world - 1}, so that its results files are its own")  # fmt: skip
+    return Rank(int(raw_rank), world)

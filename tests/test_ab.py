@@ -387,8 +387,10 @@ def _worktrees(repo: Path) -> list[str]:
         (signal.SIGINT, 3, "round2-head", "round1-base, round1-head"),
         # A CI system cancelling the job: SIGTERM to the process, in the very first run.
         (signal.SIGTERM, 1, "round1-base", "no run"),
+        # Its terminal closed (an ssh session dropped): SIGHUP to the process.
+        (signal.SIGHUP, 1, "round1-base", "no run"),
     ],
-    ids=["sigint-to-group", "sigterm"],
+    ids=["sigint-to-group", "sigterm", "sighup"],
 )
 def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
     tmp_path: Path, signum: signal.Signals, slow_from: int, running: str, finished: str
@@ -626,3 +628,63 @@ def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_a
     assert [t.nodeid for t in ab.tests] == ["test_loop.py::test_decode"]
     assert list(ab.judged_by_baseline) == ["test_loop.py::test_steady"]
     assert ab.regressions == 1  # its syncs, exactly
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--confidence", "0", "expected a confidence from 0.5 to below 1"),
+        ("--min-effect", "0", "expected a relative change above 0 and below 1"),
+        ("--timed-runs", "2147483648", "expected a number of runs from 0 to 1000"),
+    ],
+)
+def test_an_ab_option_no_report_could_hold_is_refused(
+    option: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_syncguard.gate.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["ab", "--base", "HEAD", option, value, "--", "x.py"])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_outside_a_repository_or_with_a_path_outside_the_head_the_ab_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_syncguard.gate.ab import relative_paths
+    from pytest_syncguard.gate.ab_sides import ABError
+    from pytest_syncguard.gate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["ab", "--base", "HEAD", "--", "x.py"]) == 2
+    assert "is not in a git repository" in capsys.readouterr().err
+    head = tmp_path / "head"
+    assert relative_paths([str(head / "tests" / "t.py") + "::test[a]", "-k", "x", "t.py"], head) == [
+        "tests/t.py::test[a]", "-k", "x", "t.py"]  # fmt: skip
+    with pytest.raises(ABError, match="outside the head's folder"):
+        relative_paths([str(tmp_path / "elsewhere.py")], head)
+
+
+def test_an_ab_run_from_a_subfolder_runs_the_base_from_the_same_subfolder_with_absolute_paths(tmp_path: Path) -> None:
+    """The base ran the head's file through an absolute path (0 tests compared) and could not find a file named
+    from a subfolder; both now compare the test, and a head that skips it fails the A/B."""
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "ci")
+    (repo / "tests" / "test_loop.py").write_text(textwrap.dedent(LOOP))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    skipped = textwrap.dedent(LOOP).replace(
+        "def test_decode(syncguard):", "def test_decode(syncguard):\n    pytest.skip('x')"
+    )
+    (repo / "tests" / "test_loop.py").write_text(skipped)
+    _git(repo, "commit", "-qam", "head skips its test")
+    plan = Plan(1, None, 0.5, timed_runs=0, host_timings=False)
+    sub = repo / "tests"
+    report = run(base_ref="HEAD~1", base_dir=None, head=sub, pytest_args=[str(sub / "test_loop.py"), "-q"], plan=plan,
+                 out=tmp_path / "ab", progress=lambda line: None)  # fmt: skip
+    assert [t.nodeid for t in report.tests] == ["test_loop.py::test_steady"]
+    assert report.failed_in["head"] == {"test_loop.py::test_decode": {"skipped": (1,)}}
+    assert report.regressions == 1  # a head that skips its test does not pass

@@ -273,7 +273,7 @@ def test_the_store_compares_with_the_file_of_the_device_and_says_what_drifted(tm
     store = BaselineStore(tmp_path, 0.1, updating=False)
     comparison = store.compare("t", "cpu", Metrics({"syncs": 5}, {"syncs": 1}))
     assert comparison.status == "regression" and comparison.file == str(tmp_path / "cpu.json")
-    assert comparison.drift == {"torch": ["2.0", torch.__version__]}
+    assert comparison.drift == {"torch": ("2.0", torch.__version__)}
     assert comparison.fingerprint["torch"] == torch.__version__
     assert store.compare("other", "cpu", Metrics({"syncs": 5}, {})).status == "new"
     updating = BaselineStore(tmp_path, 0.1, updating=True)

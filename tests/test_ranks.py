@@ -53,3 +53,31 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
         (test,) = json.loads((tmp_path / f"r.rank{rank}.json").read_text())["tests"]
         assert f"syncguard: measured by rank {rank} of 2 (torchrun: RANK, WORLD_SIZE)" in test["notes"]
         assert f"syncguard results written to r.rank{rank}.json" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "said"),
+    [
+        (None, "2", "WORLD_SIZE=2 with no RANK"),
+        ("abc", "2", "WORLD_SIZE=2 with RANK='abc'"),
+        ("2", "2", "WORLD_SIZE=2 with RANK='2'"),
+        ("-1", "2", "WORLD_SIZE=2 with RANK='-1'"),
+        ("0", "two", "WORLD_SIZE='two' is not a number of processes"),
+    ],
+)
+def test_a_launch_without_a_usable_rank_is_a_usage_error_not_one_shared_file(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rank: str | None, world: str, said: str
+) -> None:
+    """Each rank would write r.json (the last writer wins): the run stops before any test, naming the variables."""
+    pytester.makepyfile(test_r=TEST)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    with pytest.raises(ValueError, match=said):
+        current()
+    done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json")
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"syncguard: {said}" in done.stderr.str()
+    assert not (pytester.path / "r.json").exists()

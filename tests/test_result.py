@@ -88,7 +88,7 @@ def _measured(budgets: tuple[Budget, ...]) -> MeasuredTest:
     assert error is None
     result = MeasuredTest.of("test_x.py::test_loop", measurement, checks)
     comparison = compare({"syncs": 4, "max_gap_us": 10.0}, result.metrics, device="nvidia-h100", file="b.json",
-                         tolerance=0.1, fingerprint={"torch": "2.11"}, drift={"torch": ["2.10", "2.11"]})  # fmt: skip
+                         tolerance=0.1, fingerprint={"torch": "2.11"}, drift={"torch": ("2.10", "2.11")})  # fmt: skip
     return MeasuredTest(**{**vars(result), "comparison": comparison, "notes": ("a note",)})
 
 

@@ -38,7 +38,7 @@ def test_a_version_1_file_reads_into_the_numbers_it_holds(version_1: tuple[Path,
             (b["marker"], b["limit"], b["passed"], b["value"]) for b in raw["budgets"]
         ]
         assert test.comparison is not None and test.comparison.status == raw["baseline"]["status"]
-        assert test.comparison.drift == raw["baseline"]["fingerprint_changes"]
+        assert test.comparison.drift == {k: tuple(v) for k, v in raw["baseline"]["fingerprint_changes"].items()}
         assert [c.metric for c in test.comparison.changes] == [c["metric"] for c in raw["baseline"]["changes"]]
         assert test.device_slug == raw["baseline"]["device"] == "cpu"
         assert test.verdict == raw["verdict"] and test.syncs == raw["syncs"]

@@ -52,8 +52,8 @@ JUDGED = frozenset({"regression", "improvement", "unchanged"})
 DERIVED = frozenset({"tokens_per_second"})
 
 
-#: The signals that stop an A/B at once: Ctrl-C in its terminal, and a CI system cancelling its job.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signals that stop an A/B at once: Ctrl-C in its terminal, a CI system cancelling its job, its terminal closed.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ABInterrupted(Exception):
@@ -289,15 +289,20 @@ def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
     return f"{nodeid}: {', '.join(rounds)}"
 
 
-def judged_by_baseline(results: Path) -> dict[str, str]:
+def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, str]:
     """The tests of a results file (``pytest --syncguard-json``) whose device time was judged against a baseline
-    entry there: node id -> the baseline file. ValueError names what is wrong with the file."""
+    entry there: node id -> the baseline file. ValueError names what is wrong with the file, results measured on
+    another device than ``device`` (a slug; None: any) included."""
     from . import results_file
 
     try:
         tests = results_file.read(results)
     except results_file.ResultsError as exc:
         raise ValueError(str(exc)) from exc
+    others = sorted({t.device_slug for t in tests if device is not None and t.device_slug != device})
+    if others:
+        raise ValueError(f"measured on {', '.join(others)}, this runner is {device}: a baseline of another GPU model "
+                         "judges nothing here")  # fmt: skip
     return {
         t.nodeid: t.comparison.file
         for t in tests
@@ -421,14 +426,25 @@ def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
     """A detached worktree of ``ref`` (a clean checkout of it), removed afterwards, also when making it failed or
     was interrupted (git leaves such a worktree locked: it is removed with the lock); yields (folder, commit)."""
     try:
+        _git(repository, "rev-parse", "--show-toplevel")
+    except ABError:
+        raise ABError(f"--base {ref}: {repository} is not in a git repository: run it in the head's checkout, or give "
+                      "the base as a checkout with --base-dir") from None  # fmt: skip
+    try:
         commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except ABError as exc:
         raise ABError(f"--base {ref}: no such commit in {repository}") from exc
+    top = Path(_git(repository, "rev-parse", "--show-toplevel")).resolve()
     parent = Path(tempfile.mkdtemp(prefix="syncguard-ab-"))
     folder = parent / "base"
     try:
         _git(repository, "worktree", "add", "--detach", str(folder), commit)
-        yield folder, commit
+        # Run from a subfolder of the repository, the base runs from the same subfolder of its checkout.
+        where = repository.resolve().relative_to(top)
+        if not (folder / where).is_dir():
+            raise ABError(f"--base {ref}: has no folder {where.as_posix()} (the head runs from it): run the A/B from "
+                          "the repository's top")  # fmt: skip
+        yield folder / where, commit
     finally:
         # Twice --force: a worktree git left locked (an add cut short) is removed too.
         subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", "--force", str(folder)],
@@ -606,9 +622,13 @@ def run(
     running pytest ended and the base's worktree removed."""
     if judged and fresh_processes:
         raise ABError("--skip-judged needs warm sides (they say what they collected): leave out --fresh-processes")
+    pytest_args = relative_paths(pytest_args, head)
     started = time.monotonic()
     with stopping_on_signals():
-        out = ignored_folder(out.resolve())
+        try:
+            out = ignored_folder(out.resolve())
+        except ValueError as exc:
+            raise ABError(f"--out: {exc}") from None
         for earlier in [*out.glob("round*-*.*"), *(out / f"{side}.log" for side in ("base", "head"))]:
             earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
@@ -656,6 +676,24 @@ def run(
         timed_runs=plan.timed_runs if timed_rounds else None, host_timings=plan.host_timings,
         failed_in=failures(base_side, head_side),
     )  # fmt: skip
+
+
+def relative_paths(pytest_args: Sequence[str], head: Path) -> list[str]:
+    """The pytest arguments with each absolute path of a test (``/repo/tests/t.py::test``) made relative to the
+    head's folder, so that each side runs its own file; ABError for one outside it (both sides would run it)."""
+    found = []
+    for arg in pytest_args:
+        path, separator, rest = arg.partition("::")
+        if arg.startswith("-") or not Path(path).is_absolute():
+            found.append(arg)
+            continue
+        try:
+            relative = Path(path).resolve().relative_to(head.resolve())
+        except ValueError:
+            raise ABError(f"{arg}: outside the head's folder {head}: the base would run this very file; give a path "
+                          "inside the checkout") from None  # fmt: skip
+        found.append(f"{relative.as_posix() or '.'}{separator}{rest}")
+    return found
 
 
 def summary_lines(report: ABReport) -> list[str]:

@@ -18,6 +18,9 @@ from ..codec import encode
 from ..files import MAX_UNPACKED_BYTES, write_atomically
 from .comment import GH_TIMEOUT_S
 
+#: The most timed runs a test's measure() makes in an A/B round (each run is a whole generation).
+MAX_TIMED_RUNS = 1000
+
 if TYPE_CHECKING:
     from .ab import ABReport
     from .baselines import Baseline
@@ -184,7 +187,7 @@ def _ab(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        judged = judged_by_baseline(Path(args.skip_judged)) if args.skip_judged else None
+        judged = judged_by_baseline(Path(args.skip_judged), _runner_slug()) if args.skip_judged else None
     except ValueError as exc:
         print(f"syncguard ab: --skip-judged {args.skip_judged}: {exc}", file=sys.stderr)
         return 2
@@ -208,6 +211,18 @@ def _ab(args: argparse.Namespace) -> int:
         write_atomically(Path(args.markdown), "\n".join(ab_lines(report)) + "\n")
     print("\n".join(summary_lines(report)))
     return 1 if args.fail_on_regression and report.regressions else 0
+
+
+def _runner_slug() -> str:
+    """This runner's device slug, asked of a ``syncguard device`` process (this one imports no torch)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "device", "--json"], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    try:
+        return str(json.loads(done.stdout)["slug"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"cannot tell this runner's device (syncguard device: {done.stderr.strip()[:200]})") from None
 
 
 def _ab_report(path: str | None) -> ABReport | None:
@@ -449,14 +464,30 @@ def _tolerance(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction(text: str) -> float:
+def _probability(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (0 <= value < 1):
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    if not (0.5 <= value < 1):
+        raise argparse.ArgumentTypeError(f"expected a confidence from 0.5 to below 1 (e.g. 0.95), got {text!r}")
     return value
+
+
+def _effect(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < 1):
+        raise argparse.ArgumentTypeError(f"expected a relative change above 0 and below 1 (0.01: 1%), got {text!r}")
+    return value
+
+
+def _timed_runs(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_TIMED_RUNS:
+        raise argparse.ArgumentTypeError(f"expected a number of runs from 0 to {MAX_TIMED_RUNS}, got {text!r}")
+    return int(text)
 
 
 def _rounds(text: str) -> int:
@@ -468,12 +499,6 @@ def _rounds(text: str) -> int:
 def _positive(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a pull request number, got {text!r}")
-    return int(text)
-
-
-def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"expected a number of runs (0 or more), got {text!r}")
     return int(text)
 
 
@@ -545,10 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
                     "would end later than this after the start, at what the last round took for the tests still "
                     "running")  # fmt: skip
-    ab.add_argument("--min-effect", type=_fraction, default=None, metavar="FRACTION",
+    ab.add_argument("--min-effect", type=_effect, default=None, metavar="FRACTION",
                     help="the smallest relative change judged a regression or improvement (default: each "
                     f"metric's own: device time 0.01, host timings {DEFAULT_MIN_EFFECT})")  # fmt: skip
-    ab.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="of the intervals (default "
+    ab.add_argument("--confidence", type=_probability, default=DEFAULT_CONFIDENCE, help="of the intervals (default "
                     f"{DEFAULT_CONFIDENCE})")  # fmt: skip
     ab.add_argument("--out", default="syncguard-ab", metavar="DIR", help="each round's results and log (default "
                     "syncguard-ab/)")  # fmt: skip
@@ -562,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--no-host-timings", dest="host_timings", action="store_false", help="judge counts and "
                     "device-side metrics only (device time, memory): host timings (time, tokens/s, gaps, busy "
                     "fraction) are neither judged nor keep a test running")  # fmt: skip
-    ab.add_argument("--timed-runs", type=_count, default=None, metavar="N", help="timed runs of each test's "
+    ab.add_argument("--timed-runs", type=_timed_runs, default=None, metavar="N", help="timed runs of each test's "
                     "measure() after its traced run, in each round after the first (default: its own repeat; 0: the "
                     "traced run alone, which gives the device time); the rounds make the interval")  # fmt: skip
     ab.add_argument(
