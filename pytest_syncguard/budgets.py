@@ -3,6 +3,7 @@ checked against a measurement."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -169,6 +170,7 @@ def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
     """The budgets a test carries. Every copy of a budget marker (on the test, a parametrize case, its class, its
     module, or added by a fixture) is an assertion that must hold, so each is validated and the strictest limit
     of each marker (and ``stat``) is the one checked: a closer marker never loosens a farther one."""
+    _misspelt(item)
     budgets: dict[tuple[str, str], Budget] = {}
     for name, kind in KINDS.items():
         for marker in item.iter_markers(name):
@@ -185,6 +187,20 @@ def budgets_for(item: pytest.Item) -> tuple[Budget, ...]:
             if known is None or (budget.limit < known.limit if kind.upper else budget.limit > known.limit):
                 budgets[(name, stat)] = budget
     return tuple(budgets.values())
+
+
+def _misspelt(item: pytest.Item) -> None:
+    """A :class:`BudgetError` for a marker of the test that no one registered and that is spelt nearly as one of
+    the plugin's (``max_sync_per_token``): as written, the budget it means is never enforced."""
+    ours = [*KINDS, "syncguard"]
+    registered = {line.split("(")[0].split(":")[0].strip() for line in item.config.getini("markers")}
+    for marker in item.iter_markers():
+        if marker.name in ours or marker.name in registered:
+            continue
+        closest = difflib.get_close_matches(marker.name, ours, n=1, cutoff=0.8)
+        if closest:
+            raise BudgetError(f"{item.nodeid}: @pytest.mark.{marker.name} is no marker of pytest-syncguard: did you "
+                              f"mean @pytest.mark.{closest[0]}? As written, no budget is enforced")  # fmt: skip
 
 
 #: Checked in every measured test on CUDA under --syncguard, marker or not.

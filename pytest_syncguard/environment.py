@@ -161,23 +161,33 @@ def available_cores() -> int:
 THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def _threads(value: str) -> bool:
+    """Whether a thread setting's value is one OpenMP takes: a whole number of threads, 1 or more."""
+    text = value.strip()
+    return text.isascii() and text.isdigit() and int(text) >= 1
+
+
 def share_cores(worker_id: str, workers: int) -> tuple[Callable[[], None], str] | None:
     """Give xdist worker ``worker_id`` its share of the cores for torch's intra-op threads, where ``workers`` of
     them with torch's default threads would oversubscribe the cores (each alone takes all of them: a 20-token CPU
     loop under ``-n 2`` on two cores took 1.4-5.4 s against 20 ms serially). Returns a function that restores the
     threads, and a note that says what was done; None where nothing was changed (the user set
     :data:`THREAD_SETTINGS`, or the share is no smaller)."""
-    if any(os.environ.get(name) for name in THREAD_SETTINGS):
+    set_by_user = {name: os.environ[name] for name in THREAD_SETTINGS if os.environ.get(name, "").strip()}
+    unusable = {name: value for name, value in set_by_user.items() if not _threads(value)}
+    if set_by_user and not unusable:
         return None
     import torch
 
     cores = available_cores()
     before, share = torch.get_num_threads(), max(1, cores // max(workers, 1))
-    if before <= share:
+    if before <= share and not unusable:
         return None
-    torch.set_num_threads(share)
+    torch.set_num_threads(min(before, share))
+    ignored = "".join(f"; {name}={value!r} is not a number of threads (1 or more): ignored"
+                      for name, value in unusable.items())  # fmt: skip
     note = (
-        f"syncguard: xdist worker {worker_id}: torch's intra-op threads {before} -> {share}, its share of {cores} "
-        f"cores among {workers} workers (set OMP_NUM_THREADS to choose them yourself)"
+        f"syncguard: xdist worker {worker_id}: torch's intra-op threads {before} -> {min(before, share)}, its share of "
+        f"{cores} cores among {workers} workers (set OMP_NUM_THREADS to choose them yourself){ignored}"
     )
     return (lambda: torch.set_num_threads(before)), note

@@ -481,3 +481,27 @@ def test_plain(syncguard):
     result.assert_outcomes(xfailed=2, xpassed=1, failed=1)
     result.stdout.fnmatch_lines(["XFAIL *::test_expected - syncguard budget failed: known host read"])
     result.stdout.fnmatch_lines(["XFAIL *::test_expected_strictly - syncguard budget failed: known host read"])
+
+
+def test_a_misspelt_budget_marker_fails_the_test_naming_the_closest_one(pytester: pytest.Pytester) -> None:
+    """``max_sync_per_token`` would leave the loop without a budget, with only pytest's warning: it fails the test,
+    naming the marker meant. A marker of the user's own, registered or not near ours, is left alone."""
+    pytester.makeini("[pytest]\nmarkers =\n    max_seq_len(n): the user's own\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.max_sync_per_token(0)
+        def test_typo(syncguard):
+            pass
+
+        @pytest.mark.max_seq_len(8)
+        @pytest.mark.slow
+        def test_own_markers():
+            pass
+        """
+    )
+    done = pytester.runpytest("-p", "no:cacheprovider")
+    done.assert_outcomes(passed=1, errors=1)
+    done.stdout.fnmatch_lines(["*test_typo*@pytest.mark.max_sync_per_token is no marker of pytest-syncguard: did you "
+                               "mean @pytest.mark.max_syncs_per_token? As written, no budget is enforced*"])  # fmt: skip

@@ -3,9 +3,10 @@ the race probe's access check (``races.cpp``) and the PM sampler's decode loop (
 built once per machine and torch version, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
-``~/.cache/torch_extensions`` by default; about ten seconds the first time) and loaded from that cache afterwards:
-one build per torch version and per checkout and content of the sources, so that two checkouts run in turn
-(``syncguard ab``) do not rebuild each other's. Where it cannot be built the sync probe falls back to its Python
+``~/.cache/torch_extensions`` by default; about a minute on two cores the first time) and loaded from that cache
+afterwards: one build per torch version and content of the sources, whatever checkout or virtual environment they
+lie in (the builder is given copies of them in its cache, named by their content: its ninja file names the
+sources' paths). Where it cannot be built the sync probe falls back to its Python
 kernels, which count the same syncs more slowly, operators are not counted, and :data:`NATIVE` says why.
 ``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a failed build an error."""
 
@@ -62,7 +63,7 @@ class NativeKernel:
                 name = _name()  # the sources read and hashed once
                 if not _built(name):
                     # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
-                    print("syncguard: building the native kernels (once per machine and torch version)",
+                    print("syncguard: building the native kernels (once per machine, torch version and sources)",
                           file=sys.__stderr__)  # fmt: skip
                 self._module = _build(name)
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
@@ -95,13 +96,33 @@ FIX = (
 
 def _name() -> str:
     """The extension's name: one build per torch version (the kernel links against torch's C++ ABI) and per
-    sources (the builder's ninja file names the sources' paths, so another checkout under the same name would
-    rebuild)."""
+    content of the sources (not their paths: :func:`_sources`)."""
     version = re.sub(r"\W", "_", torch.__version__)
     digest = hashlib.sha256()
     for source in SOURCES:
-        digest.update(source.encode() + b"\0" + Path(source).read_bytes())
+        digest.update(Path(source).name.encode() + b"\0" + Path(source).read_bytes())
     return f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}"
+
+
+def _sources(name: str) -> list[str]:
+    """Copies of the sources in the builder's cache, beside the build of ``name`` (named by their content), for the
+    builder to name in its ninja file: the same paths from every checkout, so none rebuilds another's build. The
+    sources where they are, where the cache cannot be found."""
+    from ...files import write_atomically
+
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, verbose=False)).parent / f"{name}_sources"
+    except Exception:  # a private function of torch's: another release may lack it
+        return list(SOURCES)
+    copies = []
+    for source in SOURCES:
+        copy, text = folder / Path(source).name, Path(source).read_text(encoding="utf-8")
+        if not copy.is_file() or copy.read_text(encoding="utf-8") != text:
+            write_atomically(copy, text)  # xdist workers building at once see a whole file or none
+        copies.append(str(copy))
+    return copies
 
 
 def _built(name: str) -> bool:
@@ -120,7 +141,7 @@ def _build(name: str) -> ModuleType:
 
     # NDEBUG as torch's release builds have it: RecordFunction has a debug-only member without it, and the access
     # check would read the inputs of a class laid out differently from torch's.
-    module: ModuleType = load(name=name, sources=list(SOURCES), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+    module: ModuleType = load(name=name, sources=_sources(name), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
     return module
 
 
