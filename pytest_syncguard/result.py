@@ -34,10 +34,7 @@ PARTIAL = frozenset({"failed", "skipped"})
 
 def _display(frame: Frame) -> str:
     """A frame as ``file:line in function``, the file relative to the working directory when inside it."""
-    path = os.path.abspath(frame.filename)
-    cwd = os.getcwd() + os.sep
-    shown = path[len(cwd) :] if path.startswith(cwd) else frame.filename
-    return f"{shown}:{frame.lineno} in {frame.function}"
+    return frame.shown()
 
 
 def module_path(filename: str) -> str:

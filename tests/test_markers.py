@@ -292,7 +292,7 @@ def test_broken():
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*AssertionError: own assertion*", "*- syncguard -*", "*max_syncs: limit 0, measured 1 syncs"]
+        ["*AssertionError: own assertion*", "*- syncguard -*", "*max_syncs: limit 0, measured 1 sync"]
     )
 
 

@@ -68,7 +68,7 @@ def test_param_marks(syncguard, n):
             "*max_syncs: limit 1, measured 4 syncs*",
             "*max_syncs: limit 2, measured 3 syncs*",
             "*max_syncs: limit 1, measured 2 syncs*",
-            "*max_syncs: limit 0, measured 1 syncs*",
+            "*max_syncs: limit 0, measured 1 sync*",
         ]
     )
 
@@ -239,7 +239,7 @@ def test_failed_tests_never_enter_a_baseline(pytester: pytest.Pytester) -> None:
             "*test_fails_inside*FAILED",
             "*test_skips*SKIPPED",
             "*not recorded in the baselines (failed: its numbers are partial): *test_fails_before",
-            "*wrote 1 baseline entries to*cpu.json",
+            "*wrote 1 baseline entry to*cpu.json",
         ]
     )
     entries = json.loads((pytester.path / "baselines" / "cpu.json").read_text())["tests"]
@@ -287,7 +287,7 @@ def test_compiled(syncguard):
     # The graph break's int(n) is the loop's own sync; dynamo's reads of n while it compiled are not.
     result.stdout.fnmatch_lines(
         [
-            "*max_syncs: limit 0, measured 1 syncs*",
+            "*max_syncs: limit 0, measured 1 sync*",
             "*1 x scalar read (aten::_local_scalar_dense) at test_compile_syncs_are_labelled_and_not_counted.py:4 in head",
             "*made by torch.compile while it compiled (its first call), not counted: *",
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +18,13 @@ class Frame(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.filename}:{self.lineno} in {self.function}"
+
+    def shown(self) -> str:
+        """As reports show it, ``file:line in function``: the file relative to the working directory when inside it
+        (the same on every checkout, and a link the PR comment can make)."""
+        path = os.path.abspath(self.filename)
+        cwd = os.getcwd() + os.sep
+        return f"{path[len(cwd) :] if path.startswith(cwd) else self.filename}:{self.lineno} in {self.function}"
 
 
 class SyncEvent(NamedTuple):

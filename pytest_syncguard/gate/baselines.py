@@ -404,7 +404,8 @@ class BaselineStore:
         if not self.updating:
             return []
         by = " by the xdist workers" if by_workers else ""
-        notes = [f"syncguard: wrote {n} baseline entries to {file}{by}" for file, n in sorted(self.written.items())]
+        notes = [f"syncguard: wrote {n} baseline entr{'y' if n == 1 else 'ies'} to {file}{by}"
+                 for file, n in sorted(self.written.items())]  # fmt: skip
         notes += [
             f"syncguard: history started again (the value moved beyond its tolerance): {name}"
             for name in sorted(self.restarted)

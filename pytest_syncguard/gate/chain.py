@@ -19,6 +19,7 @@ from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
 from .comparison import Change, Comparison
 from .run import CaseComparison, RunComparison
+from .verdict import plural
 
 if TYPE_CHECKING:
     from .ab import ABReport
@@ -76,9 +77,10 @@ def budget_entries(run: RunComparison) -> list[Entry]:
             continue
         budgets = tuple((Code(text),) for text in case.broken)
         sites = tuple(
-            (f"{s.count} syncs at ", Site(s.path, s.line), " in ", Code(s.function), ": ", Code(s.code or s.site))
+            (f"{plural(s.count, 'sync')} at ", Site(s.path, s.line), " in ", Code(s.function), ": ",
+             Code(s.code or s.site))
             if s.path
-            else (f"{s.count} syncs at ", Code(s.site))
+            else (f"{plural(s.count, 'sync')} at ", Code(s.site))
             for s in case.sites[:SHOWN]
         )
         links = [("budget", budgets)] + ([("top sites", sites)] if sites else [])
@@ -141,7 +143,7 @@ def site_lines(explanation: Explanation) -> tuple[Line, ...]:
         where: Line = (Site(site.path, site.line), " in ", Code(site.function))
         code: Line = (": ", Code(site.code)) if site.code else ()
         lines.append(("sync site ", Word(change.status), " at ", *where, *code, " (", Word(site.kind),
-                      f"): {change.old} → {change.new} syncs"))  # fmt: skip
+                      f"): {change.old} → {plural(change.new, 'sync')}"))  # fmt: skip
     return tuple(lines)
 
 

@@ -47,7 +47,7 @@ _SCALAR_READ = "_local_scalar_dense"
 def _label(kind: SyncKind, frame: FrameType | None) -> str:
     """How a counted sync is annotated in a profiler trace: its kind and Python call site."""
     stack = user_stack(frame, 1)
-    return f"{kind.value} at {stack[0] if stack else '?'}"
+    return f"{kind.value} at {stack[0].shown() if stack else '?'}"
 
 
 class _ProbeState(threading.local):

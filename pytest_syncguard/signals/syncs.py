@@ -19,12 +19,12 @@ def max_syncs(limit: float) -> None:
 def _per_token(budget: Limit, value: float, m: Measured, example: int) -> str:
     return (
         f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
-        f"{m.syncs} syncs over {m.tokens} tokens"
+        f"{m.syncs} sync{'' if m.syncs == 1 else 's'} over {m.tokens} token{'' if m.tokens == 1 else 's'}"
     )
 
 
 def _total(budget: Limit, value: float, m: Measured, example: int) -> str:
-    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} syncs"
+    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} sync{'' if m.syncs == 1 else 's'}"
 
 
 def _per_token_runs(m: Measured) -> list[float]:
