@@ -35,7 +35,7 @@ class Channel:
         for fd in (read_fd, write_fd):
             try:
                 os.fstat(fd)
-            except OSError:
+            except (OSError, OverflowError):  # OverflowError: no C int, so no descriptor
                 raise ValueError(f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not open") from None
         return cls(read_fd, write_fd)
 

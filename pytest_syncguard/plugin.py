@@ -633,6 +633,16 @@ class SyncguardSession:
         sent = getattr(node, "workeroutput", {}).get(BaselineStore.WORKER_KEY)
         if sent:
             self.store.add_worker_output(sent)
+            self._unwritten_rows()
+
+    def _unwritten_rows(self) -> None:
+        """The tests whose baseline file an update could not write read "NOT updated", not "updated"."""
+        from dataclasses import replace
+
+        for nodeid, result in list(self.results.items()):
+            compared = result.comparison
+            if compared is not None and compared.status == "updated" and compared.file in self.store.unwritten:
+                self.results[nodeid] = replace(result, comparison=replace(compared, status=NOT_UPDATED))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # Workers write their own tests' baselines (under the file's lock) and tell the controller; the
@@ -647,6 +657,7 @@ class SyncguardSession:
                     "nothing more was written; what each file holds is whole (each is replaced at once)"
                 )
                 session.exitstatus = pytest.ExitCode.INTERRUPTED
+            self._unwritten_rows()
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
         if self.json_path is not None and not self.is_worker:

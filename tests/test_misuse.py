@@ -575,3 +575,24 @@ def test_two_threads(syncguard):
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*a region opened in thread B while another thread's region was open*"])
+
+
+@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "2"]], ids=["serial", "xdist"])
+def test_a_baseline_update_that_cannot_write_never_reads_updated(pytester: pytest.Pytester, workers: list[str]) -> None:
+    """The file cannot be written (here its lock cannot be taken; a full disk fails the same write): no row of its
+    tests reads "updated" above the footer that says "NOT updated"."""
+    from pytest_syncguard.files import lock_path
+
+    pytester.makepyfile(READS + "\ndef test_a(syncguard):\n    reads(1)\n\ndef test_b(syncguard):\n    reads(2)\n")
+    (pytester.path / "baselines").mkdir()
+    lock = lock_path(pytester.path / "baselines" / "cpu.json")
+    lock.mkdir()
+    try:
+        result = pytester.runpytest_subprocess("--syncguard", "--syncguard-update-baselines", *workers)
+    finally:
+        lock.rmdir()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    rows = [line for line in result.stdout.lines if "::test_" in line and " cpu " in line]
+    assert len(rows) == 2 and all(" NOT updated " in row for row in rows), rows
+    result.stdout.fnmatch_lines(["*baselines NOT updated: *cpu.json: cannot write the baseline file*"])
+    assert not (pytester.path / "baselines" / "cpu.json").exists()

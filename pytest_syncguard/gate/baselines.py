@@ -349,6 +349,8 @@ class BaselineStore:
         self.written: Counter[str] = Counter()
         self.restarted: list[str] = []
         self.errors: list[str] = []
+        #: The files an update could not write (their tests' rows must not read "updated").
+        self.unwritten: set[str] = set()
 
     def compare(
         self, nodeid: str, device: str, metrics: Metrics, tolerance: float | None = None, details: Details | None = None
@@ -384,17 +386,20 @@ class BaselineStore:
         for problem, written in record(compared, lambda r: Path(r.comparison.file) if r.comparison else None):
             if problem is not None:
                 self.errors.append(problem)
+                self.unwritten.add(str(written.path))
             else:
                 self.written[str(written.path)] += written.entries
                 self.restarted.extend(f"{written.path}: {name}" for name in written.restarted)
 
     def worker_output(self) -> dict[str, Any]:
-        return {"written": dict(self.written), "restarted": list(self.restarted), "errors": list(self.errors)}
+        return {"written": dict(self.written), "restarted": list(self.restarted), "errors": list(self.errors),
+                "unwritten": sorted(self.unwritten)}  # fmt: skip
 
     def add_worker_output(self, sent: Mapping[str, Any]) -> None:
         self.written.update(sent["written"])
         self.restarted.extend(sent.get("restarted", ()))
         self.errors.extend(sent["errors"])
+        self.unwritten.update(sent.get("unwritten", ()))
 
     def worker_lost(self, worker: str, error: object) -> None:
         self.errors.append(f"xdist worker {worker} went down ({error}): its tests' entries are lost")

@@ -77,8 +77,14 @@ def budget_entries(run: RunComparison) -> list[Entry]:
             continue
         budgets = tuple((Code(text),) for text in case.broken)
         sites = tuple(
-            (f"{plural(s.count, 'sync')} at ", Site(s.path, s.line), " in ", Code(s.function), ": ",
-             Code(s.code or s.site))
+            (
+                f"{plural(s.count, 'sync')} at ",
+                Site(s.path, s.line),
+                " in ",
+                Code(s.function),
+                ": ",
+                Code(s.code or s.site),
+            )
             if s.path
             else (f"{plural(s.count, 'sync')} at ", Code(s.site))
             for s in case.sites[:SHOWN]

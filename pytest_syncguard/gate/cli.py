@@ -427,6 +427,9 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
     from .comparison import MIN_RUNS, compare
 
     changed = 0
+    if old.device != new.device:
+        print(f"warning: {old.path} is the baseline of {old.device}, {new.path} of {new.device}: another GPU model's "
+              "device time and memory are not comparable; counts are")  # fmt: skip
     for key, (was, now) in fingerprint_changes(old.fingerprint, new.fingerprint).items():
         print(f"environment: {key} {was} -> {now}")
     statuses: dict[str, int] = {}

@@ -98,7 +98,10 @@ class SiteLinks:
     def url(self, site: Site) -> str | None:
         """The line's URL, for a relative path to a file of the checkout (a library's file is not in it)."""
         path = Path(site.path)
-        if path.is_absolute() or ".." in path.parts or site.line < 1 or not (self.root / path).is_file():
+        try:
+            if path.is_absolute() or ".." in path.parts or site.line < 1 or not (self.root / path).is_file():
+                return None
+        except (OSError, ValueError):  # a name too long for the file system, a NUL: no file of the checkout
             return None
         return f"https://github.com/{self.repository}/blob/{self.commit}/{quote(path.as_posix())}#L{site.line}"
 
