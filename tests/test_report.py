@@ -455,3 +455,18 @@ def test_a_failure_in_any_document_stays_whatever_their_order(tmp_path: Path) ->
     for order in (("rank0.json", "rank1.json"), ("rank1.json", "rank0.json")):
         done = cli(tmp_path, *order, "--fail-on-regression")
         assert done.returncode == 1 and "1 of 1 test failed: 1 with failed budgets" in done.stderr, (order, done.stderr)
+
+
+def test_a_real_widest_gap_names_its_site_relative_to_the_checkout(tmp_path: Path) -> None:
+    """The H200 run of the planted host read: the widest gap's cause names `examples/strategies.py:75`, not the
+    checkout's absolute path."""
+    results = tmp_path / "planted.json"
+    results.write_bytes(
+        gzip.decompress((Path(__file__).parent / "data" / "h200_pr" / "planted-item.json.gz").read_bytes())
+    )
+    from pytest_syncguard.gate import results_file
+
+    tests = {t.nodeid: t for t in results_file.read(results)}
+    timeline = tests["examples/test_strategies.py::test_timeline[kv_cache]"].timeline
+    assert timeline is not None
+    assert timeline.top_gaps[0].detail.startswith("scalar read at examples/strategies.py:75 in kv_cache; ")
