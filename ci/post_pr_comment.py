@@ -6,7 +6,8 @@ strict patterns, the PR's current head must be the commit the GPU run tested, on
 of bounded size are read (``junit-*.xml`` of runs that wrote none), inside ``syncguard report``, which checks
 every value against the results document's types and escapes everything it renders, as is
 the A/B report ``ab-<slug>.json`` where there is one (validated by ``syncguard report --ab``), and
-the Markdown is rendered here, against the baselines of the default branch. After posting, the
+the Markdown is rendered here, against the default branch's history of the GPU model (its syncguard-history
+branch) where it has one, else against the baselines of the default branch. After posting, the
 ``gpu-approved`` label is removed from a fork's PR, so that its next push needs a maintainer again.
 
 Environment: ARTIFACT (folder), REPO (owner/name), HEAD_SHA (of the GPU run), GH_TOKEN.
@@ -55,6 +56,16 @@ def gh(*args: str) -> str:
     return done.stdout
 
 
+def history(folder: Path, slug: str) -> list[str]:
+    """``--history DIR`` where the default branch's history of this GPU model can be fetched (the syncguard-history
+    branch, written only by gpu-history.yml): what the pull request is judged against; else nothing."""
+    fetched = subprocess.run(["syncguard", "history", "fetch", "--into", str(folder)], check=False, timeout=300)
+    if fetched.returncode != 0 or not (folder / f"{slug}.jsonl").is_file():
+        print(f"post_pr_comment: no history of {slug}: judged against the default branch's baselines/", file=sys.stderr)
+        return []
+    return ["--history", str(folder)]
+
+
 def main() -> None:
     folder = Path(os.environ["ARTIFACT"])
     repo, head_sha = os.environ["REPO"], os.environ["HEAD_SHA"]
@@ -70,11 +81,13 @@ def main() -> None:
         fail("artifact has no results-*.json or junit-*.xml file")
     ab = folder / f"ab-{slug}.json"
     with_ab = ["--ab", str(ab)] if usable_file(ab) else []
-    body = Path(os.environ.get("RUNNER_TEMP", "/tmp")) / "syncguard-comment.md"
+    temp = Path(os.environ.get("RUNNER_TEMP", "/tmp"))
+    body = temp / "syncguard-comment.md"
     report = subprocess.run(
-        ["syncguard", "report", *map(str, results), "--baselines", "baselines", *with_ab, "--markdown", str(body)],
+        ["syncguard", "report", *map(str, results), "--baselines", "baselines", *history(temp / "history", slug),
+         *with_ab, "--markdown", str(body)],
         check=False,
-    )
+    )  # fmt: skip
     if report.returncode != 0:
         fail("syncguard report failed")
     subprocess.run(

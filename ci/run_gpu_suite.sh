@@ -15,7 +15,9 @@
 # judged are also run A/B against the merge base on this runner (syncguard ab --skip-judged --no-host-timings: device
 # time and counts, from each test's traced run, each test until its verdict is settled, within SYNCGUARD_AB_BUDGET
 # seconds, default 1200). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests every one of them with its own timed runs, for
-# its host timings too (not judged against a baseline recorded on another machine).
+# its host timings too (not judged against a baseline recorded on another machine). SYNCGUARD_HISTORY (default true):
+# judge against the default branch's history of this GPU model on origin's syncguard-history branch, where it has one
+# (the push job records it: syncguard history record --push origin).
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
@@ -23,9 +25,11 @@ mkdir -p "$out/artifacts"
 # Each stage's end, in seconds since the job's start, to OUT/stages.txt (what the job's time went to).
 : > "$out/stages.txt"
 stage() { printf '%s\t%s\n' "$1" "$SECONDS" >> "$out/stages.txt"; }
-read -ra tests <<< "${SYNCGUARD_TESTS:-examples}"
+# The pytest arguments are split as a shell would split them (-k "a or b" stays one argument), never evaluated.
+split() { python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$1"; }
+mapfile -t tests < <(split "${SYNCGUARD_TESTS:-examples}") || exit 1
 baselines="${SYNCGUARD_BASELINES:-baselines}"
-read -ra ab_tests <<< "${SYNCGUARD_AB_TESTS:-examples/test_strategies.py -k test_speed}"
+mapfile -t ab_tests < <(split "${SYNCGUARD_AB_TESTS:-examples/test_strategies.py -k test_speed}") || exit 1
 
 if [ -n "${SYNCGUARD_INSTALL:-}" ]; then
     bash -c "$SYNCGUARD_INSTALL" || exit 1
@@ -80,13 +84,24 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     stage ab
 fi
 
+# The default branch's history of this GPU model (the push job records it on the syncguard-history branch) is the
+# baseline where it has one; without it, the baselines folder judges.
+history=()
+if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && git remote get-url origin > /dev/null 2>&1; then
+    rm -rf "$out/history"
+    if syncguard history fetch --into "$out/history" && [ -f "$out/history/$slug.jsonl" ]; then
+        history=(--history "$out/history")
+    fi
+fi
+stage history
+
 # Sites link to their lines at the commit measured, where the repository is known (GitHub Actions sets it).
 links=()
 commit="$(git rev-parse HEAD 2>/dev/null)"
 if [ -n "${GITHUB_REPOSITORY:-}" ] && [ -n "$commit" ]; then
     links=(--repository "$GITHUB_REPOSITORY" --commit "$commit")
 fi
-syncguard report "$out/results-$slug.json" --baselines "$baselines" "${ab[@]}" "${links[@]}" \
+syncguard report "$out/results-$slug.json" --baselines "$baselines" "${history[@]}" "${ab[@]}" "${links[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 stage report
 # The report in the job's log: its verdict, the failed budgets and each regression's chain, then the rest.

@@ -14,6 +14,11 @@
 #                                                     within SECONDS
 #   bash devtools/gate_evidence.sh plant-aa SECONDS [STRATEGIES] [AB_OPTIONS...]
 #                                                     the same, of the planted base against a copy of itself
+#   bash devtools/gate_evidence.sh history-push DIR N the planted base's speed tests run N times, each recorded into
+#                                                     the history folder DIR as a push to main
+#   bash devtools/gate_evidence.sh history-judge DIR P [STRATEGY]
+#                                                     the speed tests with P% planted in STRATEGY (default
+#                                                     cuda_graph), judged against the history DIR
 #
 # A planted copy of the checkout is made under WORK (default OUT; devtools/plant_gpu_work.py); nothing here changes
 # the checkout.
@@ -67,8 +72,27 @@ plant-ab | plant-aa)
         --time-budget "$seconds" --out "$out/ab-$percent" --json "$out/ab-$percent.json" "$@" -- \
         -p pytest_syncguard.plugin examples/test_strategies.py -k "test_speed and ($strategies)")
     ;;
+history-push)
+    # N pushes of the planted base's speed tests, each recorded into the history folder DIR as a run of main.
+    folder="$(planted_copy 0)"
+    history="$(realpath -m "$2")"
+    for push in $(seq 1 "$3"); do
+        (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" examples/test_strategies.py -k test_speed \
+            --syncguard --syncguard-require-gpu --syncguard-json "$out/push.json" -q) > "$out/push-$push.log" 2>&1
+        python -m pytest_syncguard.gate.cli history record "$out/push.json" --into "$history" \
+            --commit "$(printf '%040x' "$(date +%s%N)")" || exit 1
+    done
+    ;;
+history-judge)
+    # The speed tests with P% of device time planted in STRATEGY (default cuda_graph) only, judged against DIR.
+    folder="$(PLANT_ONLY="${4:-cuda_graph}" planted_copy "$3" "$3-history")"
+    history="$(realpath -m "$2")"
+    (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" examples/test_strategies.py -k test_speed \
+        --syncguard --syncguard-require-gpu --syncguard-json "$out/pr-$3.json" -q) > "$out/pr-$3.log" 2>&1
+    python -m pytest_syncguard.gate.cli report "$out/pr-$3.json" --history "$history" --markdown "$out/pr-$3.md"
+    ;;
 *)
-    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab|plant-aa ..." >&2
+    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab|plant-aa|history-push|history-judge ..." >&2
     exit 2
     ;;
 esac

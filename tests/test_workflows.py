@@ -27,7 +27,7 @@ def steps(workflow: dict[Any, Any]) -> list[dict[str, Any]]:
     return [step for job in workflow["jobs"].values() for step in job.get("steps", [])]
 
 
-@pytest.mark.parametrize("name", ["cpu.yml", "gpu.yml", "gpu-comment.yml"])
+@pytest.mark.parametrize("name", ["cpu.yml", "gpu.yml", "gpu-comment.yml", "gpu-history.yml"])
 def test_pinned_actions_least_privilege_and_no_injection(name: str) -> None:
     workflow = load(name)
     text = (WORKFLOWS / name).read_text()
@@ -73,6 +73,23 @@ def test_the_comment_job_has_only_comment_rights_and_checks_out_no_pr_code() -> 
     post = job["steps"][-1]
     assert post["run"] == "python ci/post_pr_comment.py"
     assert post["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
+
+
+def test_only_the_history_job_writes_and_only_for_the_default_branchs_own_runs() -> None:
+    """The history a pull request is judged against is written by one job: after a push to the default branch, from
+    the default branch, with contents write and nothing else; no other job of the repository may write."""
+    workflow = load("gpu-history.yml")
+    assert set(workflow["on"]) == {"workflow_run"} and workflow["permissions"] == {}
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"actions": "read", "contents": "write"}
+    condition = " ".join(job["if"].split())
+    assert "github.event.workflow_run.event == 'push'" in condition
+    assert "github.event.workflow_run.head_branch == github.event.repository.default_branch" in condition
+    assert not str(job["runs-on"]).startswith("self-hosted")
+    assert "--push origin" in job["steps"][-1]["run"] and "--commit \"$HEAD_SHA\"" in job["steps"][-1]["run"]
+    for name in ("cpu.yml", "gpu.yml", "gpu-comment.yml"):
+        jobs = load(name)["jobs"].values()
+        assert all("write" not in str(j.get("permissions", {})).replace("pull-requests': 'write", "") for j in jobs)
 
 
 def test_the_action_takes_its_inputs_through_the_environment_and_the_gpu_workflow_runs_it() -> None:

@@ -275,10 +275,10 @@ def update(
 
 
 def recorded(
-    metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str
+    metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str, limit: int = HISTORY_LIMIT
 ) -> tuple[dict[str, float], dict[str, tuple[Recording, ...]], list[str]]:
     """A test's new entry, the history of its calibrated metrics and which of them started again: each new value
-    joins its metric's history (the last :data:`HISTORY_LIMIT`), unless the history's spread calibrates a
+    joins its metric's history (the last ``limit``), unless the history's spread calibrates a
     tolerance it lies beyond: then it starts a new one (a single recording calibrates none: a second value joins
     it, however far; reset the history after a change made on purpose). The entry's value is the history's
     median."""
@@ -298,7 +298,7 @@ def recorded(
             middle = statistics.median(r.value for r in kept)
             if abs(value - middle) > max(spec.floor, within * abs(middle)):
                 kept, restarted = (), [*restarted, name]
-        history[name] = (*kept, Recording(value, host))[-HISTORY_LIMIT:]
+        history[name] = (*kept, Recording(value, host))[-limit:]
         entry[name] = rounded(statistics.median(r.value for r in history[name]))
     return entry, history, restarted
 

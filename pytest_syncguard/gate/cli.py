@@ -24,6 +24,7 @@ MAX_TIMED_RUNS = 1000
 if TYPE_CHECKING:
     from .ab import ABReport
     from .baselines import Baseline
+    from .history import History
 
 
 def _timeline_file(args: argparse.Namespace) -> int:
@@ -263,6 +264,10 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
+    if args.history is not None and not Path(args.history).is_dir():
+        print(f"syncguard report: --history {args.history}: not a folder (syncguard history fetch makes it)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.base_ref is not None and not args.baselines:
         print("syncguard report: --base-ref judges against that commit's files of --baselines DIR: give both",
               file=sys.stderr)  # fmt: skip
@@ -270,7 +275,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         run = compare_run(
             paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings,
-            base_ref=args.base_ref,
+            base_ref=args.base_ref, history=Path(args.history) if args.history else None,
         )  # fmt: skip
     except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
@@ -525,6 +530,91 @@ def _megabytes(text: str) -> int:
     return value
 
 
+def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .history_branch import BRANCH
+
+    history = commands.add_parser("history", help="the default branch's runs per GPU model: record a run, fetch "
+                                  "them for a pull request's report, write baselines or a page from them")  # fmt: skip
+    actions = history.add_subparsers(dest="action", required=True)
+    record = actions.add_parser("record", help="append a default-branch run's results to the history")
+    record.add_argument("results", nargs="+", metavar="RESULTS", help="results files (pytest --syncguard-json)")
+    record.add_argument("--commit", required=True, help="the commit the run measured")
+    where = record.add_mutually_exclusive_group(required=True)
+    where.add_argument("--into", metavar="DIR", help="a folder of history files")
+    where.add_argument("--push", metavar="REMOTE", help="the history branch of this git remote (e.g. origin): "
+                       "fetched, appended and pushed, again on a new tip while another push rejects it")  # fmt: skip
+    record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
+    fetch.add_argument("--into", metavar="DIR", required=True)
+    fetch.add_argument("--remote", default="origin")
+    fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    baselines = actions.add_parser("baselines", help="write baseline files (baselines/<slug>.json) from a history")
+    baselines.add_argument("folder", metavar="DIR", help="a folder of history files")
+    baselines.add_argument("--out", metavar="DIR", required=True, help="the baselines folder to write into")
+    page = actions.add_parser("page", help="a static HTML page of every test's metrics per GPU model")
+    page.add_argument("folder", metavar="DIR", help="a folder of history files")
+    page.add_argument("--out", metavar="FILE", required=True)
+    page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on GitHub")
+    history.set_defaults(run=_history)
+
+
+def _history(args: argparse.Namespace) -> int:
+    """``syncguard history record|fetch|baselines|page``."""
+    from . import history, history_branch
+    from .results_file import ResultsError, read
+
+    try:
+        if args.action == "record":
+            results = [t for path in args.results for t in read(Path(path))]
+            if args.into:
+                held = history.record(Path(args.into), results, args.commit, _now())
+                print("syncguard history: " + ", ".join(f"{slug}: {n} runs" for slug, n in held.items()))
+            else:
+                history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
+            return 0
+        if args.action == "fetch":
+            found = history_branch.fetch(Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch)
+            print(f"syncguard history: {args.remote} {args.branch} " + ("fetched into " + args.into if found else
+                  "does not exist yet: every GPU model is judged as seen for the first time"))  # fmt: skip
+            return 0
+        histories = _histories(Path(args.folder))
+        if args.action == "baselines":
+            from .baselines import document
+
+            for kept in histories:
+                reference = history.baseline(kept)
+                target = Path(args.out) / f"{kept.device}.json"
+                write_atomically(target, document(kept.device, {}, reference.tests, reference.details,
+                                                  reference.history))  # fmt: skip
+                print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
+            return 0
+        from .render.charts import page
+        from .render.markdown import SiteLinks
+
+        if args.repository and (wrong := SiteLinks.problem(args.repository, "0" * 40)) is not None:
+            print(f"syncguard history: {wrong}", file=sys.stderr)
+            return 2
+        write_atomically(Path(args.out), page(histories, args.repository))
+        print(f"syncguard history: {args.out}: {len(histories)} GPU models")
+        return 0
+    except (history.HistoryError, ResultsError, OSError) as exc:
+        print(f"syncguard history: {exc}", file=sys.stderr)
+        return 2
+
+
+def _histories(folder: Path) -> list[History]:
+    """Every GPU model's history in ``folder``."""
+    from . import history
+
+    return [found for path in sorted(folder.glob("*.jsonl")) if (found := history.read(folder, path.stem)) is not None]
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``syncguard`` command's parser: every subcommand and option (docs/reference/cli.md is made from it)."""
     # The module docstring without its reStructuredText markup: --help is read in a terminal.
@@ -550,6 +640,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--repository", metavar="OWNER/NAME", help="with --commit: each sync site of a file of this "
                         "checkout is a link to its line on GitHub")  # fmt: skip
     report.add_argument("--commit", metavar="SHA", help="the head commit the run measured (with --repository)")
+    report.add_argument(
+        "--history",
+        metavar="DIR",
+        help="judge each GPU model against the default branch's history "
+        "in DIR (syncguard history fetch) where it has one; --baselines stands in for the others",
+    )
     report.add_argument("--base-ref", metavar="REF", help="judge against this commit's files of --baselines (a pull "
                         "request's base): a change cannot loosen its own gate; what the working tree's files loosen "
                         "against them is said above the fold")  # fmt: skip
@@ -640,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "history of these tests (all when none is named) in PATH, keeping their values: the next "
                            "update starts it again")  # fmt: skip
     baselines.set_defaults(run=_baselines)
+
+    _history_parser(commands)
 
     device = commands.add_parser("device", help="this machine's baseline slug and environment fingerprint")
     device.add_argument("--json", action="store_true", help="print as JSON")

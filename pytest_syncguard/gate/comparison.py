@@ -32,6 +32,11 @@ MIN_RUNS = 3
 SPREAD_DEVIATIONS = 4.0
 #: The fewest recordings whose spread calibrates a tolerance.
 MIN_RECORDINGS = 2
+#: Recordings from at least this many runs on at least this many hosts (a history of the default branch) show the
+#: spread between hosts: their tolerance may go below a metric's floor, to a part of it.
+CROSS_HOST_RECORDINGS = 10
+CROSS_HOST_HOSTS = 3
+CROSS_HOST_FLOOR_DIVISOR = 3.0
 
 Fingerprint = dict[str, "str | None"]
 #: Fingerprint keys whose value differs: key -> [baseline's, this run's].
@@ -151,7 +156,11 @@ def calibrated_tolerance(name: str, spread: Spread | None) -> float | None:
     if spread.recordings < MIN_RECORDINGS:
         return None
     deviation = spread.relative_sd * math.sqrt(1 + 1 / spread.recordings)
-    return max(spec.min_tolerance, SPREAD_DEVIATIONS * deviation)
+    # Recordings of many runs on several hosts measure what moves between hosts themselves: the floor that stands in
+    # for it gives way to its own part.
+    seen_across_hosts = spread.recordings >= CROSS_HOST_RECORDINGS and spread.hosts >= CROSS_HOST_HOSTS
+    floor = spec.min_tolerance / CROSS_HOST_FLOOR_DIVISOR if seen_across_hosts else spec.min_tolerance
+    return max(floor, SPREAD_DEVIATIONS * deviation)
 
 
 def count_status(name: str, old: float, new: float) -> str:

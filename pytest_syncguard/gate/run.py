@@ -22,6 +22,9 @@ from . import results_file
 from .baselines import Baseline, of_device, path_for, read
 from .cases import RunCase
 from .comparison import Comparison, Drift, compare
+from .history import History
+from .history import baseline as history_baseline
+from .history import read as read_history
 from .loosened import Loosened, at_commit, loosened
 from .render.junit import read_cases
 
@@ -48,6 +51,8 @@ class RunComparison:
     sources: list[str] = field(default_factory=list)
     loosened: list[Loosened] = field(default_factory=list)
     """The baseline values the head's files loosen against the base's (``base_ref``)."""
+    histories: dict[str, History] = field(default_factory=dict)
+    """Per device slug, the default branch's history the run was judged against (``history``)."""
 
     def with_status(self, status: str) -> list[CaseComparison]:
         return [c for c in self.cases if c.comparison.status == status]
@@ -117,22 +122,26 @@ def compare_run(
     tolerance: float | None = None,
     host_timings: bool = False,
     base_ref: str | None = None,
+    history: Path | None = None,
 ) -> RunComparison:
     """Compare every measured case of the files; raises ``ResultsError``/``JUnitError``/``BaselineError`` naming a
     file. Host timings are judged where ``host_timings`` says so, or where the run judged them. With ``base_ref``
     (a commit of the working directory's repository), the baselines are that commit's files of the ``baselines``
-    folder, and what the working tree's files loosen against them is kept in :attr:`RunComparison.loosened`."""
+    folder, and what the working tree's files loosen against them is kept in :attr:`RunComparison.loosened`. With
+    ``history`` (a folder of the default branch's history, :mod:`.history`), a GPU model's history is its baseline
+    where it has one; the ``baselines`` folder stands in for the models it has none of."""
     run = RunComparison(sources=[str(p) for p in paths])
     files: dict[str, Baseline | None] = {}
     for case in merge_cases(paths):
         slug = case.device_slug
         within = tolerance if tolerance is not None else case.tolerance
         recorded: Details | None = None
-        if baselines is not None:
-            path = path_for(baselines, slug)
+        if baselines is not None or history is not None:
+            folder = path_for(baselines, slug) if baselines is not None else None
             if slug not in files:
-                files[slug] = _judging(path, base_ref, run)
+                files[slug] = _judging(folder, base_ref, run, history, slug)
             baseline = files[slug]
+            path = baseline.path if baseline is not None else folder or Path(f"{slug}.json")
             entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
             drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
             recorded = baseline.details.get(case.nodeid) if baseline is not None else None
@@ -163,10 +172,18 @@ def compare_run(
     return run
 
 
-def _judging(path: Path, base_ref: str | None, run: RunComparison) -> Baseline | None:
-    """The baseline a run is judged against: ``path``, or with ``base_ref`` that commit's version of it (what the
-    working tree's file loosens against it goes into ``run``)."""
-    slug = path.stem
+def _judging(
+    path: Path | None, base_ref: str | None, run: RunComparison, history: Path | None, slug: str
+) -> Baseline | None:
+    """The baseline a run is judged against: the GPU model's ``history`` where it has one, else ``path``, or with
+    ``base_ref`` that commit's version of it (what the working tree's file loosens against it goes into ``run``)."""
+    if history is not None:
+        found = read_history(history, slug)
+        if found is not None:
+            run.histories[slug] = found
+            return history_baseline(found)
+    if path is None:
+        return None
     if base_ref is None:
         return of_device(read(path), slug)
     base, head = of_device(at_commit(Path.cwd(), base_ref, path), slug), of_device(read(path), slug)

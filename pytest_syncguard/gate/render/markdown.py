@@ -201,7 +201,14 @@ def summary_line(run: RunComparison) -> str:
              "not compared": "not compared"}  # fmt: skip
     counts = {word: len(run.with_status(status)) for status, word in named.items()}
     files = sorted({Path(v.comparison.file).name for v in run.cases if v.comparison.status not in ("new",)})
+    files = [f for f in files if not f.startswith("history:")]
     judged = f"judged against {', '.join(code(f) for f in files)}" if files else "no baseline to judge them against"
+    if run.histories:
+        from ..history import describe
+
+        histories = "; ".join(said(describe(h)) for _, h in sorted(run.histories.items()))
+        judged = f"judged against the default branch's {histories}" + (f" and {', '.join(map(code, files))}"
+                                                                        if files else "")  # fmt: skip
     host = "host timings judged" if any(v.comparison.host_timings for v in run.cases) else "host timings not judged"
     rest = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
     missing = f", {len(run.missing)} missing" if run.missing else ""
@@ -210,6 +217,28 @@ def summary_line(run: RunComparison) -> str:
 
 def _new_value(item: Loosened) -> str:
     return "removed" if item.new is None else value_text(item.metric, item.new)
+
+
+def trend_block(run: RunComparison) -> list[str]:
+    """Each regressed test judged against a history: its regressed metric (device time first) over the last runs of
+    the default branch and this run, as a chart GitHub draws; with what the history held."""
+    from ..history import describe
+    from .charts import mermaid
+
+    lines: list[str] = []
+    for verdict in run.with_status("regression"):
+        history = run.histories.get(verdict.case.device_slug)
+        regressed = [c.metric for c in verdict.comparison.of("regression")]
+        if history is None or not regressed:
+            continue
+        name = DEVICE_TIME if DEVICE_TIME in regressed else regressed[0]
+        now = verdict.case.metrics.get(name)
+        chart = mermaid(history, verdict.case.nodeid, name, now) if now is not None else []
+        if chart:
+            held = describe(history, verdict.case.nodeid)
+            lines += [f"{code(verdict.case.nodeid)}: {code(name)} over the default branch's last runs, then this run "
+                      f"({code(held)})", "", *chart, ""]  # fmt: skip
+    return ["#### Trend", "", *lines] if lines else []
 
 
 def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
@@ -241,6 +270,7 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
     regressions = regression_entries(run, ab)
     if regressions:
         blocks.append([f"### ❌ Regressions ({plural(len(regressions), 'test')})", "", *_entries(regressions, links)])
+        blocks.append(trend_block(run))
     other = [v for v in run.failed_tests if not v.case.broken]
     if other:
         blocks.append([

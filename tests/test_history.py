@@ -1,0 +1,219 @@
+"""The default branch's history as the baseline: runs recorded compactly and read back, a pull request judged
+against its GPU model's recent runs (a level that a change merged on purpose starts again), the data branch written
+by two pushes at once, and the pictures: a chart in the comment, a page with a point per commit.
+
+The runs are the H100 suite's real results (tests/data/h100_pr/unchanged.json.gz), their device time moved by the
+spread recorded between H100 hosts; the branch is pushed to a real bare repository."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import cmarkgfm
+import pytest
+
+from pytest_syncguard.gate import history, history_branch, results_file
+from pytest_syncguard.gate.render.charts import page
+from pytest_syncguard.gate.render.markdown import render
+from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.metrics import DEVICE_TIME, Metrics
+from pytest_syncguard.result import MeasuredTest
+
+DATA = Path(__file__).parent / "data" / "h100_pr"
+GRAPH = "examples/test_strategies.py::test_speed[cuda_graph]"
+HOSTS = ["a9dc0a68", "c3cd64c4", "56c4121f", "8423f385"]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> list[MeasuredTest]:
+    path = tmp_path_factory.mktemp("suite") / "unchanged.json"
+    path.write_bytes(gzip.decompress((DATA / "unchanged.json.gz").read_bytes()))
+    return results_file.read(path)
+
+
+def moved(tests: list[MeasuredTest], factor: float, rng: random.Random, host: str, noise: float = 0.003,
+          ) -> list[MeasuredTest]:  # fmt: skip
+    """The suite's results with every device time scaled by ``factor`` and a host's noise, as run on ``host``."""
+    out = []
+    for test in tests:
+        values = dict(test.metrics.values)
+        if DEVICE_TIME in values:
+            values[DEVICE_TIME] *= factor * (1 + rng.gauss(0, noise))
+        out.append(replace(test, metrics=Metrics(values, dict(test.metrics.runs)), host=host))
+    return out
+
+
+def pushes(folder: Path, tests: list[MeasuredTest], count: int, rng: random.Random, step_at: int | None = None,
+           ) -> None:  # fmt: skip
+    for push in range(1, count + 1):
+        factor = 1.03 if step_at is not None and push >= step_at else 1.0
+        history.record(folder, moved(tests, factor, rng, HOSTS[push % len(HOSTS)]), f"{push:040x}", f"t{push}")
+
+
+def write(path: Path, tests: list[MeasuredTest]) -> Path:
+    import json
+
+    document = {"schema": results_file.SCHEMA, "schema_version": results_file.SCHEMA_VERSION,
+                "tests": [results_file.record(t) for t in tests]}  # fmt: skip
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_runs_are_kept_compact_and_read_back_whole(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    pushes(tmp_path, suite, 3, random.Random(1))
+    lines = (tmp_path / "nvidia-h100-80gb-hbm3.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and '"syncs"' in lines[1] and '"syncs"' not in lines[2]  # counts once, until they move
+    assert '"seconds"' not in lines[1]  # host timings are judged A/B, not kept
+    found = history.read(tmp_path, "nvidia-h100-80gb-hbm3")
+    assert found is not None and len(found.runs) == 3
+    graph = next(t for t in suite if t.nodeid == GRAPH)
+    assert found.runs[2].tests[GRAPH]["syncs"] == graph.metrics.values["syncs"]
+    assert {r.host for r in found.runs} == {HOSTS[1], HOSTS[2], HOSTS[3]}
+    assert all(len(line) < 2500 for line in lines[2:])  # 17 tests: a year of daily runs stays under a megabyte
+
+
+def test_a_pr_is_judged_against_the_recent_runs_and_the_tolerance_narrows(
+    tmp_path: Path, suite: list[MeasuredTest]
+) -> None:
+    rng = random.Random(2)
+    pushes(tmp_path, suite, 3, rng)
+    early = history.baseline(history.read(tmp_path, "nvidia-h100-80gb-hbm3"))  # type: ignore[arg-type]
+    pushes(tmp_path / "more", suite, 12, rng)
+    late = history.baseline(history.read(tmp_path / "more", "nvidia-h100-80gb-hbm3"))  # type: ignore[arg-type]
+    from pytest_syncguard.gate.comparison import tolerance_of
+
+    within = [tolerance_of(DEVICE_TIME, None, b.spreads(GRAPH)[DEVICE_TIME]) for b in (early, late)]
+    assert within[1] < within[0] and within[1] < 0.015, within  # 12 runs on 4 hosts: below the 1.5% floor
+    planted = write(tmp_path / "pr.json", moved(suite, 1.02, rng, HOSTS[0], noise=0.0))
+    unchanged = write(tmp_path / "same.json", moved(suite, 1.0, rng, HOSTS[0], noise=0.0))
+    regressed = compare_run([planted], None, history=tmp_path / "more")
+    assert {c.case.nodeid for c in regressed.with_status("regression")} >= {GRAPH}
+    held = compare_run([unchanged], None, history=tmp_path / "more")
+    assert not held.with_status("regression")
+    text, _ = render(regressed)
+    assert "judged against the default branch's history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts" in text
+    assert "#### Trend" in text and "```mermaid\nxychart-beta" in text
+    html = cmarkgfm.github_flavored_markdown_to_html(text, options=cmarkgfm.cmark.Options.CMARK_OPT_UNSAFE)
+    assert '<pre lang="mermaid"><code>xychart-beta' in html  # GitHub draws this block as a chart
+    chart = text.split("```mermaid")[1].split("```")[0]
+    assert chart.count('"') >= 2 * 13 and '"this PR"' in chart  # 12 commits and this run
+
+
+def test_a_change_merged_on_purpose_starts_a_new_level(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    """+3% merged at push 8 of 14: the level after it is the new one, so an unchanged PR is unchanged; before the
+    merge, the change's own PR was a regression."""
+    rng = random.Random(3)
+    pushes(tmp_path / "before", suite, 7, rng)
+    own = write(tmp_path / "own.json", moved(suite, 1.03, rng, HOSTS[0], noise=0.0))
+    assert GRAPH in {
+        c.case.nodeid for c in compare_run([own], None, history=tmp_path / "before").with_status("regression")
+    }
+    pushes(tmp_path / "after", suite, 14, random.Random(3), step_at=8)
+    found = history.read(tmp_path / "after", "nvidia-h100-80gb-hbm3")
+    assert found is not None
+    assert "judged from run 8" in history.describe(found, GRAPH)
+    after = write(tmp_path / "after.json", moved(suite, 1.03, rng, HOSTS[0], noise=0.0))
+    assert not compare_run([after], None, history=tmp_path / "after").with_status("regression")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _clone(remote: Path, into: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(remote), str(into)], check=True, capture_output=True)
+    return into
+
+
+def test_the_history_branch_takes_two_pushes_at_once_and_a_first_gpu_model(
+    tmp_path: Path, suite: list[MeasuredTest]
+) -> None:
+    """A bare repository as the remote, two clones as two runners pushing at the same moment: both runs land (the
+    rejected one again on the new tip); the branch is made the first time; a PR job fetches it and is judged."""
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    _git(seed, "init", "-q", "-b", "main")
+    (seed / "README.md").write_text("project\n")
+    _git(seed, "add", ".")
+    _git(seed, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "main")
+    _git(seed, "push", "-q", str(remote), "main")
+    runners = [_clone(remote, tmp_path / f"runner{i}") for i in range(2)]
+    rng = random.Random(4)
+    history_branch.push(runners[0], moved(suite, 1.0, rng, HOSTS[0]), "a" * 40, say=lambda line: None)
+    said: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def push(index: int) -> None:
+        barrier.wait()
+        history_branch.push(runners[index], moved(suite, 1.0, random.Random(index), HOSTS[index + 1]),
+                            f"{index + 1}" * 40, say=said.append)  # fmt: skip
+
+    threads = [threading.Thread(target=push, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    log = _git(remote, "log", "--format=%s", history_branch.BRANCH).splitlines()
+    assert len(log) == 3 and all(line.startswith("syncguard history: ") for line in log), log
+    assert _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).split() == [
+        "nvidia-h100-80gb-hbm3.details.json", "nvidia-h100-80gb-hbm3.jsonl"]  # fmt: skip
+    assert _git(remote, "rev-parse", "main").strip() == _git(seed, "rev-parse", "HEAD").strip()  # main untouched
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "history")
+    found = history.read(pr / "history", "nvidia-h100-80gb-hbm3")
+    assert found is not None and found.runs[0].commit == "a" * 40 and len(found.runs) == 3
+    assert not (pr / "history").joinpath("README.md").exists()
+    fresh = _clone(remote, tmp_path / "fresh")
+    _git(fresh, "push", "-q", "origin", f":{history_branch.BRANCH}")
+    assert not history_branch.fetch(fresh, fresh / "none")  # no branch yet: judged as a GPU model seen first
+
+
+def test_the_cli_records_fetches_and_writes_baselines_and_a_page(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    results = write(tmp_path / "run.json", moved(suite, 1.0, random.Random(5), HOSTS[0]))
+    cli = [sys.executable, "-m", "pytest_syncguard.gate.cli", "history"]
+    for commit in ("1" * 40, "2" * 40):
+        done = subprocess.run([*cli, "record", str(results), "--commit", commit, "--into", "h"], cwd=tmp_path,
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert done.stdout == "syncguard history: nvidia-h100-80gb-hbm3: 2 runs\n"
+    done = subprocess.run([*cli, "baselines", "h", "--out", "b"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    from pytest_syncguard.gate.baselines import read
+
+    written = read(tmp_path / "b" / "nvidia-h100-80gb-hbm3.json")
+    assert written is not None and GRAPH in written.tests and len(written.history[GRAPH][DEVICE_TIME]) == 2
+    done = subprocess.run([*cli, "page", "h", "--out", "page.html", "--repository", "octo/decode"], cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "page.html").read_text()
+    assert f'<a href="https://github.com/octo/decode/commit/{"1" * 40}">' in text and "<svg" in text
+
+
+def test_the_page_escapes_what_the_history_says_and_chromium_draws_it(
+    tmp_path: Path, suite: list[MeasuredTest]
+) -> None:
+    hostile = [replace(t, nodeid=t.nodeid + "<img src=x onerror=alert(1)>") for t in suite]
+    history.record(tmp_path, moved(hostile, 1.0, random.Random(6), HOSTS[0]), "3" * 40, "t")
+    history.record(tmp_path, moved(hostile, 1.0, random.Random(7), HOSTS[1]), "4" * 40, "t")
+    found = history.read(tmp_path, "nvidia-h100-80gb-hbm3")
+    assert found is not None
+    text = page([found], "octo/decode")
+    assert "<img" not in text and "&lt;img src=x" in text
+    (tmp_path / "page.html").write_text(text)
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no headless Chromium here (.ci/run installs it)")
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,900", (tmp_path / "page.html").as_uri()], capture_output=True, timeout=120,
+                   check=False)  # fmt: skip
+    assert shot.exists() and shot.stat().st_size > 10_000  # a page with its charts, not a blank one
