@@ -74,7 +74,8 @@ def trial(nodeid: str, middle: float, noise: float, rng: random.Random) -> dict[
     found["tolerance_30"] = judge(history, nodeid, level)[1]
     for delta in PRS:
         found[f"pr_{delta}"] = judge(history, nodeid, measured(level * (1 + delta)))[0]
-    found["false_alarms"] = sum(judge(history, nodeid, measured(level))[0] == "regression" for _ in range(UNCHANGED_PRS))
+    unchanged = (judge(history, nodeid, measured(level))[0] for _ in range(UNCHANGED_PRS))
+    found["false_alarms"] = sum(status == "regression" for status in unchanged)
     return found
 
 
@@ -102,7 +103,8 @@ def main() -> None:
         row = [nodeid.split("::")[1], f"±{noise:.2%}",
                f"{statistics.median(float(r['tolerance_10']) for r in runs):.2%}",  # type: ignore[arg-type]
                f"{statistics.median(float(r['tolerance_30']) for r in runs):.2%}",  # type: ignore[arg-type]
-               *(f"{rate[d]:.0f}%" for d in PRS), f"{alarms / len(runs):.2f}", f"{own:.0f}%", f"{after:.1f}%"]  # fmt: skip
+               *(f"{rate[d]:.0f}%" for d in PRS), f"{alarms / len(runs):.2f}", f"{own:.0f}%",
+               f"{after:.1f}%"]  # fmt: skip
         print(" | ".join(row))
     print(f"false alarms over all unchanged PRs: {total_alarms} of {args.trials * UNCHANGED_PRS * 14}")
 

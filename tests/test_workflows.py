@@ -86,7 +86,7 @@ def test_only_the_history_job_writes_and_only_for_the_default_branchs_own_runs()
     assert "github.event.workflow_run.event == 'push'" in condition
     assert "github.event.workflow_run.head_branch == github.event.repository.default_branch" in condition
     assert not str(job["runs-on"]).startswith("self-hosted")
-    assert "--push origin" in job["steps"][-1]["run"] and "--commit \"$HEAD_SHA\"" in job["steps"][-1]["run"]
+    assert "--push origin" in job["steps"][-1]["run"] and '--commit "$HEAD_SHA"' in job["steps"][-1]["run"]
     for name in ("cpu.yml", "gpu.yml", "gpu-comment.yml"):
         jobs = load(name)["jobs"].values()
         assert all("write" not in str(j.get("permissions", {})).replace("pull-requests': 'write", "") for j in jobs)
