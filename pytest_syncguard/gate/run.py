@@ -63,8 +63,17 @@ class RunComparison:
 
     @property
     def failed_tests(self) -> list[CaseComparison]:
-        """Tests that failed for another reason than a regression (a budget, an error)."""
-        return [c for c in self.cases if c.case.outcome in ("failed", "error") and c.comparison.status != "regression"]
+        """Tests that failed for another reason than a regression (a budget, an error). A test the run failed only
+        as a regression against the baseline it compared with is judged again here, against this report's
+        baseline (:attr:`rejudged`), not counted as failed."""
+        return [c for c in self.cases if c.case.outcome in ("failed", "error") and c.comparison.status != "regression"
+                and c.case.verdict != "regression"]  # fmt: skip
+
+    @property
+    def rejudged(self) -> list[CaseComparison]:
+        """Tests the run failed as regressions against its baseline that this report, judging against another
+        (a history, the merge base's files, other options), finds not regressed."""
+        return [c for c in self.cases if c.case.verdict == "regression" and c.comparison.status != "regression"]
 
     def to_dict(self) -> dict[str, Any]:
         return {

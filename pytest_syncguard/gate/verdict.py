@@ -63,11 +63,8 @@ class Verdict:
                 fail(case.key, FAILED_BUDGET)
             if case.comparison.status == "regression":
                 fail(case.key, REGRESSED)
-            if (
-                case.case.outcome in ("failed", "error")
-                and not case.case.broken
-                and case.comparison.status != ("regression")
-            ):
+        for case in run.failed_tests:
+            if not case.case.broken:
                 fail(case.key, FAILED)
         keys = {case.key for case in run.cases}
         undecided: tuple[str, ...] = ()

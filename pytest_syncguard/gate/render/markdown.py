@@ -212,6 +212,9 @@ def summary_line(run: RunComparison) -> str:
     host = "host timings judged" if any(v.comparison.host_timings for v in run.cases) else "host timings not judged"
     rest = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
     missing = f", {len(run.missing)} missing" if run.missing else ""
+    if run.rejudged:
+        missing += (f", {plural(len(run.rejudged), 'test')} the run failed against its own baseline and this one "
+                    "finds not regressed")  # fmt: skip
     return f"{plural(len(run.cases), 'test')} on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
 
 
