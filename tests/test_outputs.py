@@ -5,6 +5,7 @@ that is a checkout. Each is refused before anything is written, naming the optio
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -29,6 +30,16 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, check=False)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the test and its baseline file, recorded once."""
+    folder = tmp_path_factory.mktemp("recorded")
+    (folder / "test_loop.py").write_text(TEST)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard",
+                    "--syncguard-update-baselines"], cwd=folder, check=True, capture_output=True)  # fmt: skip
+    return folder
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [
@@ -40,20 +51,21 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     ids=["junit", "baseline", "fifo", "symlink"],
 )
 def test_a_results_file_that_would_replace_an_input_is_a_usage_error(
-    pytester: pytest.Pytester, options: list[str], said: str
+    recorded: Path, tmp_path: Path, options: list[str], said: str
 ) -> None:
-    pytester.makepyfile(test_loop=TEST)
-    assert pytester.runpytest_subprocess("--syncguard", "--syncguard-update-baselines").ret == 0
-    baseline = (pytester.path / "baselines" / "cpu.json").read_bytes()
-    os.mkfifo(pytester.path / "fifo")
-    (pytester.path / "kept.json").write_text("kept\n")
-    (pytester.path / "link.json").symlink_to(pytester.path / "kept.json")
-    done = pytester.runpytest_subprocess("--syncguard", *options)
-    assert done.ret == pytest.ExitCode.USAGE_ERROR and said in done.stderr.str()
-    assert (pytester.path / "baselines" / "cpu.json").read_bytes() == baseline
-    assert stat.S_ISFIFO(os.lstat(pytester.path / "fifo").st_mode)
-    assert (pytester.path / "link.json").is_symlink() and (pytester.path / "kept.json").read_text() == "kept\n"
-    assert not (pytester.path / "out.xml").exists()
+    folder = tmp_path / "run"
+    shutil.copytree(recorded, folder)
+    baseline = (folder / "baselines" / "cpu.json").read_bytes()
+    os.mkfifo(folder / "fifo")
+    (folder / "kept.json").write_text("kept\n")
+    (folder / "link.json").symlink_to(folder / "kept.json")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard", *options],
+                          cwd=folder, capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR and said in done.stderr, done.stderr
+    assert (folder / "baselines" / "cpu.json").read_bytes() == baseline
+    assert stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode)
+    assert (folder / "link.json").is_symlink() and (folder / "kept.json").read_text() == "kept\n"
+    assert not (folder / "out.xml").exists()
 
 
 def test_the_atomic_rename_never_replaces_a_device_or_a_link(tmp_path: Path) -> None:
@@ -66,14 +78,13 @@ def test_the_atomic_rename_never_replaces_a_device_or_a_link(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]  # no temporary file left
 
 
-def test_a_report_over_its_own_results_is_refused(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_loop=TEST)
-    assert pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json").ret == 0
-    results = (pytester.path / "r.json").read_bytes()
+def test_a_report_over_its_own_results_is_refused(recorded: Path, tmp_path: Path) -> None:
+    results = (recorded / "baselines" / "cpu.json").read_bytes()  # any file: the paths are checked before reading
+    (tmp_path / "r.json").write_bytes(results)
     for option in ("--json", "--markdown"):
-        done = cli(pytester.path, "report", "r.json", option, "./r.json")
+        done = cli(tmp_path, "report", "r.json", option, "./r.json")
         assert done.returncode == 2 and f"{option} ./r.json would overwrite the input r.json" in done.stderr
-        assert (pytester.path / "r.json").read_bytes() == results
+        assert (tmp_path / "r.json").read_bytes() == results
 
 
 def test_an_ab_out_folder_holding_a_checkout_is_refused_and_left_as_it_is(tmp_path: Path) -> None:

@@ -65,11 +65,9 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
         ("0", "two", "WORLD_SIZE='two' is not a number of processes"),
     ],
 )
-def test_a_launch_without_a_usable_rank_is_a_usage_error_not_one_shared_file(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rank: str | None, world: str, said: str
+def test_a_launch_without_a_usable_rank_names_both_variables(
+    monkeypatch: pytest.MonkeyPatch, rank: str | None, world: str, said: str
 ) -> None:
-    """Each rank would write r.json (the last writer wins): the run stops before any test, naming the variables."""
-    pytester.makepyfile(test_r=TEST)
     monkeypatch.setenv("WORLD_SIZE", world)
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
@@ -77,7 +75,16 @@ def test_a_launch_without_a_usable_rank_is_a_usage_error_not_one_shared_file(
         monkeypatch.setenv("RANK", rank)
     with pytest.raises(ValueError, match=said):
         current()
+
+
+def test_such_a_launch_is_a_usage_error_not_one_shared_file(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank would write r.json (the last writer wins): the run stops before any test, naming the variables."""
+    pytester.makepyfile(test_r=TEST)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "abc")
     done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json")
     assert done.ret == pytest.ExitCode.USAGE_ERROR
-    assert f"syncguard: {said}" in done.stderr.str()
+    assert "syncguard: WORLD_SIZE=2 with RANK='abc'" in done.stderr.str()
     assert not (pytester.path / "r.json").exists()

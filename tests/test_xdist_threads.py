@@ -57,18 +57,23 @@ def test_a_thread_count_the_user_set_is_left_alone(pytester: pytest.Pytester, mo
     result.stdout.no_fnmatch_line("*intra-op threads*")
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "abc"])
+def test_only_a_whole_number_of_threads_is_a_thread_setting() -> None:
+    from pytest_syncguard.environment import _threads
+
+    assert [_threads(v) for v in ("1", " 8 ", "0", "-1", "abc", "1.5", "")] == [True, True] + [False] * 5
+
+
 def test_a_thread_setting_that_is_no_number_of_threads_is_named_not_obeyed(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, value: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """OMP_NUM_THREADS of 0, -1 or abc chooses nothing: the workers share the cores as without it, and say that the
-    setting was ignored."""
-    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    """OMP_NUM_THREADS=abc chooses nothing: the workers share the cores as without it, and say that the setting
+    was ignored."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
     pytester.makepyfile(**{f"test_loop_{n}": LOOP.format(n=n, width=64, batch=2, repeat=1) for n in range(2)})
     result = pytester.runpytest("-n", "2", "--syncguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     share = max(1, available_cores() // 2)
     for n in range(2):
         assert json.loads((pytester.path / f"threads-{n}.json").read_text())["threads"] <= share
-    result.stdout.fnmatch_lines([f"*xdist worker gw*: torch's intra-op threads *OMP_NUM_THREADS={value!r} is not a "
+    result.stdout.fnmatch_lines(["*xdist worker gw*: torch's intra-op threads *OMP_NUM_THREADS='abc' is not a "
                                  "number of threads (1 or more): ignored*"])  # fmt: skip
