@@ -70,20 +70,30 @@ def cli() -> str:
     parser = build_parser()
     lines = ["# The `syncguard` command", "", GENERATED, "",
              "The commands other than running tests never import torch, except `device`.", ""]  # fmt: skip
+    lines += _commands(parser, "syncguard", "##")
+    return "\n".join(lines)
+
+
+def _commands(parser: argparse.ArgumentParser, prog: str, heading: str) -> list[str]:
+    """Each subcommand of ``parser``: its usage and options, and its own subcommands a level down."""
+    lines: list[str] = []
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
     for name, command in sub.choices.items():
-        command.prog = f"syncguard {name}"
+        command.prog = f"{prog} {name}"
         usage = command.format_usage().removeprefix("usage: ").strip()
-        lines += [f"## `syncguard {name}`", "", str(helps.get(name, "")), "", "```text", usage, "```", ""]
+        lines += [f"{heading} `{prog} {name}`", "", str(helps.get(name, "")), "", "```text", usage, "```", ""]
+        nested = any(isinstance(a, argparse._SubParsersAction) for a in command._actions)
         for action in command._actions:
-            if isinstance(action, argparse._HelpAction):
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
             flags = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
             text = (action.help or "").replace("%%", "%")
             lines.append(f"- {flags}: {text}")
         lines.append("")
-    return "\n".join(lines)
+        if nested:
+            lines += _commands(command, f"{prog} {name}", heading + "#")
+    return lines
 
 
 def metrics() -> str:

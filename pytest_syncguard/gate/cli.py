@@ -545,15 +545,16 @@ def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
                        "fetched, appended and pushed, again on a new tip while another push rejects it")  # fmt: skip
     record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
     fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
-    fetch.add_argument("--into", metavar="DIR", required=True)
-    fetch.add_argument("--remote", default="origin")
+    fetch.add_argument("--into", metavar="DIR", required=True, help="the folder the history files are copied into")
+    fetch.add_argument("--remote", default="origin", help="the git remote whose history branch is read (default "
+                       "origin)")  # fmt: skip
     fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
     baselines = actions.add_parser("baselines", help="write baseline files (baselines/<slug>.json) from a history")
     baselines.add_argument("folder", metavar="DIR", help="a folder of history files")
     baselines.add_argument("--out", metavar="DIR", required=True, help="the baselines folder to write into")
     page = actions.add_parser("page", help="a static HTML page of every test's metrics per GPU model")
     page.add_argument("folder", metavar="DIR", help="a folder of history files")
-    page.add_argument("--out", metavar="FILE", required=True)
+    page.add_argument("--out", metavar="FILE", required=True, help="the HTML file to write")
     page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on GitHub")
     history.set_defaults(run=_history)
 
