@@ -99,13 +99,18 @@ def test_the_action_takes_its_inputs_through_the_environment_and_the_gpu_workflo
     assert action["runs"]["using"] == "composite"
     assert {"tests", "baselines", "ab-tests", "comment", "token"} <= set(action["inputs"])
     for step in action["runs"]["steps"]:
-        assert "${{" not in step["run"], step["run"]  # inputs and event data reach the scripts through env
-    poster = next(step for step in action["runs"]["steps"] if "syncguard comment" in step["run"])
+        assert "${{" not in step.get("run", ""), step["run"]  # inputs and event data reach the scripts through env
+    poster = next(step for step in action["runs"]["steps"] if "syncguard comment" in step.get("run", ""))
+    recorder = next(step for step in action["runs"]["steps"] if "syncguard history record" in step.get("run", ""))
+    condition = " ".join(recorder["if"].split())  # only a push to the default branch, only with a token given
+    assert "github.event_name == 'push'" in condition and "inputs.token != ''" in condition
+    assert "github.ref_name == github.event.repository.default_branch" in condition
     assert "inputs.comment == 'true'" in poster["if"]  # posting is asked for, never a default
     assert action["inputs"]["comment"]["default"] == "false"
     (job,) = load("gpu.yml")["jobs"].values()
     (used,) = [step for step in job["steps"] if step.get("uses") == "./.github/actions/syncguard"]
     assert used["with"]["tests"] == "examples" and "comment" not in used["with"]  # gpu-comment.yml posts
+    assert "token" not in used["with"]  # and gpu-history.yml records: this job's token only reads
 
 
 def test_the_readme_shows_the_step_a_user_copies() -> None:
