@@ -13,20 +13,7 @@ import pytest
 from pytest_syncguard.gate.baselines import update
 from pytest_syncguard.gate.chain import Site
 from pytest_syncguard.gate.render.markdown import SiteLinks
-
-TEST = """
-import torch
-
-def test_loop(syncguard):
-    with syncguard.generation(tokens=2):
-        for _ in range(2):
-            torch.ones(2).sum().item()
-"""
-
-
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, check=False, timeout=60)  # fmt: skip
+from tests.test_outputs import TEST, cli
 
 
 @pytest.fixture(scope="module")
