@@ -305,7 +305,7 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as exc:  # a full disk, a folder gone: nothing half-written is left (write_atomically)
         print(f"syncguard report: cannot write the report: {exc}", file=sys.stderr)
         return 2
-    verdict = Verdict.of(run, ab, run.loosened)
+    verdict = Verdict.of(run, ab)
     print(f"syncguard report: {verdict.sentence()}" + (f"; markdown truncated, full report in {full_path}"
           if truncated else ""), file=sys.stderr)  # fmt: skip
     return verdict.exit_status(args.fail_on_regression)

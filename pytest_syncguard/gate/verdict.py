@@ -8,7 +8,7 @@ add up to more than its failed tests). No torch here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,9 +31,9 @@ Key = tuple[str, str]
 """(device slug, node id) of a test; an A/B test's device is the A/B runner's."""
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """``1 test``, ``2 tests`` (``many`` where the plural is not ``noun`` + s)."""
-    return f"{count} {noun if count == 1 else many or noun + 's'}"
+def plural(count: int, noun: str) -> str:
+    """``1 test``, ``2 tests``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class Verdict:
     loosened: tuple[Loosened, ...] = field(default_factory=tuple)
 
     @classmethod
-    def of(cls, run: RunComparison, ab: ABReport | None = None, loosened: Sequence[Loosened] = ()) -> Verdict:
+    def of(cls, run: RunComparison, ab: ABReport | None = None) -> Verdict:
+        """The verdict of ``run`` with its A/B ``ab``, and the baseline values the run found loosened."""
         reasons: dict[Key, list[str]] = {}
 
         def fail(key: Key, reason: str) -> None:
@@ -80,7 +81,7 @@ class Verdict:
             undecided = tuple(t.nodeid for t in ab.with_verdict("inconclusive"))
         keys |= set(reasons)
         ordered = {key: tuple(sorted(found, key=REASONS.index)) for key, found in sorted(reasons.items())}
-        return cls(ordered, len(keys), undecided, tuple(loosened))
+        return cls(ordered, len(keys), undecided, tuple(run.loosened))
 
     @property
     def failed(self) -> bool:

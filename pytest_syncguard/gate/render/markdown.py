@@ -263,7 +263,7 @@ def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
 def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | None = None) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
     what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`."""
-    verdict = Verdict.of(run, ab, run.loosened)
+    verdict = Verdict.of(run, ab)
     blocks: list[list[str]] = [[verdict.headline(), "", summary_line(run), ""]]
     if run.loosened:
         blocks.append(loosened_block(run.loosened))
