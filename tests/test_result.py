@@ -329,6 +329,12 @@ def test_the_cli_commands_run_without_torch(no_torch: dict[str, str], tmp_path: 
     (baseline,) = (DATA / "h100_suite" / "baselines").glob("*.json")
     shown = _cli(no_torch, "baselines", str(baseline))
     assert shown.returncode == 0 and "tests" in shown.stdout, shown.stderr
+    results = tmp_path / "results.json"  # the history job installs no torch either (gpu-history.yml)
+    results.write_bytes(__import__("gzip").decompress((DATA / "h100_pr" / "unchanged.json.gz").read_bytes()))
+    recorded = _cli(no_torch, "history", "record", str(results), "--commit", "a" * 40, "--into", str(tmp_path / "h"))
+    assert recorded.returncode == 0 and "1 run" in recorded.stdout, recorded.stderr
+    drawn = _cli(no_torch, "history", "page", str(tmp_path / "h"), "--out", str(tmp_path / "page.html"))
+    assert drawn.returncode == 0, drawn.stderr
 
     from tests.test_comment import FakeGitHub
 

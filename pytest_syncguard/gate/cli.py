@@ -569,7 +569,9 @@ def _history(args: argparse.Namespace) -> int:
             results = [t for path in args.results for t in read(Path(path))]
             if args.into:
                 held = history.record(Path(args.into), results, args.commit, _now())
-                print("syncguard history: " + ", ".join(f"{slug}: {n} runs" for slug, n in held.items()))
+                from .verdict import plural
+
+                print("syncguard history: " + ", ".join(f"{slug}: {plural(n, 'run')}" for slug, n in held.items()))
             else:
                 history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
             return 0
