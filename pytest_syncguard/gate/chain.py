@@ -192,9 +192,10 @@ def cost_lines(verdict: CaseComparison, ab: ABReport | None = None) -> tuple[Lin
     if judged is not None:
         return judged
     rate = next((c for c in verdict.comparison.changes if c.metric == "tokens_per_second"), None)
-    if rate is None or rate.old is None or rate.new is None:
-        return ()
-    if rate.status == "not judged":  # a host timing against another host's recording: no cost this run resolves
+    if rate is None or rate.old is None or rate.new is None or rate.status == "not judged":
+        # A host timing against another host's recording, or none kept (a history): no cost this run resolves.
+        if "tokens_per_second" not in verdict.case.metrics:
+            return ()
         return (("tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this run alone "
                  "resolves no cost",),)  # fmt: skip
     return ((f"{rate.old:.0f} → {rate.new:.0f} tokens/s{_relative(rate)} ({_judged(rate)})",),)

@@ -198,15 +198,16 @@ def baseline(history: History, path: Path | None = None) -> Baseline:
     return of_device(baseline, history.device) or baseline
 
 
-def describe(history: History, nodeid: str | None = None) -> str:
-    """``history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts, judged from run 3`` (where the test's current level
-    of device time begins)."""
+def describe(history: History, nodeid: str | None = None, name: str | None = None) -> str:
+    """``history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts, gpu_us_per_token judged from run 3`` (where the
+    current level of test ``nodeid``'s device-side metrics, or of metric ``name`` alone, begins)."""
     hosts = {h for run in history.runs for h in run.host.split(",") if h}
     text = f"history: {len(history.runs)} run{'s' if len(history.runs) != 1 else ''} of {history.device}"
     text += f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
     if nodeid is not None:
         level = baseline(history).history.get(nodeid, {})
-        for name, recordings in level.items():
-            measured = len(history.series(nodeid, name))
-            text += f", {name} judged from run {measured - len(recordings) + 1}"
+        for metric_name, recordings in level.items():
+            if name is None or metric_name == name:
+                measured = len(history.series(nodeid, metric_name))
+                text += f", {metric_name} judged from run {measured - len(recordings) + 1}"
     return text

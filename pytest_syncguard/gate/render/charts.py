@@ -18,7 +18,7 @@ from ..history import History, Run
 
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20
-_LABEL = re.compile(r"[^A-Za-z0-9_.:\[\]() -]")
+_LABEL = re.compile(r"[^A-Za-z0-9_.:/\[\]() -]")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
 

@@ -238,7 +238,7 @@ def trend_block(run: RunComparison) -> list[str]:
         now = verdict.case.metrics.get(name)
         chart = mermaid(history, verdict.case.nodeid, name, now) if now is not None else []
         if chart:
-            held = describe(history, verdict.case.nodeid)
+            held = describe(history, verdict.case.nodeid, name)
             lines += [f"{code(verdict.case.nodeid)}: {code(name)} over the default branch's last runs, then this run "
                       f"({code(held)})", "", *chart, ""]  # fmt: skip
     return ["#### Trend", "", *lines] if lines else []
