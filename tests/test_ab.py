@@ -31,7 +31,7 @@ from pytest_syncguard.analysis.ab_stats import (
 )
 from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
 from pytest_syncguard.files import IGNORE_ALL
-from pytest_syncguard.gate.ab import Plan, judged_by_baseline, read_report, run, summary_lines
+from pytest_syncguard.gate.ab import Plan, baselines_changed, judged_by_baseline, read_report, run, summary_lines
 from pytest_syncguard.gate.ab_sides import read_results
 from pytest_syncguard.gate.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
@@ -598,7 +598,7 @@ def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) 
 def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_ab_tested(tmp_path: Path) -> None:
     """The PR adds a host read per step and records the new count into baselines/cpu.json in the same commit. The
     report at --base-ref judges it against the base's file (a regression), says above the fold what the change
-    loosened, and the A/B does not leave the test out as judged."""
+    loosened, and the A/B's --skip-judged does not leave the test out as judged."""
     reads = textwrap.dedent(LOOP).replace(
         "            y = step(y)\n", "            y = step(y)\n            _ = y.sum().item()\n"
     )
@@ -623,13 +623,15 @@ def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_a
     assert "### ⚠️ This change loosens its own baselines" in shown
     assert "| `test_loop.py::test_decode` | `cpu` | `syncs` | 10 → 20 |" in shown
     assert "test_steady" not in shown.split("### ⚠️")[1].split("### ❌")[0]  # its entry did not move
-    plan = Plan(1, None, 0.5, timed_runs=0, host_timings=False)
-    ab = run(base_ref="HEAD~1", base_dir=None, head=repo, pytest_args=["test_loop.py", "-q"], plan=plan,
-             out=repo / "ab", progress=lambda line: None,
-             judged={f"test_loop.py::{n}": "baselines/cpu.json" for n in ("test_decode", "test_steady")})  # fmt: skip
-    assert [t.nodeid for t in ab.tests] == ["test_loop.py::test_decode"]
-    assert list(ab.judged_by_baseline) == ["test_loop.py::test_steady"]
-    assert ab.regressions == 1  # its syncs, exactly
+    # The A/B's --skip-judged: what the head's file loosens against the base's checkout is A/B-tested, the rest left
+    # to the baseline that judged it.
+    base = tmp_path / "base"
+    (base / "baselines").mkdir(parents=True)
+    shown = subprocess.run(["git", "-C", str(repo), "show", "HEAD~1:baselines/cpu.json"], capture_output=True,
+                           check=True)  # fmt: skip
+    (base / "baselines" / "cpu.json").write_bytes(shown.stdout)
+    judged_tests = {f"test_loop.py::{n}": "baselines/cpu.json" for n in ("test_decode", "test_steady")}
+    assert baselines_changed(judged_tests, base, repo) == {"test_loop.py::test_decode"}
 
 
 @pytest.mark.parametrize(

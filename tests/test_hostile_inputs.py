@@ -3,9 +3,11 @@ option, never a traceback, a hang or memory exhausted, and never a baseline of a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,25 @@ def test_a_bad_ab_worker_option_is_a_usage_error(pytester: pytest.Pytester, valu
     done = pytester.runpytest_subprocess(f"--syncguard-ab-worker={value}")
     assert done.ret == pytest.ExitCode.USAGE_ERROR and f"--syncguard-ab-worker {value!r}" in done.stderr.str()
     assert "INTERNALERROR" not in done.stdout.str() + done.stderr.str()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A file system of 8 kB, filled: every write to it fails with ENOSPC (root mounts it; skipped where none can)."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("no tmpfs can be mounted here (root only)")
+    with contextlib.suppress(OSError):  # the filler fills it: its last page may not fit
+        (folder / "filler").write_bytes(b"x" * 4096 * 2)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True, check=False)
+
+
+def test_a_full_disk_under_report_is_an_error_and_leaves_no_part_of_a_file(measured: Path, full_disk: Path) -> None:
+    done = cli(measured, "report", "r.json", "--markdown", str(full_disk / "comment.md"))
+    assert done.returncode == 2 and "syncguard report: cannot write the report: " in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no temporary or half-written file
