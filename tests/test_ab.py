@@ -389,10 +389,8 @@ def _worktrees(repo: Path) -> list[str]:
         (signal.SIGINT, 3, "round2-head", "round1-base, round1-head"),
         # A CI system cancelling the job: SIGTERM to the process, in the very first run.
         (signal.SIGTERM, 1, "round1-base", "no run"),
-        # Its terminal closed (an ssh session dropped): SIGHUP to the process.
-        (signal.SIGHUP, 1, "round1-base", "no run"),
     ],
-    ids=["sigint-to-group", "sigterm", "sighup"],
+    ids=["sigint-to-group", "sigterm"],
 )
 def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
     tmp_path: Path, signum: signal.Signals, slow_from: int, running: str, finished: str
@@ -692,3 +690,15 @@ def test_an_ab_run_from_a_subfolder_runs_the_base_from_the_same_subfolder_with_a
     assert [t.nodeid for t in report.tests] == ["test_loop.py::test_steady"]
     assert report.failed_in["head"] == {"test_loop.py::test_decode": {"skipped": (1,)}}
     assert report.regressions == 1  # a head that skips its test does not pass
+
+
+def test_its_terminal_closed_stops_the_ab_as_a_cancelled_job_does() -> None:
+    """SIGHUP (an ssh session dropped) left the base's worktree registered: it is one of the signals that stop the A/B
+    (the worktree's removal on them is tested above with SIGTERM), and the handler before it comes back."""
+    from pytest_syncguard.gate.ab import STOP_SIGNALS, ABInterrupted, stopping_on_signals
+
+    assert signal.SIGHUP in STOP_SIGNALS
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(ABInterrupted) as stopped, stopping_on_signals():
+        signal.raise_signal(signal.SIGHUP)
+    assert stopped.value.exit_status == 129 and signal.getsignal(signal.SIGHUP) == before
