@@ -606,9 +606,9 @@ def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_a
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "baselines")
     (repo / "test_loop.py").write_text(reads)
-    subprocess.run([*pytest_run, "--syncguard-update-baselines"], cwd=repo, check=True, capture_output=True)
+    subprocess.run([*pytest_run, "--syncguard-update-baselines", "--syncguard-json", "pr.json"], cwd=repo,
+                   check=True, capture_output=True)  # fmt: skip
     _git(repo, "commit", "-qam", "more reads, and their baseline")
-    subprocess.run([*pytest_run, "--syncguard-json", "pr.json"], cwd=repo, check=True, capture_output=True)
     report = [sys.executable, "-m", "pytest_syncguard.gate.cli", "report", "pr.json", "--baselines", "baselines"]
     own = subprocess.run(report, cwd=repo, capture_output=True, text=True)
     assert own.stderr == "syncguard report: no regressions: 2 tests passed\n"  # the hole: the head's own file
