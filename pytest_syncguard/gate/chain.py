@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from ..analysis.explain import Explanation
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
+from ..words import plural
 from .comparison import Change, Comparison
 from .run import CaseComparison, RunComparison
-from .verdict import plural
 
 if TYPE_CHECKING:
     from .ab import ABReport

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..codec import encode
 from ..files import MAX_UNPACKED_BYTES, write_atomically
+from ..words import plural
 from .comment import GH_TIMEOUT_S
 
 #: The most timed runs a test's measure() makes in an A/B round (each run is a whole generation).
@@ -568,9 +569,7 @@ def _history(args: argparse.Namespace) -> int:
         if args.action == "record":
             results = [t for path in args.results for t in read(Path(path))]
             if args.into:
-                held = history.record(Path(args.into), results, args.commit, _now())
-                from .verdict import plural
-
+                held = history.record(Path(args.into), results, args.commit, history.now())
                 print("syncguard history: " + ", ".join(f"{slug}: {plural(n, 'run')}" for slug, n in held.items()))
             else:
                 history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
@@ -598,7 +597,7 @@ def _history(args: argparse.Namespace) -> int:
             print(f"syncguard history: {wrong}", file=sys.stderr)
             return 2
         write_atomically(Path(args.out), page(histories, args.repository))
-        print(f"syncguard history: {args.out}: {len(histories)} GPU models")
+        print(f"syncguard history: {args.out}: {plural(len(histories), 'GPU model')}")
         return 0
     except (history.HistoryError, ResultsError, OSError) as exc:
         print(f"syncguard history: {exc}", file=sys.stderr)
@@ -610,12 +609,6 @@ def _histories(folder: Path) -> list[History]:
     from . import history
 
     return [found for path in sorted(folder.glob("*.jsonl")) if (found := history.read(folder, path.stem)) is not None]
-
-
-def _now() -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ it narrows as runs accumulate. No torch here."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,8 @@ from ..codec import decode, encode
 from ..files import write_atomically
 from ..metrics import metric, rounded, value_problem
 from ..result import MeasuredTest
-from .baselines import Baseline, BaselineError, Recording, of_device, recorded
+from ..words import plural
+from .baselines import Baseline, BaselineError, Recording, path_for, recorded
 
 SCHEMA = "pytest-syncguard/history"
 SCHEMA_VERSION = 1
@@ -74,9 +76,14 @@ def judged(name: str) -> bool:
     return spec is not None and (spec.counted or spec.min_tolerance is not None)
 
 
-def run_of(results: Iterable[MeasuredTest], commit: str, time: str, host: str | None = None) -> Run:
-    """The run of a job's results: each test that finished (a failed or skipped call's numbers are partial), with
-    the metrics the gate judges."""
+def now() -> str:
+    """The time a run is recorded at: ISO 8601 in UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def run_of(results: Iterable[MeasuredTest], commit: str, when: str) -> Run:
+    """The run of a job's results, recorded ``when``: each test that finished (a failed or skipped call's numbers
+    are partial), with the metrics the gate judges, and the hosts that ran them."""
     tests = {}
     hosts = set()
     for result in results:
@@ -84,13 +91,11 @@ def run_of(results: Iterable[MeasuredTest], commit: str, time: str, host: str | 
             continue
         tests[result.nodeid] = {n: rounded(v) for n, v in sorted(result.metrics.values.items()) if judged(n)}
         hosts.add(result.host)
-    return Run(commit, time, host or ",".join(sorted(h for h in hosts if h)), tests)
+    return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests)
 
 
 def paths(folder: Path, slug: str) -> tuple[Path, Path]:
     """The history file of GPU model ``slug`` in ``folder``, and its details file."""
-    from .baselines import path_for
-
     base = path_for(folder, slug)
     return base.with_suffix(".jsonl"), base.with_suffix(".details.json")
 
@@ -163,7 +168,7 @@ def write(folder: Path, history: History) -> None:
     write_atomically(details_path, json.dumps(encode(dict(sorted(history.details.items()))), sort_keys=True) + "\n")
 
 
-def record(folder: Path, results: Sequence[MeasuredTest], commit: str, time: str) -> dict[str, int]:
+def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str) -> dict[str, int]:
     """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``: per model, the
     number of runs its history then holds."""
     by_device: dict[str, list[MeasuredTest]] = {}
@@ -174,7 +179,7 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, time: str
         if not slug:
             raise HistoryError("a result names no device slug: it was written by a pytest-syncguard before 0.1")
         history = read(folder, slug) or History(slug)
-        run = run_of(tests, commit, time)
+        run = run_of(tests, commit, when)
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         updated = History(slug, (*history.runs, run), details)
         write(folder, updated)
@@ -182,10 +187,10 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, time: str
     return held
 
 
-def baseline(history: History, path: Path | None = None) -> Baseline:
+def baseline(history: History) -> Baseline:
     """The baseline the history sets: each test's latest counts, and each device-side metric's current level (its
-    runs replayed through :func:`.baselines.recorded`, the last :data:`WINDOW` of the level kept, with their hosts).
-    ``path``: what the baseline is said to come from."""
+    runs replayed through :func:`.baselines.recorded`, the last :data:`WINDOW` of the level kept, with their hosts),
+    said to come from ``history:<slug>``."""
     tests: dict[str, dict[str, float]] = {}
     kept: dict[str, dict[str, tuple[Recording, ...]]] = {}
     for run in history.runs:
@@ -193,17 +198,15 @@ def baseline(history: History, path: Path | None = None) -> Baseline:
             tests[nodeid], kept[nodeid], _ = recorded(values, kept.get(nodeid, {}), run.host, limit=WINDOW)
     latest = set(history.runs[-1].tests) if history.runs else set()  # a test the suite dropped is not missing
     tests = {nodeid: values for nodeid, values in tests.items() if nodeid in latest}
-    where = path or Path(f"history:{history.device}")
-    baseline = Baseline(where, history.device, {}, tests, dict(history.details), kept)
-    return of_device(baseline, history.device) or baseline
+    return Baseline(Path(f"history:{history.device}"), history.device, {}, tests, dict(history.details), kept)
 
 
 def describe(history: History, nodeid: str | None = None, name: str | None = None) -> str:
     """``history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts, gpu_us_per_token judged from run 3`` (where the
     current level of test ``nodeid``'s device-side metrics, or of metric ``name`` alone, begins)."""
     hosts = {h for run in history.runs for h in run.host.split(",") if h}
-    text = f"history: {len(history.runs)} run{'s' if len(history.runs) != 1 else ''} of {history.device}"
-    text += f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
+    text = f"history: {plural(len(history.runs), 'run')} of {history.device}"
+    text += f" on {plural(len(hosts), 'host')}" if hosts else ""
     if nodeid is not None:
         level = baseline(history).history.get(nodeid, {})
         for metric_name, recordings in level.items():

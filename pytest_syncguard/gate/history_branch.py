@@ -1,12 +1,12 @@
 """The history's default store: a data branch of the repository itself (``syncguard-history``), written only by the
 default branch's push job and read by pull-request jobs, with nothing else to host.
 
-:func:`push` fetches the branch (or starts it, orphaned, the first time), appends the run in a worktree of its tip,
-commits and pushes; a push rejected because another job pushed first is retried on the new tip (the run appended
-again to what that job wrote), so two pushes at once both land. The branch holds only history files, never the
-code: a force-pushed default branch leaves it as it is, and a run of a commit no longer on the default branch is
-still a measurement of that GPU model. :func:`fetch` copies the branch's files into a folder for ``syncguard
-report --history``. No torch here."""
+:func:`push` fetches the branch (or starts it, without a parent, the first time), appends the run to a copy of its
+files, commits them with git's plumbing and pushes; a push rejected because another job pushed first is retried on
+the new tip (the run appended again to what that job wrote), so two pushes at once both land. The branch holds only
+history files, never the code: a force-pushed default branch leaves it as it is, and a run of a commit no longer on
+the default branch is still a measurement of that GPU model. :func:`fetch` copies the branch's files into a folder
+for ``syncguard report --history``. No torch here."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -62,9 +61,7 @@ def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = B
     into.mkdir(parents=True, exist_ok=True)
     for name in _git(checkout, "ls-tree", "--name-only", tip).stdout.split():
         if name.endswith((".jsonl", ".details.json")) and "/" not in name:
-            shown = subprocess.run(["git", "-C", str(checkout), "show", f"{tip}:{name}"], capture_output=True,
-                                   timeout=GIT_TIMEOUT_S, check=True)  # fmt: skip
-            (into / name).write_bytes(shown.stdout)
+            (into / name).write_text(_git(checkout, "show", f"{tip}:{name}").stdout, encoding="utf-8")
     return True
 
 
@@ -82,8 +79,7 @@ def push(
     on the new tip while another job's push rejects it; per GPU model, the runs its history then holds. The commit is
     made with git's plumbing (a tree of the branch's files, a commit whose parent is the fetched tip): the checkout's
     own branches, index and working tree are not touched."""
-    stamp = now or (lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    when = stamp()
+    when = (now or history.now)()
     for attempt in range(1, RETRIES + 2):
         folder = Path(tempfile.mkdtemp(prefix="syncguard-history-"))
         try:

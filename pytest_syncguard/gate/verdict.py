@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..words import plural
 from .loosened import Loosened
 from .run import RunComparison
 
@@ -29,11 +30,6 @@ REASONS = (FAILED_BUDGET, REGRESSED, FAILED, AB_REGRESSED, AB_FAILED, AB_UNMEASU
 
 Key = tuple[str, str]
 """(device slug, node id) of a test; an A/B test's device is the A/B runner's."""
-
-
-def plural(count: int, noun: str) -> str:
-    """``1 test``, ``2 tests``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @dataclass(frozen=True)

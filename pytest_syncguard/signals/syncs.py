@@ -3,6 +3,7 @@ with its call site; budgets per token and in total."""
 
 from __future__ import annotations
 
+from ..words import plural
 from .base import BudgetKind, Limit, Measured, Metric, Part, Section, Signal, chained, first_reason, named, worst
 
 
@@ -19,12 +20,12 @@ def max_syncs(limit: float) -> None:
 def _per_token(budget: Limit, value: float, m: Measured, example: int) -> str:
     return (
         f"{budget.marker}: limit {budget.limit:.2f} per token, measured {value:.2f}: "
-        f"{m.syncs} sync{'' if m.syncs == 1 else 's'} over {m.tokens} token{'' if m.tokens == 1 else 's'}"
+        f"{plural(m.syncs, 'sync')} over {plural(m.tokens or 0, 'token')}"
     )
 
 
 def _total(budget: Limit, value: float, m: Measured, example: int) -> str:
-    return f"{budget.marker}: limit {budget.limit:g}, measured {m.syncs} sync{'' if m.syncs == 1 else 's'}"
+    return f"{budget.marker}: limit {budget.limit:g}, measured {plural(m.syncs, 'sync')}"
 
 
 def _per_token_runs(m: Measured) -> list[float]:

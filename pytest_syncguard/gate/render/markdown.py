@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from ...metrics import DEVICE_TIME, timing_order
+from ...words import plural
 from ..chain import Code, Entry, Line, Site, Word, budget_entries, regression_entries, value_text
 from ..comparison import Change
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
-from ..verdict import Verdict, plural
+from ..verdict import Verdict
 
 if TYPE_CHECKING:
     from ..ab import ABReport
