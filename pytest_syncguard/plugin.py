@@ -624,12 +624,7 @@ class SyncguardSession:
         if error is not None and self.store.updating:
             self.store.worker_lost(getattr(getattr(node, "gateway", None), "id", "?"), error)
             # A worker writes its tests' entries as it finishes: those of one that went down were never written.
-            from dataclasses import replace
-
-            for nodeid, result in list(self.results.items()):
-                compared = result.comparison
-                if self._ran_on.get(nodeid) == id(node) and compared is not None and compared.status == "updated":
-                    self.results[nodeid] = replace(result, comparison=replace(compared, status=NOT_UPDATED))
+            self._not_updated(lambda nodeid, file: self._ran_on.get(nodeid) == id(node))
         sent = getattr(node, "workeroutput", {}).get(BaselineStore.WORKER_KEY)
         if sent:
             self.store.add_worker_output(sent)
@@ -637,11 +632,16 @@ class SyncguardSession:
 
     def _unwritten_rows(self) -> None:
         """The tests whose baseline file an update could not write read "NOT updated", not "updated"."""
+        self._not_updated(lambda nodeid, file: file in self.store.unwritten)
+
+    def _not_updated(self, unwritten: Callable[[str, str], bool]) -> None:
+        """Each test read "updated" whose entry was not written (``unwritten`` of its node id and baseline file)
+        reads "NOT updated"."""
         from dataclasses import replace
 
         for nodeid, result in list(self.results.items()):
             compared = result.comparison
-            if compared is not None and compared.status == "updated" and compared.file in self.store.unwritten:
+            if compared is not None and compared.status == "updated" and unwritten(nodeid, compared.file):
                 self.results[nodeid] = replace(result, comparison=replace(compared, status=NOT_UPDATED))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
