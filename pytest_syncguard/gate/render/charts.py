@@ -19,7 +19,6 @@ from ..history import History, Run
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20
 _LABEL = re.compile(r"[^A-Za-z0-9_.:/\[\]() -]")
-_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
 
 def _label(text: str, limit: int = 80) -> str:
@@ -42,11 +41,12 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
     values = [value for _, value in points] + [now]
     low, high = min(values), max(values)
     margin = (high - low) * 0.2 or abs(high) * 0.01 or 1.0
+    axis = ", ".join(f'"{label}"' for label in labels)
     return [
         "```mermaid",
         "xychart-beta",
         f'    title "{_label(nodeid)} {_label(name)}"',
-        f"    x-axis [{', '.join(f'{chr(34)}{label}{chr(34)}' for label in labels)}]",
+        f"    x-axis [{axis}]",
         f'    y-axis "{_label(unit)}" {low - margin:.6g} --> {high + margin:.6g}',
         f"    line [{', '.join(f'{v:.6g}' for v in values)}]",
         "```",
@@ -112,6 +112,9 @@ def _first(name: str) -> tuple[int, str]:
 
 
 def _commit_url(commit: str, repository: str | None) -> str | None:
-    if repository is None or not _COMMIT.match(commit):
+    """The commit's page on GitHub, where the repository and the commit are well formed (:class:`.SiteLinks`)."""
+    from .markdown import SiteLinks
+
+    if repository is None or SiteLinks.problem(repository, commit) is not None:
         return None
     return f"https://github.com/{quote(repository, safe='/')}/commit/{commit}"
