@@ -15,7 +15,7 @@
 #   bash devtools/gate_evidence.sh plant-aa SECONDS [STRATEGIES] [AB_OPTIONS...]
 #                                                     the same, of the planted base against a copy of itself
 #   bash devtools/gate_evidence.sh history-push DIR N the planted base's speed tests run N times, each recorded into
-#                                                     the history folder DIR as a push to main
+#                                                     the history folder DIR as a push to main (push-K.json kept)
 #   bash devtools/gate_evidence.sh history-judge DIR P [STRATEGY]
 #                                                     the speed tests with P% planted in STRATEGY (default
 #                                                     cuda_graph), judged against the history DIR
@@ -78,8 +78,8 @@ history-push)
     history="$(realpath -m "$2")"
     for push in $(seq 1 "$3"); do
         (cd "$folder" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" examples/test_strategies.py -k test_speed \
-            --syncguard --syncguard-require-gpu --syncguard-json "$out/push.json" -q) > "$out/push-$push.log" 2>&1
-        python -m pytest_syncguard.gate.cli history record "$out/push.json" --into "$history" \
+            --syncguard --syncguard-require-gpu --syncguard-json "$out/push-$push.json" -q) > "$out/push-$push.log" 2>&1
+        python -m pytest_syncguard.gate.cli history record "$out/push-$push.json" --into "$history" \
             --commit "$(printf '%040x' "$(date +%s%N)")" || exit 1
     done
     ;;

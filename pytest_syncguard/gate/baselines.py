@@ -65,6 +65,14 @@ class Recording:
 History = dict[str, dict[str, tuple[Recording, ...]]]
 
 
+#: A metric's recordings judge a new value against those of its own host (the GPU that measured it: GPUs of one
+#: model differ by a part of a percent each, steadily) where they hold at least this many, with at least this many
+#: degrees of freedom within hosts to measure the spread there (a history of the default branch, not a few
+#: recordings made by hand).
+SAME_HOST_RECORDINGS = 10
+SAME_HOST_DEGREES = 6
+
+
 def spread_of(recordings: Sequence[Recording]) -> Spread:
     """How far a metric's recordings lie apart: their standard deviation relative to their median."""
     values = [r.value for r in recordings]
@@ -72,6 +80,34 @@ def spread_of(recordings: Sequence[Recording]) -> Spread:
     relative = [v / middle - 1 for v in values] if middle else [0.0 for _ in values]
     sd = statistics.stdev(relative) if len(values) >= 2 else None
     return Spread(len(values), len({r.host for r in recordings if r.host}), sd)
+
+
+def reference_of(recordings: Sequence[Recording], host: str = "") -> tuple[float, Spread]:
+    """The value a new recording made on ``host`` is judged against, and the spread that calibrates its tolerance:
+    the mean of that host's recordings and the spread within hosts, where the recordings allow it
+    (:data:`SAME_HOST_RECORDINGS`, :data:`SAME_HOST_DEGREES`) and ``host`` made some; else all recordings' median
+    and their spread."""
+    middle = statistics.median(r.value for r in recordings)
+    overall = middle, spread_of(recordings)
+    groups: dict[str, list[float]] = {}
+    for recording in recordings:
+        if recording.host:
+            groups.setdefault(recording.host, []).append(recording.value)
+    degrees = sum(len(values) - 1 for values in groups.values())
+    if not middle or len(recordings) < SAME_HOST_RECORDINGS or degrees < SAME_HOST_DEGREES:
+        return overall
+    squares = sum((v - statistics.fmean(values)) ** 2 for values in groups.values() for v in values)
+    within = (squares / degrees) ** 0.5 / abs(middle)
+    if host and host in groups:
+        mine = groups[host]
+        return statistics.fmean(mine), Spread(len(recordings), len(groups), within, on_host=len(mine))
+    if len(groups) < 2:
+        return overall
+    # A host the recordings never saw has an offset of its own: each host counts once, whatever it recorded.
+    between = statistics.stdev(statistics.fmean(values) / middle for values in groups.values())
+    spread = overall[1]
+    wider = max(spread.relative_sd or 0.0, (between**2 + within**2) ** 0.5)
+    return middle, Spread(spread.recordings, spread.hosts, wider, new_host=True)
 
 
 @dataclass(frozen=True)
@@ -91,6 +127,22 @@ class Baseline:
     def spreads(self, nodeid: str) -> dict[str, Spread]:
         """The spread of each calibrated metric of a test that has recordings."""
         return {name: spread_of(kept) for name, kept in self.history.get(nodeid, {}).items() if kept}
+
+    def reference(self, nodeid: str, host: str = "") -> tuple[dict[str, float] | None, dict[str, Spread]]:
+        """A test's entry as a run on ``host`` is judged against it, and the spread of each calibrated metric: a
+        metric whose recordings judge by host (:func:`reference_of`) has its host's value. None: no entry."""
+        from ..metrics import rounded
+
+        entry = self.tests.get(nodeid)
+        if entry is None:
+            return None, {}
+        entry, spreads = dict(entry), {}
+        for name, kept in self.history.get(nodeid, {}).items():
+            if kept:
+                value, spreads[name] = reference_of(kept, host)
+                if spreads[name].on_host and name in entry:
+                    entry[name] = rounded(value)
+        return entry, spreads
 
 
 def path_for(directory: Path, slug: str) -> Path:
@@ -278,29 +330,50 @@ def recorded(
     metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str, limit: int = HISTORY_LIMIT
 ) -> tuple[dict[str, float], dict[str, tuple[Recording, ...]], list[str]]:
     """A test's new entry, the history of its calibrated metrics and which of them started again: each new value
-    joins its metric's history (the last ``limit``), unless the history's spread calibrates a
-    tolerance it lies beyond: then it starts a new one (a single recording calibrates none: a second value joins
-    it, however far; reset the history after a change made on purpose). The entry's value is the history's
-    median."""
-    from ..metrics import metric, rounded
-    from .comparison import calibrated_tolerance
+    joins its metric's history (the last ``limit``), unless it and the value before it both lie beyond the tolerance
+    the history before them calibrates, on one side (each judged as a run on its host is,
+    :func:`reference_of`): then the two start a new history, the level a change made on purpose set. One value
+    beyond is kept (a run's noise, until the next one says otherwise); a single recording calibrates none. The
+    entry's value is the history's median."""
+    from ..metrics import rounded
 
     entry = dict(metrics)
     history: dict[str, tuple[Recording, ...]] = {}
     restarted: list[str] = []
     for name, value in metrics.items():
-        spec = metric(name)
-        if spec is None or spec.min_tolerance is None:
+        if not _calibrated(name):
             continue
         kept = earlier.get(name, ())
-        within = calibrated_tolerance(name, spread_of(kept)) if kept else None
-        if within is not None:
-            middle = statistics.median(r.value for r in kept)
-            if abs(value - middle) > max(spec.floor, within * abs(middle)):
-                kept, restarted = (), [*restarted, name]
+        before = kept[:-1]  # the history before the last value, which may lie beyond it
+        side = _beyond(name, before, kept[-1].value, kept[-1].host) if before else 0
+        if side and _beyond(name, before, value, host) == side:
+            kept, restarted = kept[-1:], [*restarted, name]
         history[name] = (*kept, Recording(value, host))[-limit:]
         entry[name] = rounded(statistics.median(r.value for r in history[name]))
     return entry, history, restarted
+
+
+def _calibrated(name: str) -> bool:
+    from ..metrics import metric
+
+    spec = metric(name)
+    return spec is not None and spec.min_tolerance is not None
+
+
+def _beyond(name: str, kept: Sequence[Recording], value: float, host: str) -> int:
+    """1 or -1 where ``value``, measured on ``host``, lies above or below the tolerance ``kept`` calibrates; 0
+    within it, or where ``kept`` calibrates none."""
+    from ..metrics import metric
+    from .comparison import calibrated_tolerance
+
+    spec = metric(name)
+    if not kept or spec is None:
+        return 0
+    middle, spread = reference_of(kept, host)
+    within = calibrated_tolerance(name, spread)
+    if within is None or abs(value - middle) <= max(spec.floor, within * abs(middle)):
+        return 0
+    return 1 if value > middle else -1
 
 
 def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
@@ -357,17 +430,17 @@ class BaselineStore:
     ) -> Comparison:
         """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"), ``details``
         explaining a change of its counts; raises :class:`BaselineError` naming a file that cannot be read."""
-        from ..environment import fingerprint, fingerprint_changes, slug_for
+        from ..environment import fingerprint, fingerprint_changes, host_id, slug_for
 
         slug = slug_for(device)
         path = path_for(self.directory, slug)
         if path not in self._files:
             self._files[path] = of_device(read(path), slug)
         baseline = self._files[path]
-        spreads = baseline.spreads(nodeid) if baseline is not None else {}
+        entry, spreads = baseline.reference(nodeid, host_id(slug)) if baseline is not None else (None, {})
         environment = fingerprint(device)
         comparison = compare(
-            baseline.tests.get(nodeid) if baseline is not None else None,
+            entry,
             metrics,
             device=slug,
             file=str(path),

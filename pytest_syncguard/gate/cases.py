@@ -47,6 +47,8 @@ class RunCase:
     """Its median region's GPU timeline: the largest gaps with their causes."""
     explanation: Explanation = field(default_factory=Explanation)
     """What changed in its counts against the baseline the run compared it with."""
+    host: str = ""
+    """The GPU that measured it (:func:`..environment.host_id`); empty where unknown (a JUnit file's case)."""
 
     @property
     def compared(self) -> bool:
@@ -76,4 +78,5 @@ class RunCase:
             sites=result.sites,
             timeline=result.timeline,
             explanation=comparison.explanation if comparison is not None else Explanation(),
+            host=result.host,
         )

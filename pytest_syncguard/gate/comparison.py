@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..analysis.explain import Details, Explanation, explain
 from ..metrics import Metrics, metric
+from ..words import plural
 
 #: A test's status against its baseline entry when a count the entry holds was not measured now.
 NOT_MEASURED = "not measured"
@@ -35,7 +36,7 @@ MIN_RECORDINGS = 2
 #: Recordings from at least this many runs on at least this many hosts (a history of the default branch) show the
 #: spread between hosts: their tolerance may go below a metric's floor, to a part of it.
 CROSS_HOST_RECORDINGS = 10
-CROSS_HOST_HOSTS = 3
+CROSS_HOST_HOSTS = 6
 CROSS_HOST_FLOOR_DIVISOR = 3.0
 
 Fingerprint = dict[str, "str | None"]
@@ -51,15 +52,25 @@ class Spread:
     recordings: int
     hosts: int
     relative_sd: float | None
-    """None with a single recording."""
+    """None with a single recording. With :attr:`on_host`, the spread within hosts (each about its own mean)."""
+    on_host: int = 0
+    """How many of the recordings the judged run's own host made, where the value it is judged against is theirs and
+    the spread the one within hosts (:func:`.baselines.reference_of`); 0: judged against all hosts' median."""
+    new_host: bool = False
+    """The judged run's host made none of the recordings, which know their hosts: judged against all hosts' median,
+    within the spread of their means (a host has an offset of its own)."""
 
     def describe(self) -> str:
-        """``spread ±0.21% over 4 recordings on 2 hosts``."""
-        hosts = f" on {self.hosts} host{'s' if self.hosts != 1 else ''}" if self.hosts else ""
-        plural = "s" if self.recordings != 1 else ""
+        """``spread ±0.21% over 4 recordings on 2 hosts``, or ``spread ±0.12% within 3 hosts over 12 recordings, 4 on
+        this host``."""
+        hosts = f" on {plural(self.hosts, 'host')}" if self.hosts else ""
         if self.relative_sd is None:
             return f"1 recording{hosts}, spread unknown"
-        return f"spread ±{self.relative_sd:.2%} over {self.recordings} recording{plural}{hosts}"
+        if self.on_host:
+            return (f"spread ±{self.relative_sd:.2%} within {plural(self.hosts, 'host')} over "
+                    f"{plural(self.recordings, 'recording')}, {self.on_host} on this host")  # fmt: skip
+        unseen = ", none on this host" if self.new_host else ""
+        return f"spread ±{self.relative_sd:.2%} over {plural(self.recordings, 'recording')}{hosts}{unseen}"
 
 
 @dataclass(frozen=True)
@@ -149,12 +160,17 @@ def calibrated_tolerance(name: str, spread: Spread | None) -> float | None:
     """The tolerance a metric's recorded spread gives (None: it keeps no recordings, or too few):
     :data:`SPREAD_DEVIATIONS` standard deviations of a new value about the recordings' median, ``sd * sqrt(1 +
     1/n)``, and never less than the metric's :attr:`~.metrics.Metric.min_tolerance` (what moves between hosts of
-    one GPU model, which recordings made on one host do not show)."""
+    one GPU model, which recordings made on one host do not show). Judged against its own host's recordings
+    (:attr:`Spread.on_host`), a new value deviates from their mean by the spread within hosts, ``sd * sqrt(1 +
+    1/on_host)``, and what moves between hosts is out of it: the floor is a part of the metric's."""
     spec = metric(name)
     if spec is None or spec.min_tolerance is None or spread is None or spread.relative_sd is None:
         return None
     if spread.recordings < MIN_RECORDINGS:
         return None
+    if spread.on_host:
+        deviation = spread.relative_sd * math.sqrt(1 + 1 / spread.on_host)
+        return max(spec.min_tolerance / CROSS_HOST_FLOOR_DIVISOR, SPREAD_DEVIATIONS * deviation)
     deviation = spread.relative_sd * math.sqrt(1 + 1 / spread.recordings)
     # Recordings of many runs on several hosts measure what moves between hosts themselves: the floor that stands in
     # for it gives way to its own part.

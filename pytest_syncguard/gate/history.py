@@ -9,10 +9,11 @@ of a 17-test suite is about 1 MB. The sync sites and the counters' contributors 
 explain a count's change, are kept beside it (``<slug>.details.json``), replaced at each record.
 
 The baseline of a test (:func:`baseline`) is its latest counts, judged exactly, and, of each device-side metric, the
-current level of its runs: the runs replayed in order through :func:`.baselines.recorded`, so a run beyond the
-tolerance its level calibrates (a change merged on purpose) starts a new level, and the level keeps its last
-:data:`WINDOW` runs. The tolerance comes from their spread across hosts (:func:`.comparison.calibrated_tolerance`):
-it narrows as runs accumulate. No torch here."""
+current level of its runs: the runs replayed in order through :func:`.baselines.recorded`, so two runs beyond the
+tolerance their level calibrates, on one side (a change merged on purpose), start a new level, which keeps its last
+:data:`WINDOW` runs. A run is judged against its own host's runs of the level, within the spread inside hosts, where
+the level allows it, else across hosts (:meth:`.baselines.Baseline.reference`); the tolerance narrows as runs
+accumulate. No torch here."""
 
 from __future__ import annotations
 

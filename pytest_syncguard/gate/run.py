@@ -151,10 +151,10 @@ def compare_run(
                 files[slug] = _judging(folder, base_ref, run, history, slug)
             baseline = files[slug]
             path = baseline.path if baseline is not None else folder or Path(f"{slug}.json")
-            entry: Mapping[str, float] | None = baseline.tests.get(case.nodeid) if baseline is not None else None
+            entry: Mapping[str, float] | None
+            entry, spreads = baseline.reference(case.nodeid, case.host) if baseline is not None else (None, {})
             drift = fingerprint_changes(baseline.fingerprint, case.fingerprint) if baseline is not None else {}
             recorded = baseline.details.get(case.nodeid) if baseline is not None else None
-            spreads = baseline.spreads(case.nodeid) if baseline is not None else {}
         else:
             path = Path(f"{slug}.json")
             entry = case.baseline_values if case.compared else None
