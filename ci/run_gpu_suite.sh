@@ -47,7 +47,7 @@ fi
 syncguard device > "$out/device.txt"
 if [ ! -f "$baselines/$slug.json" ]; then
     echo "no $baselines/$slug.json: every test is reported as new; record it with" \
-        "pytest ${tests[*]} --syncguard --syncguard-baselines $baselines --syncguard-update-baselines" >&2
+        "pytest ${tests[*]} --syncguard --syncguard-baselines=$baselines --syncguard-update-baselines" >&2
 fi
 
 # One xdist worker per GPU when the runner has several (each worker takes its own GPU).
@@ -57,10 +57,12 @@ if [ "${gpus:-0}" -gt 1 ]; then
     workers=(-n "$gpus")
 fi
 
+# Each option with its value in one argument: pytest reads its rootdir before it knows a plugin's options, so a value
+# given apart would be taken for a test path (in a repository without a pytest configuration, the rootdir moves).
 python -m pytest "${tests[@]}" -p no:cacheprovider "${workers[@]}" \
-    --syncguard --syncguard-require-gpu --syncguard-baselines "$baselines" \
-    --junitxml "$out/junit-$slug.xml" --syncguard-json "$out/results-$slug.json" \
-    --syncguard-artifacts "$out/artifacts"
+    --syncguard --syncguard-require-gpu --syncguard-baselines="$baselines" \
+    --junitxml="$out/junit-$slug.xml" --syncguard-json="$out/results-$slug.json" \
+    --syncguard-artifacts="$out/artifacts"
 status=$?
 stage suite
 

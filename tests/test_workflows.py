@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,72 @@ def test_zizmor_finds_nothing() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "No findings to report" in done.stdout + done.stderr
+
+
+def _run_action() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_action", ROOT / "devtools" / "run_action.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("event", "inputs", "expected"),
+    [
+        (
+            "push",
+            {"token": "t"},
+            ["suite", "Record a default-branch run into the history", "Keep the results, report and traces"],
+        ),
+        ("push", {"token": ""}, ["suite", "Keep the results, report and traces"]),
+        (
+            "pull_request",
+            {"token": "t", "comment": "true"},
+            ["suite", "Post the report on the pull request", "Keep the results, report and traces"],
+        ),
+        ("pull_request", {"token": "t", "artifact": ""}, ["suite"]),
+    ],
+)
+def test_the_action_runs_the_steps_its_event_and_inputs_call_for(
+    event: str, inputs: dict[str, str], expected: list[str]
+) -> None:
+    """The action's own ``if:`` conditions, read by devtools/run_action.py (which proved the action in a scratch
+    repository on a GPU): the history only on a push with a token, the comment only on a pull request that asks."""
+    run_action = _run_action()
+    action = yaml.safe_load(ACTION.read_text())
+    given = {**{name: str(spec.get("default", "")) for name, spec in action["inputs"].items()}, **inputs}
+    pull = {"pull_request": {"number": "7", "base": {"sha": "0" * 40}}} if event == "pull_request" else {}
+    context = {"inputs": given, "github": {"event_name": event, "ref_name": "main",
+                                           "event": {"repository": {"default_branch": "main"}, **pull}}}  # fmt: skip
+    ran = [step.get("id", step.get("name")) for step in action["runs"]["steps"]
+           if "if" not in step or run_action.evaluate(step["if"], context)]  # fmt: skip
+    assert ran == expected
+
+
+def test_the_readmes_snippet_runs_through_the_action_in_a_scratch_repository(tmp_path: Path) -> None:
+    """devtools/adoption.sh's first push, on this CPU machine: the README's snippet as a repository's workflow, run by
+    devtools/run_action.py; the suite says it needs a GPU, the history step says what it lacks, nothing is pushed."""
+    repo = tmp_path / "scratch"
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    snippet = ROOT.joinpath("README.md").read_text().split("## In another repository's CI", 1)[1]
+    workflow = re.search(r"```yaml\n(.*?)```", snippet, re.S)
+    assert workflow is not None
+    (repo / ".github" / "workflows" / "gpu.yml").write_text(workflow.group(1))
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=s@e", "-c", "user.name=s", "commit", "-q", "--allow-empty", "-m", "a"],
+                   cwd=repo, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "devtools" / "run_action.py"), str(repo / ".github/workflows/gpu.yml"),
+         "--event", "push", "--token", "local", "--set", "install=true", "--set", f"output={tmp_path / 'out'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log
+    assert "run_action: step: The suite under --syncguard, against the baselines" in log
+    assert "no CUDA device visible on this runner" in log
+    assert "run_action: skipped: Post the report on the pull request" in log
+    assert "results-*.json: not a readable syncguard results file" in log  # the history step ran, and said why not
+    assert "skipped: Keep the results, report and traces (uses actions/upload-artifact" in log
