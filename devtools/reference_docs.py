@@ -21,12 +21,12 @@ from _pytest.config.argparsing import Parser
 from pytest_syncguard import plugin
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.codec import layout
-from pytest_syncguard.gate import results_file
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.cli import build_parser
 from pytest_syncguard.guard import GenerationRegion, SyncGuard
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import METRICS
-from pytest_syncguard.result import MeasuredTest
 from pytest_syncguard.signals import COUNTERS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
@@ -131,8 +131,13 @@ def results() -> str:
              f"({results_file.SCHEMA_VERSION}), the versions it was measured with (`syncguard`, `torch`, `python`) "
              "and `tests`, one `MeasuredTest` record per test in node id order. Every record is written by one "
              "codec (`pytest_syncguard/codec.py`): each field under its own name, tuples as lists. Files of an older "
-             "schema version still read; a newer one is an error that says to upgrade. Fields marked \"written "
-             "only\" are there for the file's readers and ignored when read.", ""]  # fmt: skip
+             "schema version still read; a newer one is an error that says to upgrade. Within a schema version, a "
+             "record of a newer syncguard reads: a field, metric, budget marker or counter this version does not "
+             "know is left out of what is judged, and `syncguard report` names each (\"was written by another "
+             "version of syncguard: this one does not know ...\"); a record of an older one reads with the fields "
+             "added since at their defaults. Fields marked \"written only\" are there for the file's readers and "
+             "ignored when read. The document's types are `pytest_syncguard/document/`, which imports nothing of "
+             "the pytest side.", ""]  # fmt: skip
     for name, rows in layout(MeasuredTest).items():
         lines += [f"## `{name}`", "", "| field | type |", "|---|---|"]
         lines += [f"| `{field}` | {kind} |" for field, kind in rows]

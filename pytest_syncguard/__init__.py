@@ -13,24 +13,25 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .analysis.sites import Frame, SyncEvent, SyncSite
-    from .budgets import Budget, BudgetCheck, BudgetError
+    from .budgets import BudgetError
+    from .document.budget import Budget, BudgetCheck
+    from .document.measured import MeasuredTest
     from .guard import GenerationRegion, SyncGuard, SyncguardUsageError
     from .measurement import Measurement
     from .probes.sync_ops import SyncKind
-    from .result import MeasuredTest
 
 _PUBLIC = {
     "Frame": ".analysis.sites",
     "SyncEvent": ".analysis.sites",
     "SyncSite": ".analysis.sites",
-    "Budget": ".budgets",
-    "BudgetCheck": ".budgets",
+    "Budget": ".document.budget",
+    "BudgetCheck": ".document.budget",
     "BudgetError": ".budgets",
     "GenerationRegion": ".guard",
     "Measurement": ".measurement",
     "SyncGuard": ".guard",
     "SyncguardUsageError": ".guard",
-    "MeasuredTest": ".result",
+    "MeasuredTest": ".document.measured",
     "SyncKind": ".probes.sync_ops",
 }
 

@@ -22,7 +22,7 @@ import pytest
 from .ab_channel import Channel, ChannelClosed
 
 if TYPE_CHECKING:
-    from .result import MeasuredTest
+    from .document.measured import MeasuredTest
 
 
 class Session(Protocol):
@@ -70,7 +70,7 @@ class ABWorker:
     def run_turn(self, session: pytest.Session, turn: list[pytest.Item], path: Path) -> tuple[int, str]:
         """Run ``turn``'s tests once each and write their results to ``path``: (tests measured, why pytest
         stopped early or "")."""
-        from .gate import results_file
+        from .document import file as results_file
 
         results = self.session.results
         for item in turn:
@@ -91,5 +91,7 @@ class ABWorker:
                 stopped = str(session.shouldfail or session.shouldstop)
                 break
         measured = [results[item.nodeid] for item in turn if item.nodeid in results]
-        results_file.write(path, measured)
+        import torch
+
+        results_file.write(path, measured, torch.__version__)
         return len(measured), stopped

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .analysis.gaps import parse_stat
-from .metrics import Metric, metric
-from .signals import BY_NAME, KINDS, BudgetKind, Need, Signal
+from .document.budget import Budget, BudgetCheck
+from .signals import KINDS, BudgetKind, Need
 
 if TYPE_CHECKING:
     import pytest
@@ -38,12 +38,6 @@ def syncguard(
     """Per-test options: ``device`` ("cpu" or "cuda") the region computes on, ``warmup`` runs before ``measure``,
     ``warmup_steps`` decode steps left out of the GPU timeline budgets, ``tolerance`` (relative) for this test's
     noisy metrics against its baseline, ``baseline=False`` to keep the test out of baselines."""
-
-
-def closest_run(values: Sequence[float], value: float) -> int:
-    """The index of the run whose value is nearest ``value`` (the median a verdict reads, or the worst): the run
-    a sentence or a report shows as an example of it."""
-    return min(range(len(values)), key=lambda i: abs(values[i] - value))
 
 
 def _signature(function: Callable[..., None]) -> inspect.Signature:
@@ -93,66 +87,6 @@ def _limit(item: pytest.Item, kind: BudgetKind, value: Any) -> float:
     if kind.fraction and value > 1:
         raise BudgetError(f"{item.nodeid}: @pytest.mark.{kind.marker}: limit is a fraction in [0, 1], got {value!r}")
     return float(value)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A limit from one budget marker (``stat`` matters to ``max_gpu_idle_us`` only)."""
-
-    marker: str
-    limit: float
-    stat: str = "max"
-
-    @property
-    def kind(self) -> BudgetKind:
-        return KINDS[self.marker]
-
-    @property
-    def signal(self) -> Signal:
-        """The signal it judges."""
-        return BY_NAME[self.kind.signal]
-
-    @property
-    def metric(self) -> Metric:
-        found = metric(self.kind.metric(self.stat))
-        assert found is not None, self
-        return found
-
-    def describe(self) -> str:
-        """The budget in short, e.g. ``max_gpu_idle_us(p99)<=50``; of a marker this version does not know (a record
-        of another version), its name and limit as the record has them, said unknown."""
-        if self.marker not in KINDS:
-            return f"{self.marker}({self.stat}) {self.limit:g} (a budget this version of syncguard does not know)"
-        name = f"{self.marker}({self.stat})" if self.kind.stat is not None else self.marker
-        if self.kind.limit_argument is None:
-            return name
-        return f"{name}{'<=' if self.kind.upper else '>='}{self.limit:g}"
-
-    def not_measured(self, reason: str, *, required: bool = False) -> BudgetCheck:
-        """No value: the signal is missing (a CPU run). With ``required`` that fails the budget."""
-        suffix = " (--syncguard-require-gpu)" if required else ""
-        return BudgetCheck(self, None, False if required else None, f"{self.marker}: not measured: {reason}{suffix}")
-
-    def check(self, measurement: Measurement) -> BudgetCheck:
-        """The value the budget's metric takes over the measurement's runs, against the limit."""
-        runs = self.metric.runs(measurement)
-        if not runs:
-            return self.not_measured(self.kind.unmeasured or "nothing was measured")
-        value = self.metric.aggregate(runs)
-        held = value <= self.limit if self.kind.upper else value >= self.limit
-        text = self.kind.sentence(self, value, measurement, closest_run(runs, value))
-        return BudgetCheck(self, value, held, text)
-
-
-@dataclass(frozen=True)
-class BudgetCheck:
-    """One budget against a measurement: the value its metric took, whether it held (None: not measured or not
-    checked), and the arithmetic in words."""
-
-    budget: Budget
-    value: float | None
-    held: bool | None
-    text: str
 
 
 @dataclass(frozen=True)

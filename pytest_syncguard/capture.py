@@ -21,7 +21,9 @@ from . import instruments
 from .analysis import snapshot
 from .analysis.gaps import TimelineSummary
 from .analysis.snapshot import AllocationSite
-from .budgets import Budget, GuardOptions, check_budgets, with_default_checks
+from .budgets import GuardOptions, check_budgets, with_default_checks
+from .document.budget import Budget
+from .document.measured import MeasuredTest
 from .environment import host_id, slug_for
 from .gate.baselines import BaselineError, BaselineStore
 from .gate.render import perfetto
@@ -29,7 +31,7 @@ from .guard import GenerationRegion, SyncGuard
 from .instruments import WHOLE_CALL, Instrument, Traced
 from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
-from .result import MeasuredTest
+from .result import measured_test
 from .signals import Need, needs
 from .timeline_source import TRACE, TimelineSource
 
@@ -230,7 +232,7 @@ class CallCapture:
             error = error or f"{self.nodeid}: {self.misuse}"
         slug = slug_for(measurement.device)
         usage_error = usage_error if complete else None
-        result = MeasuredTest.of(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
+        result = measured_test(self.nodeid, measurement, checks, error or usage_error, slug, host_id(slug))
         found = [note for note in (_out_of_memory_note(self.nodeid, measurement), _python_kernel_note()) if note]
         result = replace(result, notes=(*notes, *found), timeline_source=self.source)
         # A measurement whose numbers mean nothing (a CUDA region on a machine without CUDA) is not compared.

@@ -20,7 +20,6 @@ import pytest
 from . import ranks
 from .ab_channel import WORKER_OPTION, Channel
 from .budgets import (
-    Budget,
     BudgetError,
     GuardOptions,
     budgets_for,
@@ -28,17 +27,19 @@ from .budgets import (
     options_for,
     parse_tolerance,
 )
+from .document.budget import Budget
+from .document.comparison import NOT_UPDATED
 from .files import file_problem, folder_problem
 from .gate.baselines import BaselineStore
-from .gate.comparison import DEFAULT_TOLERANCE, NOT_UPDATED
+from .gate.comparison import DEFAULT_TOLERANCE
 from .gate.render.perfetto import TimelineFiles
 from .rootdir import space_form_problem
 from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
+    from .document.measured import MeasuredTest
     from .guard import SyncGuard
-    from .result import MeasuredTest
 
 _BUDGETS = pytest.StashKey[tuple[Budget, ...]]()
 _OPTIONS = pytest.StashKey[GuardOptions]()
@@ -538,7 +539,7 @@ class SyncguardSession:
 
         self.results[item.nodeid] = result
         if self.is_worker:
-            from .gate.results_file import record
+            from .document.file import record
 
             setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
@@ -582,7 +583,7 @@ class SyncguardSession:
         """On the xdist controller: the results its workers measured."""
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if report.when == "call" and data is not None and not self.is_worker:
-            from .gate.results_file import from_record
+            from .document.file import from_record
 
             self.results[report.nodeid] = from_record(data)
             self._ran_on[report.nodeid] = id(getattr(report, "node", None))
@@ -661,10 +662,12 @@ class SyncguardSession:
             if self.is_worker:
                 self.config.workeroutput[BaselineStore.WORKER_KEY] = self.store.worker_output()  # type: ignore[attr-defined]
         if self.json_path is not None and not self.is_worker:
-            from .gate import results_file
+            import torch
+
+            from .document import file as results_file
 
             try:
-                results_file.write(self.json_path, self.results.values())
+                results_file.write(self.json_path, self.results.values(), torch.__version__)
                 self.json_written = True
             except (OSError, ValueError) as exc:
                 self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")

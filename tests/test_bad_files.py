@@ -206,7 +206,7 @@ def test_a_junit_tolerance_that_is_not_a_fraction_is_an_error(
 
 
 def _results_file(path: Path, tests: list[dict[str, object]]) -> Path:
-    from pytest_syncguard.gate.results_file import SCHEMA, SCHEMA_VERSION
+    from pytest_syncguard.document.file import SCHEMA, SCHEMA_VERSION
 
     path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
     return path

@@ -15,8 +15,9 @@ import pytest
 
 from pytest_syncguard.analysis import gaps, reliability, trace_file
 from pytest_syncguard.analysis.device_work import device_work
-from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
+from pytest_syncguard.budgets import GuardOptions, check_budgets
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import Traced
 from pytest_syncguard.measurement import Measurement

@@ -20,13 +20,14 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.analysis.trace_file import profiler_only
-from pytest_syncguard.budgets import Budget, check_budgets
+from pytest_syncguard.budgets import check_budgets
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.gate.comparison import compare
 from pytest_syncguard.gate.render.terminal import failure_text
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.probes.native import NATIVE
-from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.result import measured_test
 
 transformers = pytest.importorskip("transformers")
 from examples import models  # noqa: E402
@@ -180,7 +181,7 @@ def test_a_failing_recompile_budget_names_the_frame_and_dynamos_reason() -> None
     budget = Budget("max_recompiles", 0)
     measurement = Measurement.combine(guard.measurements)
     checks, _ = check_budgets("test_recompiles", [budget], measurement, require_gpu=False)
-    text = failure_text(MeasuredTest.of("test_recompiles", measurement, checks)).splitlines()
+    text = failure_text(measured_test("test_recompiles", measurement, checks)).splitlines()
     assert text[1:3] == [
         "  max_recompiles: limit 0, measured 1 recompilations (1 frames compiled in the region)",
         "largest recompile reasons (recompiles of 1, most first):",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_syncguard.gate import results_file
+from pytest_syncguard.document import file as results_file
 from pytest_syncguard.gate.render.terminal import baseline_lines, site_lines
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.cuda_calls import (
@@ -167,7 +167,7 @@ def test_calls_not_counted_are_said_in_the_tests_section_the_summary_and_the_res
     tests = results_file.read(source)
     tests[:2] = [replace(t, cuda_calls_uncounted=why) for t in tests[:2]]
     written = tmp_path / "again.json"
-    results_file.write(written, tests)
+    results_file.write(written, tests, "2.13.0")
     again = results_file.read(written)
     assert [t.cuda_calls_uncounted for t in again] == [why, why] + [None] * (len(tests) - 2)
     outside = "syncs made outside torch (host-blocking CUDA calls of extensions, ctypes, the driver API)"

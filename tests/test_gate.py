@@ -16,15 +16,16 @@ from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.ab_stats import INCONCLUSIVE, REGRESSION, UNCHANGED, judge
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.comparison import Spread
+from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.ab import ABReport, _head_against_base, compare_sides, summary_lines
 from pytest_syncguard.gate.baselines import HISTORY_LIMIT, Recording, read, reset_history, spread_of, update
 from pytest_syncguard.gate.cli import main
-from pytest_syncguard.gate.comparison import SPREAD_DEVIATIONS, Spread, calibrated_tolerance, compare
+from pytest_syncguard.gate.comparison import SPREAD_DEVIATIONS, calibrated_tolerance, compare
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import CountingRuns
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import DEVICE_TIME, METRICS, Metrics
-from pytest_syncguard.result import MeasuredTest
 
 DATA = Path(__file__).parent / "data"
 H100 = "nvidia-h100-80gb-hbm3"

@@ -12,8 +12,9 @@ import torch
 
 from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis import gaps, trace_file
-from pytest_syncguard.budgets import Budget, GuardOptions
+from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.probes.timeline import TIMELINE
 

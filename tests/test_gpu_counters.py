@@ -15,8 +15,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis.trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, profiler_only
-from pytest_syncguard.budgets import Budget, GuardOptions
+from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.measurement import Measurement
 
 transformers = pytest.importorskip("transformers")

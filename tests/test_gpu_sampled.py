@@ -162,8 +162,9 @@ def test_a_graph_loop_is_as_busy_sampled_as_its_kernel_time_over_its_unprofiled_
     import torch
 
     from pytest_syncguard.analysis import gaps, trace_file
-    from pytest_syncguard.budgets import Budget, GuardOptions
+    from pytest_syncguard.budgets import GuardOptions
     from pytest_syncguard.capture import CallCapture
+    from pytest_syncguard.document.budget import Budget
     from pytest_syncguard.guard import SyncGuard
     from pytest_syncguard.probes.timeline import TIMELINE
     from pytest_syncguard.timeline_source import SAMPLED, TimelineSource

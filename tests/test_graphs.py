@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pytest_syncguard import SyncGuard
-from pytest_syncguard.budgets import Budget, check_budgets
+from pytest_syncguard.budgets import check_budgets
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.probes.graphs import SKIP_LOG
 from pytest_syncguard.signals import BY_NAME, COUNTERS, KINDS
 
@@ -86,7 +87,7 @@ def test_the_ci_side_and_the_signal_catalogue_import_no_torch() -> None:
 
     modules = (
         "gate.cli", "gate.render.markdown", "gate.render.junit", "gate.render.terminal", "gate.ab", "gate.baselines",
-        "gate.results_file", "gate.comment",
+        "gate.comment", "document.file", "document.measured",
         "signals", "budgets", "result", "metrics",
     )  # fmt: skip
     code = "import sys\n" + "".join(f"import pytest_syncguard.{m}\n" for m in modules) + "print('torch' in sys.modules)"

@@ -19,12 +19,13 @@ from pathlib import Path
 import cmarkgfm
 import pytest
 
-from pytest_syncguard.gate import history, history_branch, results_file
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.gate import history, history_branch
 from pytest_syncguard.gate.render.charts import page
 from pytest_syncguard.gate.render.markdown import render
 from pytest_syncguard.gate.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
-from pytest_syncguard.result import MeasuredTest
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
 GRAPH = "examples/test_strategies.py::test_speed[cuda_graph]"

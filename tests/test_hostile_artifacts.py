@@ -21,11 +21,12 @@ import cmarkgfm
 import pytest
 
 from pytest_syncguard.codec import encode
-from pytest_syncguard.gate import ab, results_file
-from pytest_syncguard.gate.comparison import Change
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.comparison import Change
+from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.gate import ab
 from pytest_syncguard.gate.render.junit import properties
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
-from pytest_syncguard.result import MeasuredTest
 
 #: One payload of every kind: a tag, a mention, an issue reference, a link, an autolink, emphasis, a table pipe, a
 #: backtick, a line break that would start a heading.
@@ -107,6 +108,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a regression's chain): the rest of it still hostile.
     shown = _with_verdicts(test, status="regression", held=False, nodeid=f"{PAYLOAD} shown")
     tests = [encode(t) for t in (test, shown)]
+    tests[0][PAYLOAD] = PAYLOAD  # a field of a newer version, which the report names
     document = {"schema": results_file.SCHEMA, "schema_version": results_file.SCHEMA_VERSION, "tests": tests}
     (folder / "results.json").write_text(json.dumps(document))
     report = hostile(ab.ABReport)
@@ -153,6 +155,8 @@ def test_every_hostile_field_stays_text_in_the_comment(artifact: Path, source: s
     markdown = (artifact / f"{source}.md").read_text()
     assert PAYLOAD.split("\n")[0][:20] in markdown.replace("\\|", "|")  # the payload is there, to be judged
     assert_inert(rendered(markdown))
+    if source == "results.json":
+        assert "was written by another version of syncguard: this one does not know field" in markdown
     assert "\\_" not in markdown  # shown verbatim in code spans, never backslash-escaped
 
 

@@ -13,12 +13,13 @@ import torch
 
 from pytest_syncguard.analysis.races import AsyncRace, RaceEvent, StreamClocks
 from pytest_syncguard.analysis.sites import Frame
-from pytest_syncguard.budgets import DEFAULT_RACE_CHECK, Budget, with_default_checks
+from pytest_syncguard.budgets import DEFAULT_RACE_CHECK, with_default_checks
 from pytest_syncguard.codec import decode, encode
+from pytest_syncguard.document.budget import Budget
+from pytest_syncguard.document.file import from_record, record
+from pytest_syncguard.document.measured import MeasuredTest, race_record
 from pytest_syncguard.gate.render.terminal import failure_text
-from pytest_syncguard.gate.results_file import from_record, record
 from pytest_syncguard.probes import native
-from pytest_syncguard.result import MeasuredTest, race_record
 
 MAIN, SIDE, OTHER_DEVICE = (0, 0), (0, 7), (1, 0)
 
@@ -166,7 +167,7 @@ def test_a_race_is_reported_with_both_sites_the_streams_and_the_fix() -> None:
 
 
 def _failing_result(race: AsyncRace) -> MeasuredTest:
-    from pytest_syncguard.budgets import BudgetCheck
+    from pytest_syncguard.document.budget import BudgetCheck
     from pytest_syncguard.metrics import Metrics
 
     check = BudgetCheck(

@@ -390,7 +390,7 @@ def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Pat
 def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) -> None:
     """What a failing test prints in pytest's report: after what regressed and what changed, the GPU and cost links
     the PR comment shows."""
-    from pytest_syncguard.gate import results_file
+    from pytest_syncguard.document import file as results_file
     from pytest_syncguard.gate.render.terminal import failure_text
 
     tests = {t.nodeid.split("::")[1]: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
@@ -446,7 +446,7 @@ def test_the_headline_the_exit_status_and_every_count_are_one_verdict_with_the_a
 def test_a_failure_in_any_document_stays_whatever_their_order(tmp_path: Path) -> None:
     """Two ranks' documents of one test: rank 0's failed its budget, rank 1's passed. Either order, the report keeps
     the failure."""
-    from pytest_syncguard.gate import results_file
+    from pytest_syncguard.document import file as results_file
 
     tests = {t.nodeid: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
     failed = next(t for t in tests.values() if any(c.held is False for c in t.checks))
@@ -467,7 +467,7 @@ def test_a_real_widest_gap_names_its_site_relative_to_the_checkout(tmp_path: Pat
     results.write_bytes(
         gzip.decompress((Path(__file__).parent / "data" / "h200_pr" / "planted-item.json.gz").read_bytes())
     )
-    from pytest_syncguard.gate import results_file
+    from pytest_syncguard.document import file as results_file
 
     tests = {t.nodeid: t for t in results_file.read(results)}
     timeline = tests["examples/test_strategies.py::test_timeline[kv_cache]"].timeline

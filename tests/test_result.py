@@ -20,15 +20,17 @@ import pytest_syncguard
 from pytest_syncguard import SyncGuard, SyncguardUsageError
 from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.counts import RegionCounts
-from pytest_syncguard.budgets import Budget, check_budgets
+from pytest_syncguard.budgets import check_budgets
+from pytest_syncguard.document.budget import Budget
+from pytest_syncguard.document.file import from_record, record
+from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.comparison import compare
 from pytest_syncguard.gate.render.junit import read_cases
 from pytest_syncguard.gate.render.terminal import failure_text, summary_lines
-from pytest_syncguard.gate.results_file import from_record, record
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.probes.sampler import SAMPLER
-from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.result import measured_test
 from pytest_syncguard.signals import KINDS
 from pytest_syncguard.timeline_source import AUTO, SAMPLED, TRACE, SamplerUnavailable, choose
 
@@ -86,7 +88,7 @@ def _measured(budgets: tuple[Budget, ...]) -> MeasuredTest:
     measurement = Measurement("cuda", 4, guard.measurements[0].events, region_numbers=(1, 2, 3), timelines=_timelines())
     checks, error = check_budgets("test_x.py::test_loop", budgets, measurement, require_gpu=False)
     assert error is None
-    result = MeasuredTest.of("test_x.py::test_loop", measurement, checks)
+    result = measured_test("test_x.py::test_loop", measurement, checks)
     comparison = compare({"syncs": 4, "max_gap_us": 10.0}, result.metrics, device="nvidia-h100", file="b.json",
                          tolerance=0.1, fingerprint={"torch": "2.11"}, drift={"torch": ("2.10", "2.11")})  # fmt: skip
     return MeasuredTest(**{**vars(result), "comparison": comparison, "notes": ("a note",)})
@@ -130,7 +132,7 @@ def test_the_summary_and_the_failure_say_which_source_gave_the_gpu_timelines_and
     guard = SyncGuard("test_x.py::test_untimed", device="cpu")
     with guard.generation(tokens=2):
         torch.ones(2).sum().item()
-    untimed = MeasuredTest.of("test_x.py::test_untimed", guard.measurements[0], ())
+    untimed = measured_test("test_x.py::test_untimed", guard.measurements[0], ())
     assert "max_gap_us" not in untimed.metrics
     assert not any(line.startswith("GPU timelines") for line in summary_lines([untimed]))
 
@@ -240,7 +242,7 @@ def test_no_class_of_the_package_is_collected_as_a_test(pytester: pytest.Pyteste
     assert named_test == []
     pytester.makepyfile(
         "from pytest_syncguard import *\nfrom pytest_syncguard.budgets import *\nfrom pytest_syncguard.capture import *\n"
-        "from pytest_syncguard.result import *\n\ndef test_one():\n    pass\n"
+        "from pytest_syncguard.document.measured import *\nfrom pytest_syncguard.result import *\n\ndef test_one():\n    pass\n"
     )
     pytester.runpytest("-W", "error::pytest.PytestCollectionWarning").assert_outcomes(passed=1)
 
@@ -342,6 +344,25 @@ def test_the_cli_commands_run_without_torch(no_torch: dict[str, str], tmp_path: 
     posted = github.comment(env={**github.env(), "PYTHONPATH": no_torch["PYTHONPATH"]})
     assert posted.returncode == 0, posted.stderr
     assert "created comment" in posted.stdout
+
+
+def test_the_gate_and_the_document_import_nothing_of_the_pytest_side(no_torch: dict[str, str]) -> None:
+    """The results document (:mod:`pytest_syncguard.document`) lies below both sides: every module of the gate,
+    imported together, loads neither pytest, torch, the markers' parser, the measurement nor the plugin."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import pytest_syncguard.gate as gate, pytest_syncguard.document as document\n"
+        "for package in (gate, document):\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "side = ['pytest', '_pytest', 'torch', 'pytest_syncguard.budgets', 'pytest_syncguard.result',\n"
+        "        'pytest_syncguard.measurement', 'pytest_syncguard.guard', 'pytest_syncguard.capture',\n"
+        "        'pytest_syncguard.plugin', 'pytest_syncguard.probes']\n"
+        "print(sorted(name for name in sys.modules if name in side))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=no_torch, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_test_with_some_budgets_unmeasured_says_which_and_one_with_none_measured_is_skipped(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pytest_syncguard.codec import CodecError, decode, encode, layout
-from pytest_syncguard.gate import results_file
-from pytest_syncguard.result import MeasuredTest
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
 
 DATA = Path(__file__).parent / "data"
 
@@ -46,7 +46,7 @@ def test_a_version_1_file_reads_into_the_numbers_it_holds(version_1: tuple[Path,
         assert {k: [list(i) for i in v] for k, v in test.counted_top.items()} == raw["counted_top"]
     # Written again, it is a file of today's version that reads back equal.
     again = tmp_path / "again.json"
-    results_file.write(again, tests)
+    results_file.write(again, tests, "2.13.0")
     assert json.loads(again.read_text())["schema_version"] == results_file.SCHEMA_VERSION
     assert results_file.read(again) == tests
 
@@ -56,7 +56,7 @@ def test_a_file_that_is_no_results_document_is_an_error_naming_the_file_and_the_
 ) -> None:
     tests = results_file.read(version_1[0])
     good = tmp_path / "good.json"
-    results_file.write(good, tests)
+    results_file.write(good, tests, "2.13.0")
     document = json.loads(good.read_text())
 
     def broken(change: str, value: object) -> str:
@@ -129,3 +129,50 @@ def test_a_real_h100_results_document_reads_and_reports_as_the_run_judged_it(tmp
     assert not run.with_status("regression") and not run.missing
     counted = [change for c in run.cases for change in c.comparison.changes if change.metric in ("syncs", "launches")]
     assert counted and all(change.status == "unchanged" for change in counted)
+
+
+def test_a_record_of_another_version_reads_each_way_and_the_report_says_what_it_does_not_know(
+    tmp_path: Path,
+) -> None:
+    """A history spans versions. Newer: a record with a field, a metric, a budget's marker and a counter this
+    version does not know reads, is judged on what it knows, and the report names each unknown part. Older: a
+    record without the fields added since (the host, the timeline's source, the CUDA calls' note, the diagnosis)
+    reads with their defaults."""
+    from pytest_syncguard.gate.render.markdown import render
+    from pytest_syncguard.gate.run import compare_run
+
+    data = json.loads(gzip.decompress((DATA / "h100_pr" / "unchanged.json.gz").read_bytes()))
+    newer, older = json.loads(json.dumps(data)), json.loads(json.dumps(data))
+    record = newer["tests"][0]
+    record["energy_joules"] = 12.5
+    record["metrics"]["values"]["kv_bytes_per_token"] = 4096.0
+    record["checks"].append({"budget": {"marker": "max_kv_bytes_per_token", "limit": 1000.0, "stat": "max"},
+                             "value": 4096.0, "held": False, "text": "max_kv_bytes_per_token: limit 1000"})  # fmt: skip
+    record["counted_top"]["kv_evictions"] = [["layer 3", 7]]
+    path = tmp_path / "newer.json"
+    path.write_text(json.dumps(newer))
+    tests, unknown = results_file.read_with_unknown(path)
+    assert unknown == ["field energy_joules", "metric kv_bytes_per_token", "budget max_kv_bytes_per_token",
+                       "counter kv_evictions"]  # fmt: skip
+    assert "kv_bytes_per_token" in tests[0].metrics.values  # kept as recorded, never judged
+    assert "(a budget this version of syncguard does not know)" in tests[0].checks[-1].budget.describe()
+    run = compare_run([path], None)
+    text, _ = render(run)
+    assert (
+        "⚠️ `newer.json` was written by another version of syncguard: this one does not know field `energy_joules`, "
+        "metric `kv_bytes_per_token`, budget `max_kv_bytes_per_token`, counter `kv_evictions`; read without them "
+        "(not judged)." in text
+    )
+    assert "max_kv_bytes_per_token: limit 1000" in text  # the record's own words of its failed budget
+    assert run.to_dict()["unknown"] == {str(path): unknown}
+
+    added_since = ("host", "timeline_source", "cuda_calls_uncounted", "gap_diagnosis", "allocation_sites")
+    for record in older["tests"]:
+        for name in added_since:
+            record.pop(name, None)
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(older))
+    tests, unknown = results_file.read_with_unknown(path)
+    assert unknown == [] and len(tests) == len(older["tests"])
+    assert all(t.host == "" and t.timeline_source is None and t.allocation_sites == () for t in tests)
+    assert "was written by another version" not in render(compare_run([path], None))[0]

@@ -23,8 +23,9 @@ import pytest
 from pytest_syncguard.analysis import gaps, sampled
 from pytest_syncguard.analysis.counts import RegionCounts
 from pytest_syncguard.analysis.device_work import NO_COUNTING_RUN
-from pytest_syncguard.budgets import Budget, GuardOptions, check_budgets
+from pytest_syncguard.budgets import GuardOptions, check_budgets
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import Sampled
 from pytest_syncguard.measurement import Measurement

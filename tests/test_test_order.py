@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pytest_syncguard.analysis.memory import MemoryStats
-from pytest_syncguard.gate import results_file
+from pytest_syncguard.document import file as results_file
 from pytest_syncguard.metrics import metric
 
 ROOT = Path(__file__).resolve().parents[1]

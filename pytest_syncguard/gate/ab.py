@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 from ..analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
 from ..analysis.explain import Explanation, explain
 from ..codec import CodecError, decode, encode, read_document
+from ..document import upgrades
+from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
-from ..result import MeasuredTest
-from . import upgrades
 from .ab_sides import ABError, Side, fresh_sides, warm_sides
 from .comparison import count_status
 
@@ -293,7 +293,7 @@ def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, st
     """The tests of a results file (``pytest --syncguard-json``) whose device time was judged against a baseline
     entry there: node id -> the baseline file. ValueError names what is wrong with the file, results measured on
     another device than ``device`` (a slug; None: any) included."""
-    from . import results_file
+    from ..document import file as results_file
 
     try:
         tests = results_file.read(results)

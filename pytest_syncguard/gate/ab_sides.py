@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ..ab_channel import WORKER_OPTION, Channel, ChannelClosed
-from ..result import MeasuredTest
-from . import results_file
+from ..document import file as results_file
+from ..document.measured import MeasuredTest
 
 #: Exit statuses of a round's pytest that still measured: all passed, or some test failed (a budget, say).
 MEASURED_EXITS = (0, 1)

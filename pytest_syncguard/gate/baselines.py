@@ -31,14 +31,15 @@ from filelock import FileLock, Timeout
 
 from ..analysis.explain import Details
 from ..codec import CodecError, decode, encode
+from ..document import upgrades
+from ..document.comparison import Comparison, Spread
 from ..files import lock_path, write_atomically
 from ..metrics import value_problem
-from . import upgrades
-from .comparison import Comparison, Spread, compare
+from .comparison import compare
 
 if TYPE_CHECKING:
+    from ..document.measured import MeasuredTest
     from ..metrics import Metrics
-    from ..result import MeasuredTest
 
 SCHEMA = "pytest-syncguard/baselines"
 SCHEMA_VERSION = 3

@@ -1,4 +1,4 @@
-"""One measured test as a finished run reports it, read from its results file (:mod:`..results_file`) or, for
+"""One measured test as a finished run reports it, read from its results file (:mod:`..document.file`) or, for
 runs that wrote none, its JUnit case (:mod:`.junit`): what ``syncguard report`` compares and renders. No torch
 here."""
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from ..analysis.explain import Details, Explanation
 from ..analysis.gaps import TimelineSummary
+from ..document.comparison import Drift, Fingerprint, Spread
+from ..document.measured import MeasuredTest, SiteRecord
 from ..metrics import Metrics
-from ..result import MeasuredTest, SiteRecord
-from .comparison import Drift, Fingerprint, Spread
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
 _OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..analysis.explain import Explanation
+from ..document.comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
 from ..words import plural
-from .comparison import Change, Comparison
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:

@@ -240,10 +240,10 @@ def _ab_report(path: str | None) -> ABReport | None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ..document.file import ResultsError
     from .baselines import BaselineError
     from .render.junit import JUnitError
     from .render.markdown import COMMENT_LIMIT, SiteLinks, render
-    from .results_file import ResultsError
     from .run import compare_run
     from .verdict import Verdict
 
@@ -370,8 +370,8 @@ def _baselines(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     """``syncguard baselines DIR --record RESULTS...``: a finished run's results written into DIR's baselines."""
+    from ..document.file import ResultsError, read
     from .baselines import BaselineError, path_for, record
-    from .results_file import ResultsError, read
 
     if len(args.files) != 1 or Path(args.files[0]).is_file():
         given = Path(args.files[0])
@@ -562,8 +562,8 @@ def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def _history(args: argparse.Namespace) -> int:
     """``syncguard history record|fetch|baselines|page``."""
+    from ..document.file import ResultsError, read
     from . import history, history_branch
-    from .results_file import ResultsError, read
 
     try:
         if args.action == "record":

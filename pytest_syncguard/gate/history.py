@@ -25,9 +25,9 @@ from pathlib import Path
 
 from ..analysis.explain import Details
 from ..codec import decode, encode
+from ..document.measured import MeasuredTest
 from ..files import write_atomically
 from ..metrics import metric, rounded, value_problem
-from ..result import MeasuredTest
 from ..words import plural
 from .baselines import Baseline, BaselineError, Recording, path_for, recorded
 

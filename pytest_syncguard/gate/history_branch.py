@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..result import MeasuredTest
+from ..document.measured import MeasuredTest
 from . import history
 
 BRANCH = "syncguard-history"

@@ -16,12 +16,13 @@ from typing import Any
 
 from ..analysis.explain import Details
 from ..codec import encode
+from ..document import file as results_file
+from ..document.comparison import Comparison, Drift
+from ..document.measured import PARTIAL
 from ..environment import fingerprint_changes
-from ..result import PARTIAL
-from . import results_file
 from .baselines import Baseline, of_device, path_for, read
 from .cases import RunCase
-from .comparison import Comparison, Drift, compare
+from .comparison import compare
 from .history import History
 from .history import baseline as history_baseline
 from .history import read as read_history
@@ -53,6 +54,8 @@ class RunComparison:
     """The baseline values the head's files loosen against the base's (``base_ref``)."""
     histories: dict[str, History] = field(default_factory=dict)
     """Per device slug, the default branch's history the run was judged against (``history``)."""
+    unknown: dict[str, list[str]] = field(default_factory=dict)
+    """Per results file written by another version: what in it this version does not know (read without it)."""
 
     def with_status(self, status: str) -> list[CaseComparison]:
         return [c for c in self.cases if c.comparison.status == status]
@@ -94,14 +97,19 @@ class RunComparison:
             ],
             "missing": [{"device": d, "nodeid": n} for d, n in self.missing],
             "environment": self.environment,
+            "unknown": self.unknown,
         }
 
 
-def read_run(path: Path) -> list[RunCase]:
+def read_run(path: Path, unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
     """The measured tests of a results file (``.json``) or a JUnit file; ``ResultsError`` or ``JUnitError``
-    naming the file when it is neither."""
+    naming the file when it is neither. What a results file holds that this version does not know goes into
+    ``unknown``, under the file's path."""
     if path.suffix == ".json":
-        return [RunCase.of(result) for result in results_file.read(path)]
+        results, strange = results_file.read_with_unknown(path)
+        if strange and unknown is not None:
+            unknown[str(path)] = strange
+        return [RunCase.of(result) for result in results]
     return read_cases(path)
 
 
@@ -112,13 +120,13 @@ def _severity(case: RunCase) -> int:
     return 0 if case.outcome == "skipped" else 1
 
 
-def merge_cases(paths: Sequence[Path]) -> list[RunCase]:
+def merge_cases(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
     """The cases of all files, one per (device, node id), in a stable order. A test in several files (the ranks of
     one launch, shards that ran it twice) keeps its worst case: a failure in any file is never dropped, whatever
     the order of the files; of equals, the last file's."""
     merged: dict[tuple[str, str], RunCase] = {}
     for path in paths:
-        for case in read_run(path):
+        for case in read_run(path, unknown):
             key = (case.device_slug, case.nodeid)
             if key not in merged or _severity(case) >= _severity(merged[key]):
                 merged[key] = case
@@ -141,7 +149,7 @@ def compare_run(
     where it has one; the ``baselines`` folder stands in for the models it has none of."""
     run = RunComparison(sources=[str(p) for p in paths])
     files: dict[str, Baseline | None] = {}
-    for case in merge_cases(paths):
+    for case in merge_cases(paths, run.unknown):
         slug = case.device_slug
         within = tolerance if tolerance is not None else case.tolerance
         recorded: Details | None = None

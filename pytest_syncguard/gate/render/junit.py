@@ -1,5 +1,5 @@
 """A test's verdict and the numbers a person reads as JUnit ``<property>`` pairs (``syncguard.<metric>``), and
-reading them back. The results document (:mod:`..results_file`) is the record of a test's results: a JUnit file
+reading them back. The results document (:mod:`...document.file`) is the record of a test's results: a JUnit file
 carries no second data format (files written before, with the details and fingerprint as JSON, still read).
 
 ``--junitxml`` writes them inside the test's ``<testcase>`` with or without pytest-xdist (the teardown report
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...analysis.explain import Details
 from ...codec import decode
+from ...document import upgrades
 from ...environment import is_slug, unnamed_slug
 from ...metrics import Metrics, metric, value_problem
-from .. import upgrades
 from ..cases import RunCase
 
 if TYPE_CHECKING:
-    from ...result import MeasuredTest
+    from ...document.measured import MeasuredTest
 
 PREFIX = "syncguard."
 

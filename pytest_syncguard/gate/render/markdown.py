@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from ...document.comparison import Change
 from ...metrics import DEVICE_TIME, timing_order
 from ...words import plural
 from ..chain import Code, Entry, Line, Site, Word, budget_entries, regression_entries, value_text
-from ..comparison import Change
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
 from ..verdict import Verdict
@@ -219,6 +219,16 @@ def summary_line(run: RunComparison) -> str:
     return f"{plural(len(run.cases), 'test')} on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
 
 
+def unknown_lines(run: RunComparison) -> list[str]:
+    """Per results file of another version, what in it this version does not know and read without."""
+    return [
+        f"⚠️ {code(Path(path).name)} was written by another version of syncguard: this one does not know "
+        f"{', '.join(kind + ' ' + code(name) for kind, _, name in (p.partition(' ') for p in parts))}; read without "
+        "them (not judged).\n"
+        for path, parts in sorted(run.unknown.items())
+    ]
+
+
 def _new_value(item: Loosened) -> str:
     return "removed" if item.new is None else value_text(item.metric, item.new)
 
@@ -265,7 +275,7 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
     """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
     what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`."""
     verdict = Verdict.of(run, ab)
-    blocks: list[list[str]] = [[verdict.headline(), "", summary_line(run), ""]]
+    blocks: list[list[str]] = [[verdict.headline(), "", summary_line(run), "", *unknown_lines(run)]]
     if run.loosened:
         blocks.append(loosened_block(run.loosened))
     budgets = budget_entries(run)

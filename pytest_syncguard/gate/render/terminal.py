@@ -9,8 +9,8 @@ from ...analysis.gaps import AttributedGap, TimelineSummary, steps_note
 from ...analysis.memory import MemoryStats
 from ...analysis.races import race_lines
 from ...analysis.snapshot import AllocationSite
+from ...document.measured import MeasuredTest, SiteRecord
 from ...metrics import METRICS
-from ...result import MeasuredTest, SiteRecord
 from ...signals import ITEMIZED
 from ...signals.base import MIB, Section
 from .perfetto import SUFFIX

@@ -1,10 +1,11 @@
-"""The results document: every measured test's :class:`.result.MeasuredTest` as one schema-versioned record,
+"""The results document: every measured test's :class:`.measured.MeasuredTest` as one schema-versioned record,
 written and read by :mod:`.codec` alone. It is what ``--syncguard-json`` writes, what an xdist worker sends its
 controller (:func:`record`, :func:`from_record`), what ``syncguard ab`` reads of each round and ``syncguard
 report`` of a run. Files of schema version 1 still read (:func:`.upgrades.results_v1`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Iterable, Mapping
@@ -14,9 +15,10 @@ from typing import Any
 from .. import __version__
 from ..codec import CodecError, decode, encode, read_document
 from ..files import write_atomically
-from ..metrics import value_problem
-from ..result import MeasuredTest
+from ..metrics import metric, value_problem
+from ..signals import ITEMIZED, KINDS
 from . import upgrades
+from .measured import MeasuredTest
 
 SCHEMA = "pytest-syncguard/results"
 SCHEMA_VERSION = 2
@@ -45,27 +47,31 @@ def from_record(data: object, version: int = SCHEMA_VERSION, where: str = "test"
     return result
 
 
-def document(results: Iterable[MeasuredTest]) -> dict[str, Any]:
-    """The file's content: the versions it was measured with, and one record per test in node id order."""
-    import torch
-
+def document(results: Iterable[MeasuredTest], torch: str) -> dict[str, Any]:
+    """The file's content: the versions it was measured with (``torch``'s given by the writer), and one record per
+    test in node id order."""
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "syncguard": __version__,
-        "torch": torch.__version__,
+        "torch": torch,
         "python": platform.python_version(),
         "tests": [record(r) for r in sorted(results, key=lambda r: r.nodeid)],
     }
 
 
-def write(path: Path, results: Iterable[MeasuredTest]) -> None:
+def write(path: Path, results: Iterable[MeasuredTest], torch: str) -> None:
     """Write the document atomically: a reader sees the old file or the whole new one."""
-    write_atomically(path, json.dumps(document(results), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    write_atomically(path, json.dumps(document(results, torch), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def read(path: Path) -> list[MeasuredTest]:
     """Every test of the results file at ``path``; :class:`ResultsError` names the file and what is wrong."""
+    return read_with_unknown(path)[0]
+
+
+def read_with_unknown(path: Path) -> tuple[list[MeasuredTest], list[str]]:
+    """Every test of the results file at ``path``, and what in it this version does not know (:func:`unknown`)."""
     try:
         data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard results file")
         tests = data.get("tests")
@@ -77,6 +83,29 @@ def read(path: Path) -> list[MeasuredTest]:
             if result.nodeid in seen:
                 raise CodecError(f"tests[{i}]: test {result.nodeid!r} is in the file twice")
             seen.add(result.nodeid)
-        return results
+        return results, unknown(tests)
     except CodecError as exc:
         raise ResultsError(f"{path}: {exc}") from exc
+
+
+def unknown(records: Iterable[object]) -> list[str]:
+    """What records written by another version hold that this one does not know, each named once: a field of a
+    test's record, a metric, a budget's marker, an itemized counter (``field energy_j``, ``metric x``). The
+    records read without them (:mod:`..codec` leaves unknown fields out; the gate judges only the metrics and
+    budgets it knows): the report says so instead of dropping them silently."""
+    fields = {f.name for f in dataclasses.fields(MeasuredTest)} | set(MeasuredTest.DERIVED)
+    found: dict[str, set[str]] = {"field": set(), "metric": set(), "budget": set(), "counter": set()}
+    for data in records:
+        if not isinstance(data, Mapping):
+            continue
+        found["field"] |= {str(k) for k in data if k not in fields}
+        values = data.get("metrics", {}).get("values", {}) if isinstance(data.get("metrics"), Mapping) else {}
+        found["metric"] |= {str(k) for k in values if metric(str(k)) is None} if isinstance(values, Mapping) else set()
+        for check in data.get("checks") or ():
+            budget = check.get("budget") if isinstance(check, Mapping) else None
+            marker = budget.get("marker") if isinstance(budget, Mapping) else None
+            if isinstance(marker, str) and marker not in KINDS:
+                found["budget"].add(marker)
+        counted = data.get("counted_top")
+        found["counter"] |= {str(k) for k in counted if k not in ITEMIZED} if isinstance(counted, Mapping) else set()
+    return [f"{kind} {name}" for kind, names in found.items() for name in sorted(names)]
