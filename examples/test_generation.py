@@ -60,3 +60,43 @@ def test_greedy_loop_without_host_reads(
         with syncguard.allow():
             decoded = tokens.tolist()
     assert len(decoded[0]) == prompt.shape[1] + NEW_TOKENS
+
+
+def greedy_on_the_host(model: LlamaForCausalLM, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """The standard-API pattern of the ONNX Runtime write-up: each step's logits come to the host as numpy, the next
+    token is picked there and sent back (an engine that returns numpy outputs does this whatever the caller wants)."""
+    cache = DynamicCache(config=model.config)
+    tokens, step_input = prompt, prompt
+    for _ in range(steps):
+        logits = model(step_input, **with_cache(cache), use_cache=True).logits[:, -1]
+        scores = logits.float().cpu().numpy()  # every step's logits to the host
+        step_input = torch.from_numpy(scores.argmax(-1)[:, None]).to(prompt.device)
+        tokens = torch.cat([tokens, step_input], dim=-1)
+    return tokens
+
+
+#: A loop may bring a token id a step to the host, not its logits (a row of the vocabulary).
+TOKEN_BYTES = 64
+
+
+@pytest.mark.xfail(
+    torch.cuda.is_available(), strict=True,
+    reason="the logits go to the host every step (the vocabulary's row of floats): the transfer budget fails it",
+)  # fmt: skip
+@pytest.mark.max_transfer_bytes_d2h_per_token(TOKEN_BYTES)
+@pytest.mark.max_syncs_per_token(2)  # on CUDA the logits' copy into pageable memory and the token's copy back
+def test_greedy_loop_with_logits_on_the_host(
+    syncguard: SyncGuard, tiny_llama: LlamaForCausalLM, prompt: torch.Tensor
+) -> None:
+    with torch.inference_mode(), syncguard.generation(model=tiny_llama):
+        greedy_on_the_host(tiny_llama, prompt, NEW_TOKENS)
+
+
+@pytest.mark.max_transfer_bytes_d2h_per_token(TOKEN_BYTES)
+@pytest.mark.max_syncs_per_token(1)
+def test_greedy_loop_with_logits_on_the_device(
+    syncguard: SyncGuard, tiny_llama: LlamaForCausalLM, prompt: torch.Tensor
+) -> None:
+    """The same loop with the logits kept on the device (IO binding, in ONNX Runtime's words)."""
+    with torch.inference_mode(), syncguard.generation(model=tiny_llama):
+        greedy(tiny_llama, prompt, NEW_TOKENS, stop_check=False)

@@ -20,7 +20,7 @@ from .analysis.sites import SyncSite
 from .instruments import COUNTING_RUN, TIMED_RUN
 from .measurement import Measurement, RegionTiming
 from .probes import compiles, graphs, ops
-from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch
+from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch, transfer_counts
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
 from .probes.syncs import PROBE, SyncRecorder
@@ -215,6 +215,13 @@ class GenerationRegion:
             self._cuda_calls = watch
             yield
 
+    @contextmanager
+    def _counting_transfers(self) -> Iterator[None]:
+        """The memcpy calls between host and device that the CUDA-call probe's watch (around this) saw in the block,
+        into the region's counts (:func:`.probes.cuda_calls.transfer_counts`)."""
+        yield
+        self._counts.append(transfer_counts(self._cuda_calls))
+
 
 @dataclass(frozen=True)
 class RegionProbe:
@@ -239,7 +246,8 @@ def _always(region: GenerationRegion) -> bool:
 
 #: Every probe of a region, outermost first: a probe does not see the work of those outside it, so the counters
 #: are innermost (the other probes' own operators are not counted) and the race watch is inside the sync probe
-#: (its copy kernel announces the copies), as is the CUDA-call probe (it counts into the sync probe's recorders).
+#: (its copy kernel announces the copies), as is the CUDA-call probe (it counts into the sync probe's recorders),
+#: and inside that the transfers, which its watch saw.
 #: The allocator's numbers are read on its exit, after those inside. The wall time is the region's own clock.
 REGION_PROBES = (
     RegionProbe("timeline annotation", "timeline", _always, lambda r: TIMELINE.region(r.number)),
@@ -251,6 +259,7 @@ REGION_PROBES = (
                 lambda r: {"events": tuple(r._recorder.events)}),
     RegionProbe("CUDA calls", "syncs", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls(),
                 lambda r: {"cuda_calls_uncounted": r._cuda_calls.not_counted}),
+    RegionProbe("transfers", "transfers", lambda r: r._on_cuda, lambda r: r._counting_transfers()),
     RegionProbe("races", "races", lambda r: r.check_races and r._on_cuda,
                 lambda r: RACES.watching(r._races, r._counts), lambda r: {"races": tuple(r._races)}),
     RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),

@@ -16,6 +16,7 @@ from pytest_syncguard.gate.render.terminal import baseline_lines, site_lines
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.cuda_calls import (
     BLOCKING,
+    DEFAULT,
     DEVICE_TO_DEVICE,
     DEVICE_TO_HOST,
     DRIVER,
@@ -26,6 +27,7 @@ from pytest_syncguard.probes.cuda_calls import (
     When,
     base_name,
     blocks,
+    transfer,
 )
 from pytest_syncguard.probes.cupti import Subscriber
 
@@ -186,3 +188,29 @@ def test_a_region_that_starts_while_a_capture_holds_cupti_counts_nothing_and_say
         pass
     assert inside.not_counted == "a capture runs"
     assert after.not_counted == ("CUDA is not available" if not torch.cuda.is_available() else None)
+
+
+def _moved(domain: int, function: str, params: ctypes.Structure) -> tuple[str, int] | None:
+    return transfer(BLOCKING[domain][function], ctypes.addressof(params), KINDS.__getitem__)
+
+
+def test_a_copys_direction_and_size_are_read_from_its_parameters() -> None:
+    """Each catalogued copy between host and device is a transfer of its size, in its direction (from the kind, or
+    where the kind is cudaMemcpyDefault from what each pointer points at); a copy within the device or the host, and
+    a call that copies nothing, is none."""
+    copy = {kind: _params(_MemcpyAsync, dst=1, src=2, count=4096, kind=kind) for kind in (HOST_TO_DEVICE,
+            DEVICE_TO_HOST, DEVICE_TO_DEVICE)}  # fmt: skip
+    assert _moved(RUNTIME, "cudaMemcpyAsync", copy[HOST_TO_DEVICE]) == ("h2d", 4096)
+    assert _moved(RUNTIME, "cudaMemcpyAsync", copy[DEVICE_TO_HOST]) == ("d2h", 4096)
+    assert _moved(RUNTIME, "cudaMemcpyAsync", copy[DEVICE_TO_DEVICE]) is None
+    by_pointers = {(dst, src): _params(_Memcpy, dst=dst, src=src, count=8, kind=DEFAULT)
+                   for dst in (DEVICE, PAGEABLE) for src in (DEVICE, PINNED)}  # fmt: skip
+    assert _moved(RUNTIME, "cudaMemcpy", by_pointers[DEVICE, PINNED]) == ("h2d", 8)
+    assert _moved(RUNTIME, "cudaMemcpy", by_pointers[PAGEABLE, DEVICE]) == ("d2h", 8)
+    assert _moved(RUNTIME, "cudaMemcpy", by_pointers[DEVICE, DEVICE]) is None
+    assert _moved(RUNTIME, "cudaMemcpy", by_pointers[PAGEABLE, PINNED]) is None
+    rows = _params(_Memcpy2D, dst=1, dpitch=512, src=2, spitch=512, width=100, height=7, kind=DEVICE_TO_HOST)
+    assert _moved(RUNTIME, "cudaMemcpy2D", rows) == ("d2h", 700)  # the rows' bytes, not the pitches'
+    assert _moved(DRIVER, "cuMemcpyDtoHAsync", _params(_DtoHAsync, dstHost=PINNED, srcDevice=DEVICE, ByteCount=9)) \
+        == ("d2h", 9)  # fmt: skip
+    assert _moved(DRIVER, "cuCtxSynchronize", copy[HOST_TO_DEVICE]) is None

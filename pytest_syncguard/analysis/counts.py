@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..signals import FEWEST
+from ..signals import COUNTED_RUNS, FEWEST
 
 #: How many of the largest contributors a region keeps per counter (operators, kernels, reasons): enough for
 #: baselines to name what moved; failure texts show fewer (:data:`SHOWN`).
@@ -49,12 +49,12 @@ class RegionCounts:
 def total(parts: Sequence[Sequence[RegionCounts]], name: str) -> int | None:
     """A counter over a test's regions: the parts add up, and of the runs of one part (``measure(repeat=...)``)
     the largest counts (the fewest for :data:`FEWEST`). None when no region measured it, or one could not (of a
-    :data:`FEWEST` counter: a part none of whose runs could)."""
+    :data:`FEWEST` or :data:`COUNTED_RUNS` counter: a part none of whose runs could)."""
     fewest = name in FEWEST
     values = []
     for runs in parts:
         found = [run.values[name] for run in runs if name in run.values]
-        if any(name in run.unmeasured for run in runs) and not (fewest and found):
+        if any(name in run.unmeasured for run in runs) and not (name in COUNTED_RUNS and found):
             return None
         values.append(found)
     if not any(values):

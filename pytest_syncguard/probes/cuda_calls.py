@@ -31,10 +31,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.counts import RegionCounts, top_items
+from ..analysis.sites import Frame
+from ..signals import transfers as signal
 from . import cupti
+from .call_sites import first_user_frame, user_stack
 from .sync_ops import SyncKind
 from .syncs import PROBE
 
@@ -61,14 +65,17 @@ class When(enum.Enum):
 
 @dataclass(frozen=True)
 class BlockingCall:
-    """A CUDA function that can block the host, and where its copy's pointers and kind are among its parameters
-    (indices of 8-byte slots of the function's parameter struct, as on 64-bit hosts; a free's pointer is its
-    ``dst``)."""
+    """A CUDA function that can block the host, and where its copy's pointers, kind and size are among its
+    parameters (indices of 8-byte slots of the function's parameter struct, as on 64-bit hosts; a free's pointer is
+    its ``dst``; a 2D copy's size is ``size`` x ``rows``). A copy whose direction its name says has ``direction``."""
 
     when: When
     dst: int | None = None
     src: int | None = None
     kind: int | None = None
+    size: int | None = None
+    rows: int | None = None
+    direction: str | None = None
 
 
 _SYNC = BlockingCall(When.ALWAYS)
@@ -83,9 +90,9 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cudaEventSynchronize": _SYNC,
         "cudaFree": _FREE,
         "cudaFreeHost": _FREE,
-        "cudaMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, kind=3),
-        "cudaMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=2, kind=6),
-        "cudaMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, kind=3),
+        "cudaMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, kind=3, size=2),
+        "cudaMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=2, kind=6, size=4, rows=5),
+        "cudaMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, kind=3, size=2),
     },
     DRIVER: {
         "cuCtxSynchronize": _SYNC,
@@ -93,11 +100,11 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cuEventSynchronize": _SYNC,
         "cuMemFree": _FREE,
         "cuMemFreeHost": _FREE,
-        "cuMemcpyDtoH": _SYNC,
-        "cuMemcpyHtoD": _SYNC,
-        "cuMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1),
-        "cuMemcpyDtoHAsync": BlockingCall(When.PAGEABLE_HOST, dst=0),
-        "cuMemcpyHtoDAsync": BlockingCall(When.PAGEABLE_HOST, src=1),
+        "cuMemcpyDtoH": BlockingCall(When.ALWAYS, size=2, direction="d2h"),
+        "cuMemcpyHtoD": BlockingCall(When.ALWAYS, size=2, direction="h2d"),
+        "cuMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, size=2),
+        "cuMemcpyDtoHAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, size=2, direction="d2h"),
+        "cuMemcpyHtoDAsync": BlockingCall(When.PAGEABLE_HOST, src=1, size=2, direction="h2d"),
     },
 }
 
@@ -145,6 +152,47 @@ def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> 
     return any(memory(fields[index]) is Memory.PAGEABLE for index in host if index is not None)
 
 
+def transfer(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> tuple[str, int] | None:
+    """The direction ("h2d" or "d2h") and size in bytes of one call of ``call`` that moves data between host and
+    device memory, whose parameter struct is at address ``params``; None for any other call (a copy within the
+    device or within the host, a synchronize, a free)."""
+    if call.size is None:
+        return None
+    fields = ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))
+    size = fields[call.size] * (fields[call.rows] if call.rows is not None else 1)
+    if call.direction is not None:
+        return call.direction, size
+    kind = ctypes.c_int.from_address(params + 8 * call.kind).value if call.kind is not None else DEFAULT
+    if kind == DEFAULT:  # the pointers say where each side is
+        assert call.dst is not None and call.src is not None, call
+        sides = (memory(fields[call.dst]) is Memory.DEVICE, memory(fields[call.src]) is Memory.DEVICE)
+        direction = {(True, False): "h2d", (False, True): "d2h"}.get(sides)
+    else:
+        direction = {HOST_TO_DEVICE: "h2d", DEVICE_TO_HOST: "d2h"}.get(kind)
+    return None if direction is None else (direction, size)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One memcpy call between host and device memory in a watched region: its direction, size, CUDA function and
+    the Python call site that led to it (None where no frame of the user's code was on the stack)."""
+
+    direction: str
+    size: int
+    function: str
+    site: Frame | None
+    caller: Frame | None = None
+    """The user frame that called the site's function, where it lies in another file (the line of a loop that called
+    a library's ``asnumpy``)."""
+
+    def label(self) -> str:
+        """``loop.py:12 in decode: cudaMemcpyAsync, device-to-host, 4096 B`` (with ``called from`` a caller)."""
+        where = self.site.shown() if self.site is not None else "?"
+        if self.caller is not None:
+            where += f" (called from {self.caller.shown()})"
+        return f"{where}: {self.function}, {signal.DIRECTIONS[self.direction]}, {self.size} B"
+
+
 class CallbackData(ctypes.Structure):
     """CUpti_CallbackData (cupti_callbacks.h): what an API callback is given."""
 
@@ -178,6 +226,8 @@ class CudaCallWatch:
     counted, into the sync probe's recorders)."""
 
     not_counted: str | None = None
+    transfers: list[Transfer] = field(default_factory=list)
+    """Every memcpy call between host and device memory made in the region, torch's and any other library's."""
 
 
 class CudaCallProbe:
@@ -315,16 +365,44 @@ class CudaCallProbe:
         thread.depth += 1
         if thread.depth > 1:
             return  # a catalogued call's own inner call
-        if not self._watches or PROBE.inside:
+        if not self._watches:
             return
         found = self._wanted.get((domain, cbid))
-        if found is None or not blocks(found[1], info.functionParams, self._memory):
+        if found is None:
+            return
+        moved = transfer(found[1], info.functionParams, self._memory)
+        if moved is not None:  # torch's copies too: a transfer is one whoever makes it
+            caller, site, _ = first_user_frame(sys._getframe(1))
+            above = user_stack(caller.f_back, 1) if caller is not None else ()
+            called_from = above[0] if above and site is not None and above[0].filename != site.filename else None
+            made = Transfer(*moved, found[0], site, called_from)
+            for watch in self._watches:
+                watch.transfers.append(made)
+        if PROBE.inside or not blocks(found[1], info.functionParams, self._memory):
             return
         frame = sys._getframe(1)
         PROBE.record_cuda_call(found[0], frame)
         stamp = PROBE.stamp(SyncKind.CUDA_CALL, frame)
         stamp.__enter__()
         thread.stamp = stamp
+
+
+def transfer_counts(watch: CudaCallWatch) -> RegionCounts:
+    """A region's transfers as the transfers signal counts them (:mod:`..signals.transfers`): per direction and in
+    all, the calls and their bytes, and the largest contributors (call site, function, direction and size); where
+    the region's calls were not watched, why each is not counted."""
+    names = [spec.name for spec in signal.SIGNAL.counters]
+    if watch.not_counted is not None:
+        return RegionCounts(unmeasured=dict.fromkeys(names, f"{signal.UNCOUNTED} ({watch.not_counted})"))
+    values = dict.fromkeys(names, 0)
+    items: dict[str, dict[str, int]] = {name: {} for name in names if name.startswith("transfers")}
+    for moved in watch.transfers:
+        label = moved.label()
+        for suffix in ("", f"_{moved.direction}"):
+            values[f"transfers{suffix}"] += 1
+            values[f"transfer_bytes{suffix}"] += moved.size
+            items[f"transfers{suffix}"][label] = items[f"transfers{suffix}"].get(label, 0) + 1
+    return RegionCounts(values, {name: top_items(found) for name, found in items.items()})
 
 
 CUDA_CALLS = CudaCallProbe(cupti.SUBSCRIBER)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import compiles, graphs, memory, ops, races, syncs, timeline, wall_time
+from . import compiles, graphs, memory, ops, races, syncs, timeline, transfers, wall_time
 from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
 #: Every signal, in the order of the metrics and the summary's columns (the markers' order: :data:`KINDS`).
 SIGNALS: tuple[Signal, ...] = (
-    syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL, graphs.SIGNAL,
-    wall_time.SIGNAL,
+    syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, transfers.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL,
+    graphs.SIGNAL, wall_time.SIGNAL,
 )  # fmt: skip
 BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
 #: The fields of a measurement the signals fill, with how each merges across regions and runs.
@@ -36,6 +36,8 @@ KINDS: dict[str, BudgetKind] = {
 #: Seen under pytest-xdist (docs/explanation/gate.md). A loop that calls cudaMalloc in every call (a cache emptied or
 #: outgrown each time) does so in its fewest run too.
 FEWEST = frozenset(name for name, spec in COUNTERS.items() if spec.of_runs == "fewest")
+#: The counters a run that could not count them leaves to the other runs of its ``measure()``.
+COUNTED_RUNS = frozenset(name for name, spec in COUNTERS.items() if spec.counted_runs or spec.of_runs == "fewest")
 #: The counters whose largest contributors a region keeps, and what those are.
 ITEMIZED = {name: spec.items for name, spec in COUNTERS.items() if spec.items is not None}
 #: Counters explained by another's contributors: the bytes copied by the copies.
@@ -48,6 +50,6 @@ def needs(signal_names: Iterable[str]) -> frozenset[Need]:
 
 
 __all__ = [
-    "BY_NAME", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "PARTS", "SIGNALS", "BudgetKind",
-    "CounterSpec", "Need", "Part", "Signal", "needs",
+    "BY_NAME", "COUNTED_RUNS", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "PARTS", "SIGNALS",
+    "BudgetKind", "CounterSpec", "Need", "Part", "Signal", "needs",
 ]  # fmt: skip

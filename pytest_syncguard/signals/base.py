@@ -154,6 +154,9 @@ class CounterSpec:
     of_runs: str = "largest"
     """Which of a ``measure()``'s runs gives its count: ``largest`` (a count that varies fails on its worst run) or
     ``fewest`` (:data:`.FEWEST`)."""
+    counted_runs: bool = False
+    """A run that could not count it is left out where another run of the ``measure()`` did (:data:`.COUNTED_RUNS`:
+    a traced counting run, whose trace holds the CUDA API's callbacks); else it makes the count unknown."""
 
 
 @dataclass(frozen=True)

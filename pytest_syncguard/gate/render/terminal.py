@@ -11,7 +11,7 @@ from ...analysis.races import race_lines
 from ...analysis.snapshot import AllocationSite
 from ...document.measured import MeasuredTest, SiteRecord
 from ...metrics import METRICS
-from ...signals import ITEMIZED
+from ...signals import EXPLAINED_BY, ITEMIZED
 from ...signals.base import MIB, Section
 from .perfetto import SUFFIX
 
@@ -77,7 +77,8 @@ def consequence_lines(result: MeasuredTest) -> list[str]:
 def count_lines(result: MeasuredTest, counters: Iterable[str]) -> list[str]:
     """The largest contributors to each of ``counters`` that the result itemizes."""
     lines: list[str] = []
-    for name in dict.fromkeys(counters):
+    # A counter that keeps no contributors of its own is explained by another's (the bytes by their copies).
+    for name in dict.fromkeys(n if n in ITEMIZED else EXPLAINED_BY.get(n, n) for n in counters):
         top = result.counted_top.get(name)
         if name not in ITEMIZED or not top:
             continue
