@@ -164,8 +164,7 @@ def test_a_body_over_githubs_limit_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "GitHub's limit is 65536" in done.stderr
 
 
-# -- ci/post_pr_comment.py: the workflow_run job's handling of an untrusted artifact ---------------------
-POSTER = Path(__file__).resolve().parents[1] / "ci" / "post_pr_comment.py"
+# -- syncguard post-artifact: the workflow_run job's handling of an untrusted artifact ---------------------
 SHA = "a" * 40
 JUNIT = """<testsuites><testsuite name="pytest" tests="1"><testcase classname="t" name="test_x">
 <properties><property name="syncguard.nodeid" value="t.py::test_x"/><property name="syncguard.verdict" value="pass"/>
@@ -189,11 +188,10 @@ def poster(tmp_path: Path, pr: str, *, head: str = SHA, fork: bool = True) -> tu
     (artifact / "pr-number").write_text(pr)
     (artifact / "device-slug").write_text("nvidia-h100-80gb-hbm3\n")
     (artifact / "junit-nvidia-h100-80gb-hbm3.xml").write_text(JUNIT)
-    env = {**gh.env(), "ARTIFACT": str(artifact), "REPO": "acme/decoder", "HEAD_SHA": SHA, "GITHUB_ACTIONS": "true"}
-    env["RUNNER_TEMP"] = str(tmp_path)
-    bin_dir = Path(sys.executable).parent  # the syncguard console script
-    env["PATH"] = f"{env['PATH']}{os.pathsep}{bin_dir}"
-    done = subprocess.run([sys.executable, str(POSTER)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    env = {**gh.env(), "GITHUB_ACTIONS": "true"}
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "post-artifact", str(artifact), "--repo",
+               "acme/decoder", "--head-sha", SHA, "--work", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
     return gh, done
 
 

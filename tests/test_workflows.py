@@ -72,7 +72,7 @@ def test_the_comment_job_has_only_comment_rights_and_checks_out_no_pr_code() -> 
     checkout = next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
     assert "ref" not in checkout.get("with", {}) and "repository" not in checkout.get("with", {})
     post = job["steps"][-1]
-    assert post["run"] == "python ci/post_pr_comment.py"
+    assert post["run"] == 'syncguard post-artifact "$ARTIFACT" --repo "$REPO" --head-sha "$HEAD_SHA"'
     assert post["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
 
 

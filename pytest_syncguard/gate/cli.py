@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -326,6 +327,24 @@ def _comment(args: argparse.Namespace) -> int:
         print(f"syncguard comment: {exc}", file=sys.stderr)
         return 2
     print(f"syncguard comment: {posted.action} comment {posted.comment_id} {posted.url}".rstrip())
+    return 0
+
+
+def _post_artifact(args: argparse.Namespace) -> int:
+    from .artifact import ArtifactError, post_artifact
+
+    try:
+        post_artifact(
+            Path(args.artifact),
+            args.repo,
+            args.head_sha,
+            baselines=Path(args.baselines),
+            work=Path(args.work or tempfile.mkdtemp(prefix="syncguard-")),
+            approval_label=args.approval_label,
+        )
+    except ArtifactError as exc:
+        print(f"syncguard post-artifact: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -705,6 +724,18 @@ def build_parser() -> argparse.ArgumentParser:
     comment.add_argument("--gh-timeout", type=_seconds, default=GH_TIMEOUT_S, metavar="SECONDS",
                          help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})")  # fmt: skip
     comment.set_defaults(run=_comment)
+
+    posting = commands.add_parser("post-artifact", help="validate a GPU run's artifact (untrusted data) and post its "
+                                  "report on the pull request it names, if still at the commit tested")  # fmt: skip
+    posting.add_argument("artifact", help="the downloaded artifact folder (pr-number, device-slug, results-*.json)")
+    posting.add_argument("--repo", required=True, help="OWNER/NAME of the pull request")
+    posting.add_argument("--head-sha", required=True, help="the commit the GPU run tested (the workflow_run's)")
+    posting.add_argument("--baselines", default="baselines", help="the default branch's baselines folder, for a "
+                         "GPU model without a history (default: baselines)")  # fmt: skip
+    posting.add_argument("--approval-label", default="gpu-approved", help="removed from a fork's pull request "
+                         "after posting, so that its next push needs a maintainer again ('' to keep it)")  # fmt: skip
+    posting.add_argument("--work", help="where the report is rendered (default: a new temporary folder)")
+    posting.set_defaults(run=_post_artifact)
 
     trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace, or of a "
                                 "judged timeline the plugin kept")  # fmt: skip
