@@ -17,7 +17,9 @@ counting run); where the slot is taken, or there is no CUPTI or no CUDA, it coun
 (:attr:`CudaCallWatch.not_counted`).
 
 Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
-"CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. What
+"CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. Every
+catalogued copy between host and device memory, torch's included, is also kept in the region's watch as a transfer
+(its direction, size and call site: :func:`transfer`), which the transfers signal counts (:func:`transfer_counts`). What
 CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
 tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
 """
