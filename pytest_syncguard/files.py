@@ -1,5 +1,5 @@
-"""Writing files so that a reader sees the old file or the whole new one, never a part; and checking, before a
-run starts, that the paths it will write can be written."""
+"""Writing files so that a reader sees the old file or the whole new one, never a part; checking, before a run
+starts, that the paths it will write can be written; and that a file from untrusted hands may be read."""
 
 from __future__ import annotations
 
@@ -84,6 +84,12 @@ def _not_regular(path: Path) -> str | None:
     if path.exists() and not path.is_file():
         return f"{path} is not a regular file: give the path of a file"
     return None
+
+
+def small_regular_file(path: Path, limit: int) -> bool:
+    """Whether ``path`` is a regular file (not a symbolic link, a FIFO or a device) of at most ``limit`` bytes: one
+    that may be read whole, wherever it came from."""
+    return path.is_file() and not path.is_symlink() and path.stat().st_size <= limit
 
 
 def _existing_ancestor(path: Path) -> Path:

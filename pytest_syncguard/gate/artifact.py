@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..files import small_regular_file
+
 #: The largest artifact file read.
 MAX_FILE_BYTES = 50 << 20
 REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
@@ -31,16 +33,12 @@ class ArtifactError(Exception):
 def read_field(folder: Path, name: str, pattern: str) -> str:
     """A one-line file of the artifact that must match ``pattern`` whole."""
     path = folder / name
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > 200:
+    if not small_regular_file(path, 200):
         raise ArtifactError(f"artifact has no usable {name}")
     value = path.read_text(encoding="utf-8", errors="replace").strip()
     if not re.fullmatch(pattern, value):
         raise ArtifactError(f"artifact {name} does not match {pattern}")
     return value
-
-
-def _usable(path: Path) -> bool:
-    return path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_FILE_BYTES
 
 
 def _gh(*args: str) -> str:
@@ -73,14 +71,15 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
     pull = json.loads(_gh("api", f"repos/{repo}/pulls/{pr}"))
     if pull["head"]["sha"] != head_sha:
         raise ArtifactError(f"PR {pr} is at {pull['head']['sha']}, the GPU run tested {head_sha}: not posting")
-    results = [p for p in sorted(folder.glob("results-*.json")) if _usable(p)]
-    results = results or [p for p in sorted(folder.glob("junit-*.xml")) if _usable(p)]
+    results = [p for p in sorted(folder.glob("results-*.json")) if small_regular_file(p, MAX_FILE_BYTES)]
+    results = results or [p for p in sorted(folder.glob("junit-*.xml")) if small_regular_file(p, MAX_FILE_BYTES)]
     if not results:
         raise ArtifactError("artifact has no results-*.json or junit-*.xml file")
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
-    report = [*map(str, results), "--baselines", str(baselines), *_history(work / "history", slug),
-              *(["--ab", str(ab)] if _usable(ab) else []), "--markdown", str(body)]  # fmt: skip
+    with_ab = ["--ab", str(ab)] if small_regular_file(ab, MAX_FILE_BYTES) else []
+    report = [*map(str, results), "--baselines", str(baselines), *_history(work / "history", slug), *with_ab,
+              "--markdown", str(body)]  # fmt: skip
     if main(["report", *report]) != 0:
         raise ArtifactError("syncguard report failed")
     if main(["comment", "--pr", pr, "--body-file", str(body), "--repo", repo, "--key", slug]) != 0:

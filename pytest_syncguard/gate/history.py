@@ -26,7 +26,7 @@ from pathlib import Path
 from ..analysis.explain import Details
 from ..codec import decode, encode
 from ..document.measured import MeasuredTest
-from ..files import write_atomically
+from ..files import small_regular_file, write_atomically
 from ..metrics import metric, rounded, value_problem
 from ..words import plural
 from .baselines import Baseline, BaselineError, Recording, path_for, recorded
@@ -107,7 +107,7 @@ def read(folder: Path, slug: str) -> History | None:
     if not runs_path.exists():
         return None
     for path in (runs_path, details_path):
-        if path.exists() and (path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES):
+        if path.exists() and not small_regular_file(path, MAX_FILE_BYTES):
             raise HistoryError(f"{path}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB: left as it is")
     try:
         lines = runs_path.read_text(encoding="utf-8").splitlines()

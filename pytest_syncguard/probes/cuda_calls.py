@@ -31,6 +31,7 @@ import enum
 import re
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -397,13 +398,13 @@ def transfer_counts(watch: CudaCallWatch) -> RegionCounts:
     if watch.not_counted is not None:
         return RegionCounts(unmeasured=dict.fromkeys(names, f"{signal.UNCOUNTED} ({watch.not_counted})"))
     values = dict.fromkeys(names, 0)
-    items: dict[str, dict[str, int]] = {name: {} for name in names if name.startswith("transfers")}
+    items: dict[str, Counter[str]] = {name: Counter() for name in names if name.startswith("transfers")}
     for moved in watch.transfers:
         label = moved.label()
         for suffix in ("", f"_{moved.direction}"):
             values[f"transfers{suffix}"] += 1
             values[f"transfer_bytes{suffix}"] += moved.size
-            items[f"transfers{suffix}"][label] = items[f"transfers{suffix}"].get(label, 0) + 1
+            items[f"transfers{suffix}"][label] += 1
     return RegionCounts(values, {name: top_items(found) for name, found in items.items()})
 
 
