@@ -13,8 +13,9 @@
 # comment workflow, which checks it again. BASE_SHA (optional, a pull request's base commit): the tests of
 # SYNCGUARD_AB_TESTS (default: the strategy suite's speed tests) whose device time no baseline of this GPU model
 # judged are also run A/B against the merge base on this runner (syncguard ab --skip-judged --no-host-timings: device
-# time and counts, from each test's traced run, each test until its verdict is settled, within SYNCGUARD_AB_BUDGET
-# seconds, default 1200). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests every one of them with its own timed runs, for
+# time and counts, from each test's traced run, test by test until its verdict is settled, the suite's run of the
+# head being the head's first round), within SYNCGUARD_AB_BUDGET seconds (default: what is left of
+# SYNCGUARD_JOB_BUDGET, 600 s from the job's start, after the suite, less 30 s for the report). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests every one of them with its own timed runs, for
 # its host timings too (not judged against a baseline recorded on another machine). SYNCGUARD_HISTORY (default true):
 # judge against the default branch's history of this GPU model on origin's syncguard-history branch, where it has one
 # (the push job records it: syncguard history record --push origin).
@@ -77,9 +78,12 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     if [ "${SYNCGUARD_AB_HOST_TIMINGS:-false}" = "true" ]; then
         judged=()
     elif [ -f "$out/results-$slug.json" ]; then
-        judged+=(--skip-judged "$out/results-$slug.json")
+        # The suite measured the head on this runner: its results are the head's first round, not run again.
+        judged+=(--skip-judged "$out/results-$slug.json" --head-results "$out/results-$slug.json")
     fi
-    syncguard ab --base "$merge_base" --time-budget "${SYNCGUARD_AB_BUDGET:-1200}" --out "$out/ab" "${judged[@]}" \
+    budget="${SYNCGUARD_AB_BUDGET:-$(( ${SYNCGUARD_JOB_BUDGET:-600} - SECONDS - 30 ))}"
+    [ "$budget" -ge 60 ] || budget=60
+    syncguard ab --base "$merge_base" --time-budget "$budget" --out "$out/ab" "${judged[@]}" \
         --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
         || status=1
     ab+=(--ab "$out/ab-$slug.json")

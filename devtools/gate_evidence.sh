@@ -14,6 +14,11 @@
 #                                                     within SECONDS
 #   bash devtools/gate_evidence.sh plant-aa SECONDS [STRATEGIES] [AB_OPTIONS...]
 #                                                     the same, of the planted base against a copy of itself
+#   bash devtools/gate_evidence.sh plant-job P        the GPU job (ci/run_gpu_suite.sh) in its own mode on a pull
+#                                                     request planting P% in cuda_graph only, its base the planted
+#                                                     base, in a git repository of this checkout without this GPU
+#                                                     model's baseline file (the first pull request on a new GPU
+#                                                     model): OUT/job-P/ and OUT/job-P.log
 #   bash devtools/gate_evidence.sh history-push DIR N the planted base's speed tests run N times, each recorded into
 #                                                     the history folder DIR as a push to main (push-K.json kept)
 #   bash devtools/gate_evidence.sh history-judge DIR P [STRATEGY]
@@ -72,6 +77,27 @@ plant-ab | plant-aa)
         --time-budget "$seconds" --out "$out/ab-$percent" --json "$out/ab-$percent.json" "$@" -- \
         -p pytest_syncguard.plugin examples/test_strategies.py -k "test_speed and ($strategies)")
     ;;
+plant-job)
+    percent="$2"
+    base="$(planted_copy 0)"
+    head="$(PLANT_ONLY=cuda_graph planted_copy "$percent" "$percent-job")"
+    repo="$work/job-repo"
+    rm -rf "$repo" "$out/job-$percent" && mkdir -p "$repo"
+    cp -r pytest_syncguard examples baselines ci tools pyproject.toml "$repo"/
+    slug="$(python -m pytest_syncguard.gate.cli device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')"
+    (
+        cd "$repo" || exit 1
+        rm -f "baselines/$slug.json"
+        git init -q && git config user.email evidence@example.com && git config user.name evidence
+        cp "$base/examples/strategies.py" examples/strategies.py && git add -A && git commit -qm "planted base"
+        base_sha="$(git rev-parse HEAD)"
+        cp "$head/examples/strategies.py" examples/strategies.py && git commit -qam "$percent% in cuda_graph"
+        SECONDS=0
+        SYNCGUARD_INSTALL=true SYNCGUARD_TESTS="examples --durations=10" BASE_SHA="$base_sha" \
+            bash ci/run_gpu_suite.sh "$out/job-$percent" > "$out/job-$percent.log" 2>&1
+        echo "job exit $? in $SECONDS s" >> "$out/job-$percent.log"
+    )
+    ;;
 history-push)
     # N pushes of the planted base's speed tests, each recorded into the history folder DIR as a run of main.
     folder="$(planted_copy 0)"
@@ -92,7 +118,7 @@ history-judge)
     python -m pytest_syncguard.gate.cli report "$out/pr-$3.json" --history "$history" --markdown "$out/pr-$3.md"
     ;;
 *)
-    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab|plant-aa|history-push|history-judge ..." >&2
+    echo "usage: bash devtools/gate_evidence.sh record|judge|plant-record|plant-judge|plant-ab|plant-aa|plant-job|history-push|history-judge ..." >&2
     exit 2
     ;;
 esac

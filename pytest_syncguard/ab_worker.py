@@ -1,16 +1,26 @@
-"""A warm side of ``syncguard ab``: one pytest process that runs its selected tests once per turn, as the A/B tells
-it over :class:`.ab_channel.Channel`, and writes each turn's results to the file the turn names.
+"""A warm side of ``syncguard ab``: one pytest process that runs its selected tests as the A/B tells it over
+:class:`.ab_channel.Channel`, and writes the results of each thing it ran to the file the A/B names.
 
-The process starts, imports and collects once; between turns it keeps what the turn's first test's collectors set
-up (module and session fixtures: the model, say), and tears each test down as pytest would. What it says:
+The process starts, imports and collects once. It runs tests in one of two ways:
 
-- ``{"ready": [node ids collected], "timings_only": true}`` once collected (it can run a turn's timed runs only);
-- ``{"done": turn, "measured": n, "stopped": why}`` after each turn (``stopped`` empty unless pytest was told
-  to stop: ``-x``, ``--maxfail``).
+- a turn: the selected tests once each, each torn down as pytest would; between turns it keeps what the turn's
+  first test's collectors set up (module and session fixtures: the model, say);
+- a held test: one test set up and called, then, before its teardown, called again for each replay the A/B asks
+  for, with its fixtures (and what its warm-up made) still set up; it is torn down when the A/B asks for anything
+  else.
+
+What it says:
+
+- ``{"ready": [node ids collected], "timings_only": true, "hold": true}`` once collected (it can run a turn's
+  timed runs only, and hold a test);
+- ``{"done": label, "measured": n, "stopped": why}`` after each turn, hold or replay (``stopped`` empty unless
+  pytest was told to stop: ``-x``, ``--maxfail``).
 
 What it is told: ``{"turn": label, "skip": [node ids], "results": path, "timings_only": bool, "repeat": n or
 null}`` (the turn measures timed runs only, as ``--syncguard-timings-only``; ``repeat`` of them per measure(), as
-``--syncguard-repeat``), or ``{"stop": true}``; the A/B's end of the pipe closing stops it too."""
+``--syncguard-repeat``); ``{"hold": node id, "turn": label, "results": path, "timings_only": bool, "repeat": n or
+null}``; ``{"replay": node id, "turn": label, "results": path, "timings_only": bool, "repeat": n or null}`` (of
+the test held); or ``{"stop": true}``; the A/B's end of the pipe closing stops it too."""
 
 from __future__ import annotations
 
@@ -33,6 +43,9 @@ class Session(Protocol):
     timings_only: bool
     repeat: int | None
 
+    def again(self, item: pytest.Item) -> None:
+        """Ready a test for another call with its fixtures still set up."""
+
 
 class ABWorker:
     """The pytest plugin of a warm side: it takes over the run loop."""
@@ -43,55 +56,135 @@ class ABWorker:
             raise pytest.UsageError("syncguard ab runs each side in one process: leave out -n (pytest-xdist)")
         self.channel = channel
         self.session = session
+        self.held: pytest.Item | None = None
+        """The test being held: set up and called, its teardown waiting for the A/B's replays of it."""
+        self.hold_message: dict[str, Any] = {}
+        self.pending: dict[str, Any] | None = None
+        """A message read while a test was held, for the run loop."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         if session.testsfailed and not session.config.option.continue_on_collection_errors:
             raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
-        self.channel.send({"ready": [item.nodeid for item in session.items], "timings_only": True})
+        self.channel.send({"ready": [item.nodeid for item in session.items], "timings_only": True, "hold": True})
         try:
             while True:
-                message = self.channel.receive()
+                message, self.pending = self.pending or self.channel.receive(), None
                 if message.get("stop"):
                     break
-                skip = set(message.get("skip", ()))
-                turn = [item for item in session.items if item.nodeid not in skip]
-                self.session.timings_only = bool(message.get("timings_only", False))
-                repeat = message.get("repeat")
-                self.session.repeat = repeat if isinstance(repeat, int) and repeat >= 0 else None
-                measured, stopped = self.run_turn(session, turn, Path(str(message["results"])))
-                self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
+                self.measure_as(message)
+                if "hold" in message:
+                    stopped = self.hold(session, message)
+                elif "replay" in message:  # its test is no longer held (it failed, or pytest stopped)
+                    self.channel.send({"done": message.get("turn", ""), "measured": 0, "stopped": ""})
+                    continue
+                else:
+                    skip = set(message.get("skip", ()))
+                    turn = [item for item in session.items if item.nodeid not in skip]
+                    measured, stopped = self.run_turn(session, turn, Path(str(message["results"])))
+                    self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
                 if stopped:
                     break
         except ChannelClosed:  # the A/B is gone: finish as an interrupted run would
             pass
         return True
 
+    def measure_as(self, message: dict[str, Any]) -> None:
+        """How the next run measures, as ``message`` says."""
+        self.session.timings_only = bool(message.get("timings_only", False))
+        repeat = message.get("repeat")
+        self.session.repeat = repeat if isinstance(repeat, int) and repeat >= 0 else None
+
     def run_turn(self, session: pytest.Session, turn: list[pytest.Item], path: Path) -> tuple[int, str]:
         """Run ``turn``'s tests once each and write their results to ``path``: (tests measured, why pytest
         stopped early or "")."""
-        from .document import file as results_file
-
         results = self.session.results
         for item in turn:
             results.pop(item.nodeid, None)
         stopped = ""
         if turn:
-            # What the previous turn left set up and this one's first test does not use goes first (pytest's own
-            # set-up stack: the only way to tear down to a given test outside its protocol).
-            state: Any = getattr(session, "_setupstate", None)
-            if state is not None:
-                state.teardown_exact(turn[0])
+            _tear_down_to(session, turn[0])
         for index, item in enumerate(turn):
             # The last test of a turn is torn down to its first test's collectors, which the next turn is likely
             # to need again; never to a test itself, which pytest would then not set up again.
             following = turn[index + 1] if index + 1 < len(turn) else turn[0].parent
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
-            if session.shouldfail or session.shouldstop:
-                stopped = str(session.shouldfail or session.shouldstop)
+            if stopped := _stopped(session):
                 break
-        measured = [results[item.nodeid] for item in turn if item.nodeid in results]
+        return self.write(turn, path), stopped
+
+    def hold(self, session: pytest.Session, message: dict[str, Any]) -> str:
+        """Run the test ``message`` names through pytest's protocol, serving replays of it before its teardown
+        (:meth:`pytest_runtest_teardown`); why pytest stopped, or ""."""
+        nodeid = str(message["hold"])
+        item = next((i for i in session.items if i.nodeid == nodeid), None)
+        if item is None:
+            self.channel.send({"done": message.get("turn", ""), "measured": 0, "stopped": ""})
+            return ""
+        self.session.results.pop(nodeid, None)
+        _tear_down_to(session, item)
+        self.held, self.hold_message = item, message
+        try:
+            # Torn down to its own collectors: the next test held, likely of the same module, keeps the model.
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=item.parent)
+        finally:
+            self.held = None
+        return _stopped(session)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        if item is self.held:
+            self.serve_replays(item)
+        return (yield)
+
+    def serve_replays(self, item: pytest.Item) -> None:
+        """Answer the hold of ``item`` with its results, then call it again for each replay of it the A/B asks
+        for; the first other message is kept for the run loop. A test not measured (its setup failed, it was
+        skipped) or whose run stopped pytest is not held."""
+        message = self.hold_message
+        while True:
+            measured = self.write([item], Path(str(message["results"])))
+            stopped = _stopped(item.session)
+            self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
+            if not measured or stopped:
+                return
+            try:
+                message = self.channel.receive()
+            except ChannelClosed:
+                self.pending = {"stop": True}
+                return
+            if message.get("replay") != item.nodeid:
+                self.pending = message
+                return
+            self.measure_as(message)
+            self.session.again(item)
+            # The call phase as pytest runs it (its hooks: capture, the plugin's measurement), reported to the
+            # plugin (which keeps the result) but not logged: a replay is no test of the session's own.
+            call = pytest.CallInfo.from_call(
+                lambda: item.ihook.pytest_runtest_call(item=item), when="call",
+                reraise=(pytest.exit.Exception, KeyboardInterrupt),
+            )  # fmt: skip
+            item.ihook.pytest_runtest_makereport(item=item, call=call)
+
+    def write(self, items: list[pytest.Item], path: Path) -> int:
+        """The results of ``items`` measured in the last run, to ``path``; how many."""
+        from .document import file as results_file
+
+        measured = [self.session.results[item.nodeid] for item in items if item.nodeid in self.session.results]
         import torch
 
         results_file.write(path, measured, torch.__version__)
-        return len(measured), stopped
+        return len(measured)
+
+
+def _tear_down_to(session: pytest.Session, item: pytest.Item) -> None:
+    """What is set up and ``item`` does not use goes first (pytest's own set-up stack: the only way to tear down to
+    a given test outside its protocol)."""
+    state: Any = getattr(session, "_setupstate", None)
+    if state is not None:
+        state.teardown_exact(item)
+
+
+def _stopped(session: pytest.Session) -> str:
+    """Why pytest was told to stop (``-x``, ``--maxfail``), or ""."""
+    return str(session.shouldfail or session.shouldstop or "")

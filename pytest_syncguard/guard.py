@@ -325,6 +325,18 @@ class SyncGuard:
         """Its regions count no operators (--syncguard-timings-only: the counts were judged elsewhere)."""
         self.repeat: int | None = None
         """The timed runs of :meth:`measure` after its traced run, instead of its ``repeat`` (--syncguard-repeat)."""
+        self.warm = False
+        """What the test's warm-up makes (a compiled step, recorded graphs, caches) is kept from a call of it before
+        (syncguard ab's later rounds call the test again with its fixtures set up): :meth:`measure` warms up no
+        more."""
+
+    def again(self) -> None:
+        """Ready for another call of the same test with its fixtures still set up (syncguard ab's later rounds):
+        its measurements and misuse forgotten, warm (:attr:`warm`)."""
+        if self._open:
+            raise SyncguardUsageError(f"{self.nodeid}: called again with {len(self._open)} region(s) still open")
+        self.measurements.clear()
+        self.misuse, self.warm = None, True
 
     @property
     def last(self) -> Measurement | None:
@@ -418,15 +430,16 @@ class SyncGuard:
         slows a dispatch-bound loop by a few percent, so timings and GPU timelines (medians over runs) are the
         other ``repeat`` runs'. --syncguard-repeat N makes it that run and N timed runs (0: that run alone, whose
         trace gives the device time), whatever ``repeat`` says; under --syncguard-timings-only it counts no operators.
+        A test called again with its fixtures set up (:meth:`again`) warms up no more.
 
         Sync counts of a deterministic loop are the same in every run; keeping the largest makes a loop
         whose count varies fail on its worst run rather than pass on its best.
         """
-        warmup = self._warmup if warmup is None else warmup
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): repeat must be an int >= 1, got {repeat!r}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
             raise SyncguardUsageError(f"{self.nodeid}: syncguard.measure(): warmup must be an int >= 0, got {warmup!r}")
+        warmup = 0 if self.warm else self._warmup if warmup is None else warmup
         if self.repeat is not None:  # --syncguard-repeat: the traced run, then that many timed runs (maybe none)
             repeat, counting_run = self.repeat, True
         else:

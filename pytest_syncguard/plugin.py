@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Generator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -267,8 +268,6 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
 
 def _with_gap_diagnosis(item: pytest.Item, guard: SyncGuard, result: MeasuredTest) -> MeasuredTest:
     """The result with a diagnostic rerun's gaps (``--syncguard-gap-ops``), or a note of why there are none."""
-    from dataclasses import replace
-
     from .capture import diagnose_gaps
 
     try:
@@ -283,8 +282,6 @@ def _with_allocation_sites(
     item: pytest.Item, guard: SyncGuard, result: MeasuredTest, artifacts: Path | None
 ) -> MeasuredTest:
     """The result with the allocation sites of a diagnostic rerun, or a note of why there are none."""
-    from dataclasses import replace
-
     from .capture import diagnose_allocations
 
     options = item.stash.get(_OPTIONS, GuardOptions())
@@ -537,6 +534,9 @@ class SyncguardSession:
             return report
         from .gate.render.terminal import failure_text
 
+        expected = _expected_failure(item, report) if result.failed and not misused else None
+        if expected is not None:
+            result = replace(result, expected_failure=expected)
         self.results[item.nodeid] = result
         if self.is_worker:
             from .document.file import record
@@ -553,7 +553,6 @@ class SyncguardSession:
             return report
         if result.failed:
             text = failure_text(result)
-            expected = _expected_failure(item, report)
             if expected is not None:  # the budget is the failure an xfail mark expects: XFAIL, with its text
                 report.outcome, report.wasxfail = "skipped", expected
                 report.longrepr = None
@@ -578,6 +577,16 @@ class SyncguardSession:
             else:
                 report.sections.append(("syncguard", f"not measured on {result.device}: {reasons}"))
         return report
+
+    def again(self, item: pytest.Item) -> None:
+        """Ready ``item`` for another call with its fixtures still set up (syncguard ab's later rounds): its last
+        result forgotten, its ``syncguard`` fixture warm (:meth:`.guard.SyncGuard.again`)."""
+        self.results.pop(item.nodeid, None)
+        if _RESULT in item.stash:
+            del item.stash[_RESULT]
+        guard = item.stash.get(_GUARD, None)
+        if guard is not None:
+            guard.again()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """On the xdist controller: the results its workers measured."""
@@ -638,8 +647,6 @@ class SyncguardSession:
     def _not_updated(self, unwritten: Callable[[str, str], bool]) -> None:
         """Each test read "updated" whose entry was not written (``unwritten`` of its node id and baseline file)
         reads "NOT updated"."""
-        from dataclasses import replace
-
         for nodeid, result in list(self.results.items()):
             compared = result.comparison
             if compared is not None and compared.status == "updated" and unwritten(nodeid, compared.file):

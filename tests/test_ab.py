@@ -28,6 +28,7 @@ from pytest_syncguard.analysis.ab_stats import (
     interval,
     judge,
     rounds_needed,
+    t_quantile,
 )
 from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
 from pytest_syncguard.files import IGNORE_ALL
@@ -94,6 +95,31 @@ def test_verdicts_against_the_minimum_effect_in_simulation() -> None:
     assert faster.verdict == IMPROVEMENT and faster.ratio == pytest.approx(2.0)
     few = judge([(1.0, 2.0)] * 5, higher_is_better=False, min_effect=0.03, confidence=0.95)
     assert few.verdict == INCONCLUSIVE and "run 6 or more" in few.reason
+
+
+def test_early_verdicts_take_students_t_from_three_rounds_and_cry_no_wolf_in_simulation() -> None:
+    """Below the 6 rounds of a 95% signed-rank interval, ``early`` judges by Student's t over the rounds' log
+    ratios (its quantiles those of the tables); with device time's 1% minimum effect, 3 to 5 rounds of an unchanged
+    test whose runs spread 0.3% (more than any measured on an H100) and whose two processes sit up to 0.4% apart are
+    never a regression, and a 2% slowdown is one in most trials (the others inconclusive: more rounds follow)."""
+    assert [round(t_quantile(0.975, df), 3) for df in (2, 3, 4, 9)] == [4.303, 3.182, 2.776, 2.262]
+    generator = random.Random(5)
+
+    def verdicts(effect: float, rounds: int, trials: int = 300) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for _ in range(trials):
+            offset = generator.uniform(-0.004, 0.004)
+            pairs = [(1.0, (1 + effect + offset) * math.exp(generator.gauss(0, 0.003))) for _ in range(rounds)]
+            verdict = judge(pairs, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True)
+            assert verdict.method == ("t" if rounds < 6 else "")
+            found[verdict.verdict] = found.get(verdict.verdict, 0) + 1
+        return found
+
+    for rounds in (3, 4, 5):
+        assert REGRESSION not in verdicts(0.0, rounds)
+        assert verdicts(0.02, rounds).get(REGRESSION, 0) >= (200 if rounds == 3 else 270)  # else: inconclusive
+    two = judge([(1.0, 1.0)] * 2, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True)
+    assert two.verdict == INCONCLUSIVE and "run 6 or more" in two.reason  # fewer than 3: no interval
 
 
 def _site(line: int, code: str, count: int, function: str = "decode") -> SiteCount:
@@ -207,8 +233,8 @@ def _repository(tmp_path: Path, head: str | None = None) -> Path:
 
 def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_regression(tmp_path: Path) -> None:
     """A base commit, and a head that adds a host read and 2 ms of sleep per step: the count regression names the
-    new site with its source line, the time's interval lies beyond the minimum effect, the other test's counts
-    hold, and the worktree of the base is removed."""
+    new site with its source line and settles the test at once, the other test's counts hold and its rounds run
+    until its interval settles, test by test, and the worktree of the base is removed."""
     slower = textwrap.dedent(LOOP).replace(
         "            y = step(y)\n            if bool",
         "            y = step(y)\n            time.sleep(0.002)\n            _ = y.sum().item()\n            if bool",
@@ -227,30 +253,40 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert {(c.metric, c.base, c.head) for c in decode.counts} >= {("syncs", 10, 20), ("syncs_per_token", 1, 2)}
     (site,) = decode.explanation.sites
     assert (site.status, site.site.path, site.site.code) == ("appeared", "test_loop.py", "_ = y.sum().item()")
-    # Its count regression settled it after the 2 rounds a 50% interval needs: the third round left it out. (Its
-    # time, 20 ms of sleep per loop, is judged too; 2 rounds on a loaded CI machine cannot say more than that.)
+    # Its count regression settled it after its first round: a count is exact. (Its time, 20 ms of sleep per loop,
+    # is judged too where rounds allow; one round gives no interval.)
     seconds = decode.timings["seconds"]
-    assert seconds.rounds == 2 and seconds.ratio is not None
-    third = repo / "syncguard-ab" / "round3-base.json"  # absent when test_steady settled as early
-    assert not third.exists() or set(read_results(third)) == {"test_loop.py::test_steady"}
+    assert seconds.rounds == 1 and seconds.ratio is None
     assert "tokens_per_second" not in decode.timings  # judged once, as seconds
     assert steady.counts == ()  # its counts did not move
     assert "_ = y.sum().item()" in (repo / "ab.md").read_text()
     assert "worktree" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                                             text=True).stdout.split("\n", 1)[1]  # fmt: skip
-    assert len(list((repo / "syncguard-ab").glob("round*-*.json"))) == (6 if third.exists() else 4)
-    # The first round checked the count budgets; the later ones measured timings only (--syncguard-timings-only).
+    # Test by test: test_decode's one round, then test_steady's rounds (2 to 3: it settles when its interval does).
+    files = sorted(p.name for p in (repo / "syncguard-ab").glob("t*-round*-*.json"))
+    steady_rounds = steady.timings["seconds"].rounds
+    assert files == sorted(["t1-round1-base.json", "t1-round1-head.json",
+                            *(f"t2-round{n}-{side}.json" for n in range(1, steady_rounds + 1)
+                              for side in ("base", "head"))])  # fmt: skip
+    assert report.held and "test by test, its fixtures kept set up across its rounds" in done.stdout
+    assert report.costs[steady.nodeid][1] is not None and report.costs[decode.nodeid][1] is None
+    # The first round checked the count budgets; the later ones measured timings only (--syncguard-timings-only),
+    # with --timed-runs runs after the traced one, and no warm-up: the test's fixtures and state were kept.
     assert (
         report.timed_rounds and "timings only after the first round (2 per test, after the traced one)" in done.stdout
     )
-    first, second = (read_results(repo / "syncguard-ab" / f"round{n}-head.json") for n in (1, 2))
-    counted, timed = first["test_loop.py::test_decode"], second["test_loop.py::test_decode"]
-    assert [c.budget.marker for c in counted.checks] == ["max_syncs_per_token"] and timed.checks == ()
-    assert (counted.metrics.runs["seconds"], timed.metrics.runs["seconds"]) == (3, 2)  # the test's 3, then --timed-runs
+    first, second = (read_results(repo / "syncguard-ab" / f"t2-round{n}-head.json") for n in (1, 2))
+    counted, timed = first["test_loop.py::test_steady"], second["test_loop.py::test_steady"]
+    # The first round as the suite runs it (the test's own 3 timed runs), then --timed-runs.
+    assert (counted.metrics.runs["seconds"], timed.metrics.runs["seconds"]) == (3, 2)
+    budgeted = read_results(repo / "syncguard-ab" / "t1-round1-head.json")["test_loop.py::test_decode"]
+    assert [(c.budget.marker, c.held) for c in budgeted.checks] == [
+        ("max_syncs_per_token", True)
+    ]  # 2 per token, at its limit
     assert not decode.unmeasured  # its counts were judged on the round that counted them
     # The report of a run puts the A/B in the PR comment; a malformed A/B file is an error naming it.
     (repo / "bad.json").write_text(json.dumps({"schema": "pytest-syncguard/ab", "schema_version": 1}))
-    head_results = repo / "syncguard-ab" / "round1-head.json"
+    head_results = repo / "syncguard-ab" / "t1-round1-head.json"
     rendered = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "report", str(head_results), "--ab", "ab.json"],
                               cwd=repo, capture_output=True, text=True)  # fmt: skip
     # test_steady's timing may come out a regression too: two rounds at 50% confidence cannot rule out noise.
@@ -385,10 +421,10 @@ def _worktrees(repo: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("signum", "slow_from", "running", "finished"),
     [
-        # Ctrl-C in a terminal: SIGINT to the whole foreground process group, in round 2's first run.
-        (signal.SIGINT, 3, "round2-head", "round1-base, round1-head"),
+        # Ctrl-C in a terminal: SIGINT to the whole foreground process group, in round 2's first run (the base's).
+        (signal.SIGINT, 3, "t1-round2-base", "t1-round1-base, t1-round1-head"),
         # A CI system cancelling the job: SIGTERM to the process, in the very first run.
-        (signal.SIGTERM, 1, "round1-base", "no run"),
+        (signal.SIGTERM, 1, "t1-round1-base", "no run"),
     ],
     ids=["sigint-to-group", "sigterm"],
 )
@@ -436,12 +472,11 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
     assert f"interrupted by {signum.name} during {running}; the base's worktree is removed" in err
     assert f"finished before it: {finished}" in err
     assert ("partial results" in err) == (finished != "no run")
-    assert "syncguard ab: round 1 of at most 6, base, every test (0 runs done" in err
+    assert "syncguard ab: test 1 of 1, test_slow.py::test_step: first round" in err
     if slow_from == 3:
-        assert "round 2 of at most 6, head, every test (2 runs done" in err and "a run)" in err
-        assert sorted(p.name for p in (repo / "syncguard-ab").glob("round*.json")) == [
-            "round1-base.json",
-            "round1-head.json",
+        assert sorted(p.name for p in (repo / "syncguard-ab").glob("t1-round*.json")) == [
+            "t1-round1-base.json",
+            "t1-round1-head.json",
         ]
     assert "syncguard ab: " not in out  # no report of a run that did not finish
     # The stopped run's pytest is gone, and so is the other side's; the worktree is neither listed nor on disk.
@@ -591,6 +626,66 @@ def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) 
     every = run(**common, judged={f"test_loop.py::{n}": "baselines/x.json" for n in ("test_decode", "test_steady")})
     assert every.rounds == 0 and not every.tests and "no round run" in every.stopped
     assert every.regressions == 0 and len(every.judged_by_baseline) == 2
+
+
+def test_the_suites_results_are_the_heads_first_round_and_the_time_budget_names_what_it_did_not_reach(
+    tmp_path: Path,
+) -> None:
+    """The job's suite measured the head already: with its results the head's side is not measured in full again
+    (no first-round file of its own; its hold is its second round, timings only), and the suite's counts judge the
+    head. Results of another device are refused naming the option; a time budget too small for the second test
+    reports it not A/B-tested, undecided, rather than passing it."""
+    slower = textwrap.dedent(LOOP).replace(
+        "            y = step(y)\n            if bool",
+        "            y = step(y)\n            _ = y.sum().item()\n            if bool",
+    )
+    repo = _repository(tmp_path, slower)
+    environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
+    suite = subprocess.run([sys.executable, "-m", "pytest", "test_loop.py", "-q", "-p", "no:cacheprovider",
+                            "--syncguard", "--syncguard-json=suite.json"], cwd=repo, env=environment,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert (repo / "suite.json").is_file(), suite.stdout + suite.stderr
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
+               "--confidence", "0.5", "--timed-runs", "1", "--head-results", "suite.json", "--json", "ab.json",
+               "--"]  # fmt: skip
+    done = subprocess.run([*command, "test_loop.py", "-q"], cwd=repo, env=environment, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = read_report(repo / "ab.json")
+    assert report.head_first == "suite.json" and "the head's first round the suite's (suite.json)" in done.stdout
+    files = sorted(p.name for p in (repo / "syncguard-ab").glob("t*-round*.json"))
+    assert "t1-round1-head.json" not in files and "t1-round1-base.json" in files
+    (decode,) = (t for t in report.tests if t.nodeid.endswith("test_decode"))
+    assert {(c.metric, c.base, c.head) for c in decode.counts} >= {("syncs", 10, 20)}  # the suite's count
+    # test_decode's count settled it at once (the head not even set up); test_steady's time needs 2 rounds: the
+    # suite's, then a replay on each side after the head's hold, which set it up and is no round.
+    assert not any(name.startswith(("t1-round2", "t1-hold")) for name in files)
+    held = sorted(p.name for p in (repo / "syncguard-ab").glob("t*-hold-*.json"))
+    assert held == ["t2-hold-head.json"] and {"t2-round2-head.json", "t2-round2-base.json"} <= set(files)
+    assert read_results(repo / "syncguard-ab" / "t2-round2-head.json")["test_loop.py::test_steady"].checks == ()
+    # Another device's results are no round of this runner's A/B.
+    data = json.loads((repo / "suite.json").read_text())
+    for test in data["tests"]:
+        test["device_slug"] = "nvidia-h100-80gb-hbm3"
+    (repo / "other.json").write_text(json.dumps(data))
+    refused = subprocess.run([*command[:-7], "--head-results", "other.json", "--", "test_loop.py"], cwd=repo,
+                             env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode == 2
+    assert "syncguard ab: --head-results other.json: measured on nvidia-h100-80gb-hbm3, this runner is cpu" in (
+        refused.stderr
+    )
+    # A budget spent by the first test: the second is not reached, and says so.
+    plan = Plan(2, None, 0.5, time_budget=0.001, timed_runs=0, host_timings=False)
+    short = run(base_ref="HEAD~1", base_dir=None, head=repo, pytest_args=["test_loop.py", "-q"], plan=plan,
+                out=repo / "ab-short", progress=lambda line: None)  # fmt: skip
+    assert short.unreached == ("test_loop.py::test_steady",) and "left no time for 1 tests" in short.stopped
+    assert "NOT A/B-TESTED (undecided: the time budget ran out first): test_loop.py::test_steady" in summary_lines(
+        short
+    )
+    from pytest_syncguard.gate.render.markdown import ab_lines
+
+    assert ab_lines(short)[0].startswith("### ❌")  # test_decode's count regression; test_steady named below it
+    assert any("Not A/B-tested, undecided" in line and "test_steady" in line for line in ab_lines(short))
 
 
 def test_a_change_that_raises_its_own_baseline_is_judged_against_the_bases_and_ab_tested(tmp_path: Path) -> None:

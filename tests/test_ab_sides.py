@@ -53,7 +53,11 @@ def scratch():
 
 
 def test_reads(syncguard, table, scratch):
-    syncguard.measure(lambda: [float(table.sum()) for _ in range(3)], tokens=3, repeat=2)
+    def loop():
+        note("run")
+        return [float(table.sum()) for _ in range(3)]
+
+    syncguard.measure(loop, tokens=3, repeat=2)
 
 
 def test_free(syncguard, table):
@@ -107,6 +111,33 @@ def test_a_warm_side_runs_each_turn_afresh_in_one_process_and_keeps_its_session(
     for case in cases:
         names = [p.get("name") for p in case.iter("property")]
         assert names.count("syncguard.nodeid") == 1, names
+
+
+def test_a_held_test_is_called_again_warm_with_its_fixtures_kept_until_the_next_is_asked_for(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """A held test is set up, warmed up and measured once; each replay is its call alone, measured afresh with no
+    warm-up and no fixture set up again; it is torn down when the next test is held; a replay of a test no longer
+    held measures nothing."""
+    out = tmp_path / "out"
+    out.mkdir()
+    side = WarmSide("head", checkout, ["-q"], out)
+    try:
+        side.ready(120)
+        held = side.hold("t1-round1-head", "test_mod.py::test_reads", 120)
+        again = [side.replay(f"t1-round{n}-head", "test_mod.py::test_reads", 120, repeat=0) for n in (2, 3)]
+        other = side.hold("t2-round1-head", "test_other.py::test_other", 120)
+        gone = side.replay("t1-round4-head", "test_mod.py::test_reads", 120)
+    finally:
+        side.finish()
+    assert side.process.returncode == 0 and side.can_hold
+    assert [r["test_mod.py::test_reads"].syncs for r in (held, *again)] == [3, 3, 3]  # afresh, not added up
+    assert set(other) == {"test_other.py::test_other"} and gone == {}
+    notes = [n for n in (tmp_path / "fixtures.log").read_text().split("\n") if n]
+    reads = notes[notes.index("function up") : notes.index("function down") + 1]
+    # The hold: its warm-up, the counting run and 2 timed runs; each replay (--syncguard-repeat 0): one run.
+    assert reads == ["function up", *["run"] * 4, "run", "run", "function down"]
+    assert notes.count("session up") == notes.count("module up") == 1
 
 
 def test_a_warm_side_that_cannot_collect_names_itself_and_its_log(checkout: Path, tmp_path: Path) -> None:

@@ -69,6 +69,42 @@ def interval(differences: Sequence[float], confidence: float) -> Interval | None
     return Interval(estimate, walsh[k - 1], walsh[-k], 1 - 2 * below / total)
 
 
+#: The fewest rounds a Student t interval is taken from, where they are too few for the signed-rank one.
+T_ROUNDS = 3
+
+
+@cache
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t distribution with ``df`` degrees of freedom: its density
+    integrated by Simpson's rule, the quantile found by bisection (no scipy here)."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float, steps: int = 2000) -> float:
+        h = t / steps
+        total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2)
+                    for i in range(steps + 1))  # fmt: skip
+        return 0.5 + float(scale * total * h / 3)
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        high *= 2
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return (low + high) / 2
+
+
+def t_interval(differences: Sequence[float], confidence: float) -> Interval | None:
+    """The mean difference and its Student t interval at ``confidence``; None with fewer than 2."""
+    n = len(differences)
+    if n < 2:
+        return None
+    mean = sum(differences) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, confidence)
+
+
 @dataclass(frozen=True)
 class RatioVerdict:
     """Head/base of one metric: ratio estimate, interval, verdict and why."""
@@ -88,6 +124,9 @@ class RatioVerdict:
     spread: float | None = None
     """Of an inconclusive metric that more rounds cannot settle: the relative half-width its interval would still
     have after the most rounds, wider than the minimum effect (None: more rounds may settle it)."""
+    method: str = ""
+    """The interval's: "" the exact signed-rank one, "t" Student's t over the rounds' log ratios (fewer rounds than
+    the signed-rank one needs; ``early``)."""
 
     @property
     def undecided(self) -> bool:
@@ -102,16 +141,22 @@ def judge(
     min_effect: float,
     confidence: float,
     max_rounds: int | None = None,
+    early: bool = False,
 ) -> RatioVerdict:
     """The verdict of ``(base, head)`` values of paired rounds: a regression (or improvement) only when the whole
-    interval of head/base lies beyond the minimum effect in that direction, unchanged when it lies within it,
-    else inconclusive. An inconclusive one that ``max_rounds`` rounds could not settle either (its interval,
-    narrowing as one over the square root of the rounds, would still be wider than the minimum effect around an
-    estimate inside it) gets :attr:`RatioVerdict.spread`: more rounds are not spent on it."""
+    interval of head/base lies beyond the minimum effect in that direction, unchanged when it lies within it, else
+    inconclusive. The interval is the exact signed-rank one; with ``early``, from :data:`T_ROUNDS` rounds to the
+    fewest the signed-rank one needs, Student's t (it assumes the rounds' log ratios spread normally). An
+    inconclusive one that ``max_rounds`` rounds could not settle either (its interval, narrowing as one over the
+    square root of the rounds, would still be wider than the minimum effect around an estimate inside it) gets
+    :attr:`RatioVerdict.spread`: more rounds are not spent on it."""
     usable = [(b, h) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
     if len(usable) < len(pairs):
         return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio", min_effect)
-    found = interval([math.log(h / b) for b, h in usable], confidence)
+    differences = [math.log(h / b) for b, h in usable]
+    found, method = interval(differences, confidence), ""
+    if found is None and early and len(usable) >= T_ROUNDS:
+        found, method = t_interval(differences, confidence), "t"
     if found is None:
         reason = (
             f"{len(usable)} rounds cannot give a {confidence:.0%} interval: run {rounds_needed(confidence)} or more"
@@ -137,7 +182,7 @@ def judge(
             spread = math.expm1(projected)
     return RatioVerdict(
         len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict,
-        min_effect=min_effect, resolvable=resolvable, spread=spread,
+        min_effect=min_effect, resolvable=resolvable, spread=spread, method=method,
     )  # fmt: skip
 
 

@@ -147,6 +147,9 @@ class MeasuredTest:
     """Where its GPU timelines came from, and why (None: it had none on CUDA)."""
     cuda_calls_uncounted: str | None = None
     """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region, if so."""
+    expected_failure: str | None = None
+    """Its budgets failed as its xfail mark expects (the mark's reason): pytest reports it XFAIL, and so does the
+    run's verdict, which it does not fail."""
 
     @property
     def syncs(self) -> int:

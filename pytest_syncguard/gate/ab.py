@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..analysis.ab_stats import INCONCLUSIVE, REGRESSION, RatioVerdict, judge, rounds_needed, settled
+from ..analysis.ab_stats import INCONCLUSIVE, REGRESSION, T_ROUNDS, RatioVerdict, judge, rounds_needed, settled
 from ..analysis.explain import Explanation, explain
 from ..codec import CodecError, decode, encode, read_document
 from ..document import upgrades
 from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
-from .ab_sides import ABError, Side, fresh_sides, warm_sides
+from .ab_sides import ABError, Side, WarmSide, fresh_sides, warm_sides
 from .comparison import count_status
 
 SCHEMA = "pytest-syncguard/ab"
@@ -183,6 +183,17 @@ class ABReport:
     """Per side ("base" or "head"), the tests whose call raised in a round: node id -> how (failed, error or
     skipped) -> the rounds (:func:`failures`). Not compared: on the head, a verdict of its own, the report's
     first."""
+    held: bool = False
+    """Test by test: each test's rounds ran one after another, its fixtures kept set up on each side, a later round
+    its call alone, warm (:func:`run_held`); False: every test once per round."""
+    head_first: str = ""
+    """The results file whose measurements were the head's first round (the suite's run of the same head on this
+    runner, ``--head-results``), or ""."""
+    unreached: tuple[str, ...] = ()
+    """Tests that the time budget left without a round: not A/B-tested, undecided."""
+    costs: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
+    """Per test held: the seconds of its first round on both sides (set-up, warm-up and the measured call), and
+    the mean seconds of a later round on both sides (None where it ran none)."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
@@ -237,12 +248,14 @@ def compare_sides(
     max_rounds: int | None = None,
     host_timings: bool = True,
     counted_rounds: int | None = None,
+    early: bool = False,
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
     whether ``max_rounds`` rounds could settle it; host timings only with ``host_timings``; counts over the first
-    ``counted_rounds`` (None: every round). A test whose call raised in a round of a side is not compared:
-    :func:`failures` names it."""
+    ``counted_rounds`` (None: every round); ``early``: Student's t intervals where the rounds are too few for the
+    signed-rank one (:func:`.analysis.ab_stats.judge`). A test whose call raised in a round of a side is not
+    compared: :func:`failures` names it."""
     raised = {nodeid for tests in failures(base, head).values() for nodeid in tests}
     seen_base = (set().union(*base) if base else set()) - raised
     seen_head = (set().union(*head) if head else set()) - raised
@@ -259,7 +272,7 @@ def compare_sides(
             continue
         paired = [(x, y) for _, x, y in rounds]
         tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
-                                        max_rounds, host_timings, counted_rounds))  # fmt: skip
+                                        max_rounds, host_timings, counted_rounds, early))  # fmt: skip
     return tests, only_in
 
 
@@ -353,6 +366,7 @@ def _head_against_base(
     max_rounds: int | None = None,
     host_timings: bool = True,
     counted_rounds: int | None = None,
+    early: bool = False,
 ) -> HeadAgainstBase:
     """One test over its paired rounds (numbered ``numbers``, default 1, 2, ...): each metric over the rounds that
     measured it on both sides (a count over the first ``counted_rounds`` only, where given: the rounds that
@@ -385,7 +399,8 @@ def _head_against_base(
         else:
             pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
             timings[name] = judge(pairs, higher_is_better=spec.higher_is_better, max_rounds=max_rounds,
-                                  min_effect=min_effect_of(name, min_effect), confidence=confidence)  # fmt: skip
+                                  min_effect=min_effect_of(name, min_effect), confidence=confidence,
+                                  early=early)  # fmt: skip
     moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
     explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
     return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
@@ -603,6 +618,202 @@ def run_rounds(
     return measured["base"], measured["head"], stopped
 
 
+@dataclass(frozen=True)
+class FirstRound:
+    """The suite's results of the head on this runner, as the head's first round (``--head-results``)."""
+
+    file: str
+    tests: Mapping[str, MeasuredTest]
+
+
+def first_round_of(results: Path, device: str | None = None) -> FirstRound:
+    """The measured tests of the suite's results file (``pytest --syncguard-json``), by node id, for the head's
+    first round (``--head-results``). ValueError names what is wrong with the file, results measured on another
+    device than ``device`` (a slug; None: any) included."""
+    from ..document import file as results_file
+
+    try:
+        tests = results_file.read(results)
+    except results_file.ResultsError as exc:
+        raise ValueError(str(exc)) from exc
+    others = sorted({t.device_slug for t in tests if device is not None and t.device_slug != device})
+    if others:
+        raise ValueError(f"measured on {', '.join(others)}, this runner is {device}: another GPU model's run is no "
+                         "round of this A/B")  # fmt: skip
+    return FirstRound(str(results), {t.nodeid: t for t in tests})
+
+
+@dataclass
+class _Costs:
+    """What the held tests' rounds took so far, for the time budget's reckoning."""
+
+    first: list[float] = field(default_factory=list)
+    """Each test's first round, both sides."""
+    later: list[float] = field(default_factory=list)
+    """Each later round, both sides."""
+
+    def test(self, rounds: int) -> float:
+        """A test's first round and ``rounds`` - 1 later ones, at the mean so far."""
+        first = sum(self.first) / len(self.first) if self.first else 0.0
+        return first + (rounds - 1) * self.round()
+
+    def round(self) -> float:
+        return sum(self.later) / len(self.later) if self.later else 0.0
+
+
+def run_held(
+    sides: Mapping[str, WarmSide],
+    plan: Plan,
+    tests: Sequence[str],
+    out: Path,
+    *,
+    timeout: float,
+    progress: Any,
+    started: float,
+    head_first: Mapping[str, MeasuredTest] | None = None,
+) -> tuple[
+    list[dict[str, MeasuredTest]],
+    list[dict[str, MeasuredTest]],
+    str,
+    tuple[str, ...],
+    dict[str, tuple[float, float | None]],
+]:
+    """The rounds test by test: each of ``tests`` held on both sides (set up, warmed up and measured once, as
+    pytest would: the first round, counts too), then called again warm on each side in turn, base first in odd
+    rounds, until its verdict is settled or the plan's rounds are spent; then the next test. A later round costs
+    about the test's measured call on each side: no set-up, compilation, graph capture or warm-up again.
+
+    ``head_first`` (the suite's results of the same head on this runner) is the head's first round: its hold is
+    then its second, measuring timings only. The time budget keeps, for each test not yet run, a first round and
+    the fewest rounds a verdict needs at the pace so far: a test goes past them only where that leaves enough;
+    tests the budget cannot reach are returned as unreached. Returns each side's results per round, why the rounds
+    ended, the tests unreached, and what each test's rounds cost (:attr:`ABReport.costs`)."""
+    measured: dict[str, list[dict[str, MeasuredTest]]] = {"base": [], "head": []}
+    costs = _Costs()
+    spent: dict[str, tuple[float, float | None]] = {}
+    stopped = f"each test ran until it settled, or {plan.rounds} rounds"
+    unreached: tuple[str, ...] = ()
+    finished: list[str] = []
+    running: list[str] = []
+    cut_short: list[str] = []
+    """Tests whose rounds the time budget ended before they settled."""
+    fewest = min(plan.rounds, T_ROUNDS)
+    """The fewest rounds that may settle a test (Student's t intervals until the signed-rank ones)."""
+
+    def elapsed() -> float:
+        return time.monotonic() - started
+
+    def put(side: str, number: int, nodeid: str, results: Mapping[str, MeasuredTest]) -> None:
+        for rounds in measured.values():  # both sides as long: their rounds pair up
+            rounds.extend({} for _ in range(number - len(rounds)))
+        if nodeid in results:
+            measured[side][number - 1][nodeid] = results[nodeid]
+
+    def ask(
+        side: str, number: int, nodeid: str, label: str, hold: bool, timings_only: bool = True, repeat: Any = ...
+    ) -> None:
+        """A side's hold (set up, warm up, measure) or replay of the test (``repeat`` timed runs; default the
+        plan's), its results put in round ``number`` (none for 0)."""
+        running[:] = [label]
+        runs = plan.timed_runs if repeat is ... else repeat
+        if hold:
+            results = sides[side].hold(label, nodeid, timeout, timings_only=timings_only, repeat=runs)
+        else:
+            results = sides[side].replay(label, nodeid, timeout, repeat=runs)
+        running.clear()
+        finished.append(label)
+        if number:
+            put(side, number, nodeid, results)
+
+    def label(number: int, side: str) -> str:
+        return f"t{len(spent) + 1}-round{number}-{side}"
+
+    def rounds_of(nodeid: str) -> dict[str, list[dict[str, MeasuredTest]]]:
+        return {side: [{nodeid: r[nodeid]} if nodeid in r else {} for r in rounds] for side, rounds in measured.items()}
+
+    def cut(nodeid: str) -> bool:
+        """Its rounds end here: it failed on a side, or a side did not measure it."""
+        own = rounds_of(nodeid)
+        if not any(own["base"]) or not any(own["head"]):
+            return True
+        return any(nodeid in tests for tests in failures(own["base"], own["head"]).values())
+
+    def settled_now(nodeid: str) -> bool:
+        own = rounds_of(nodeid)
+        found, _ = compare_sides(own["base"], own["head"], min_effect=plan.min_effect, confidence=plan.confidence,
+                                 max_rounds=plan.rounds, host_timings=plan.host_timings, counted_rounds=1,
+                                 early=True)  # fmt: skip
+        return all(t.settled for t in found)
+
+    def within_budget(seconds: float, after: int) -> bool:
+        """Whether ``seconds`` more leave, within the time budget, a first round and the fewest rounds for each of
+        the ``after`` tests still to come."""
+        if plan.time_budget is None:
+            return True
+        return elapsed() + seconds + after * costs.test(fewest) <= plan.time_budget
+
+    try:
+        for index, nodeid in enumerate(tests):
+            after = len(tests) - index - 1
+            if index and not within_budget(0.0, 1):  # not even this test's fewest rounds
+                unreached = tuple(tests[index:])
+                stopped = (f"the time budget ({_duration(plan.time_budget or 0)}) left no time for {len(unreached)} "
+                           f"tests, at {_duration(costs.test(fewest))} each")  # fmt: skip
+                progress(f"syncguard ab: {stopped}: {', '.join(unreached)}")
+                break
+
+            began = time.monotonic()
+            progress(f"syncguard ab: test {index + 1} of {len(tests)}, {nodeid}: first round ({_duration(elapsed())} "
+                     "elapsed)")  # fmt: skip
+            on = {side for side in ("base", "head") if nodeid in sides[side].collected}
+            # The first round as the suite runs a test (its counts, budgets and own timed runs): each side's hold.
+            if "base" in on:
+                ask("base", 1, nodeid, label(1, "base"), hold=True, timings_only=False, repeat=None)
+            suite = head_first is not None and nodeid in head_first
+            if suite:
+                assert head_first is not None
+                put("head", 1, nodeid, head_first)
+            elif "head" in on:
+                ask("head", 1, nodeid, label(1, "head"), hold=True, timings_only=False, repeat=None)
+            number = 1
+            if suite and on == {"base", "head"} and not cut(nodeid) and not settled_now(nodeid):
+                # The suite measured the head: its hold only sets the test up and warms it, and is no round (its
+                # device time, right after a warm-up, pairs with no base run).
+                ask("head", 0, nodeid, f"t{len(spent) + 1}-hold-head", hold=True)
+            costs.first.append(time.monotonic() - began)
+            later: list[float] = []
+            while on == {"base", "head"} and not cut(nodeid) and number < plan.rounds:
+                if settled_now(nodeid):  # a count that moved settles it at once: it is exact
+                    break
+                # The fewest rounds are its due; more only where the tests to come keep theirs.
+                if not within_budget(costs.round(), after if number >= fewest else 0):
+                    cut_short.append(nodeid)
+                    break
+                number += 1
+                round_began = time.monotonic()
+                # Base first in even rounds: a side's first replay follows the other side's run, never its own
+                # hold (the run right after a hold is a warm-up's; on an H100 a CUDA graph's ran 5% slower).
+                for side in ("head", "base") if number % 2 else ("base", "head"):
+                    ask(side, number, nodeid, label(number, side), hold=False)
+                later.append(time.monotonic() - round_began)
+                costs.later.append(later[-1])
+            spent[nodeid] = (round(costs.first[-1], 3), round(sum(later) / len(later), 3) if later else None)
+            each = f", {sum(later) / len(later):.1f}s a later round" if later else ""
+            progress(f"syncguard ab: {nodeid}: {number} round{'s' if number != 1 else ''} in "
+                     f"{_duration(time.monotonic() - began)} (the first "
+                     f"{costs.first[-1]:.1f}s{each})")  # fmt: skip
+    except ABInterrupted as exc:
+        stopped_run = running[0] if running else None
+        if stopped_run is not None:  # what the stopped run wrote on its way out is not a round's results
+            (out / f"{stopped_run}.json").unlink(missing_ok=True)
+        raise ABInterrupted(exc.signum, stopped_run, finished, out) from None
+    if cut_short and not unreached:
+        stopped = f"the time budget ({_duration(plan.time_budget or 0)}) ended the rounds of {len(cut_short)} tests"
+    for rounds in measured.values():  # as many rounds on each side
+        rounds.extend({} for _ in range(max(map(len, measured.values())) - len(rounds)))
+    return measured["base"], measured["head"], stopped, unreached, spent
+
+
 def run(
     *,
     base_ref: str | None,
@@ -615,13 +826,17 @@ def run(
     fresh_processes: bool = False,
     progress: Any = print,
     judged: Mapping[str, str] | None = None,
+    head_first: FirstRound | None = None,
 ) -> ABReport:
     """The whole A/B: the base's checkout, its sides (one warm pytest each, or ``fresh_processes``: one per side
-    per round), the rounds the ``plan`` allows, the comparison. Tests in ``judged`` (node id -> the baseline file
-    that judged it; warm sides only) are left out. SIGINT or SIGTERM stops it at once (:class:`ABInterrupted`), its
-    running pytest ended and the base's worktree removed."""
-    if judged and fresh_processes:
-        raise ABError("--skip-judged needs warm sides (they say what they collected): leave out --fresh-processes")
+    per round), the rounds the ``plan`` allows, the comparison. Warm sides that can hold a test run the rounds
+    test by test (:func:`run_held`; ``head_first``, the suite's results of this head on this runner, is then the
+    head's first round), else every test once per round (:func:`run_rounds`). Tests in ``judged`` (node id -> the
+    baseline file that judged it; warm sides only) are left out. SIGINT or SIGTERM stops it at once
+    (:class:`ABInterrupted`), its running pytest ended and the base's worktree removed."""
+    if (judged or head_first) and fresh_processes:
+        option = "--skip-judged" if judged else "--head-results"
+        raise ABError(f"{option} needs warm sides (they say what they collected): leave out --fresh-processes")
     pytest_args = relative_paths(pytest_args, head)
     started = time.monotonic()
     with stopping_on_signals():
@@ -629,7 +844,8 @@ def run(
             out = ignored_folder(out.resolve())
         except ValueError as exc:
             raise ABError(f"--out: {exc}") from None
-        for earlier in [*out.glob("round*-*.*"), *(out / f"{side}.log" for side in ("base", "head"))]:
+        for earlier in [*out.glob("round*-*.*"), *out.glob("t*-round*-*.*"), *out.glob("t*-hold-*.*"),
+                        *(out / f"{side}.log" for side in ("base", "head"))]:  # fmt: skip
             earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
@@ -655,26 +871,43 @@ def run(
                 progress(f"syncguard ab: the change loosens the baseline entries of {', '.join(sorted(changed))}: "
                          "A/B-tested, not left to the baseline it wrote")  # fmt: skip
             left_out = {n: f for n, f in (judged or {}).items() if n in collected and n not in changed}
+            warm = {name: side for name, side in sides.items() if isinstance(side, WarmSide) and side.can_hold}
+            held = len(warm) == len(sides)
+            unreached: tuple[str, ...] = ()
+            costs: dict[str, tuple[float, float | None]] = {}
             if left_out and collected <= set(left_out):
                 base_side: list[dict[str, MeasuredTest]] = []
                 head_side: list[dict[str, MeasuredTest]] = []
                 stopped = [f"every test it selects ({len(left_out)}) was judged against the baseline: no round run"]
                 progress(f"syncguard ab: {stopped[0]}")
+            elif held:
+                order = [*sides["head"].collected, *(n for n in sides["base"].collected
+                                                     if n not in sides["head"].collected)]  # fmt: skip
+                base_side, head_side, reason, unreached, costs = run_held(
+                    warm, plan, [n for n in order if n not in left_out], out, timeout=timeout, progress=progress,
+                    started=started, head_first=head_first.tests if head_first else None,
+                )  # fmt: skip
+                stopped = [reason]
             else:
+                if head_first:
+                    progress("syncguard ab: the base's syncguard cannot hold a test across rounds: every round runs "
+                             "both sides, the suite's results are not the head's first round")  # fmt: skip
+                    head_first = None
                 base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
                                                            started=started, left_out=sorted(left_out))  # fmt: skip
             timed_rounds = len(base_side) > 1 and all(side.times_only for side in sides.values())
             elapsed = time.monotonic() - started
     tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
                                    max_rounds=plan.rounds, host_timings=plan.host_timings,
-                                   counted_rounds=1 if timed_rounds else None)  # fmt: skip
+                                   counted_rounds=1 if timed_rounds else None, early=held)  # fmt: skip
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
         tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
         judged_by_baseline=dict(sorted(left_out.items())), timed_rounds=timed_rounds,
         timed_runs=plan.timed_runs if timed_rounds else None, host_timings=plan.host_timings,
-        failed_in=failures(base_side, head_side),
+        failed_in=failures(base_side, head_side), held=held and bool(base_side),
+        head_first=head_first.file if head_first else "", unreached=unreached, costs=costs,
     )  # fmt: skip
 
 
@@ -717,10 +950,14 @@ def summary_lines(report: ABReport) -> list[str]:
         for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0])):
             lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v, name)}")
         lines.extend(f"    {name}: {why}" for name, why in sorted(test.unmeasured.items()))
+        if test.nodeid in report.costs:
+            lines.append(f"    {cost_text(report, test.nodeid)}")
     for side, ids in sorted(report.only_in.items()):
         lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
     if report.judged_by_baseline:
         lines.append(f"judged against the baseline, not A/B-tested: {judged_text(report)}")
+    if report.unreached:
+        lines.append(f"NOT A/B-TESTED (undecided: the time budget ran out first): {', '.join(report.unreached)}")
     totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
     failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
     missing = len(report.only_in.get("base", ()))
@@ -729,6 +966,7 @@ def summary_lines(report: ABReport) -> list[str]:
         + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
         + "".join(f", {n} failed on the {side} (not compared)" for side, n in failed.items() if n)
         + (f", {missing} measured on the base only (not compared)" if missing else "")
+        + (f", {len(report.unreached)} not A/B-tested" if report.unreached else "")
     )
     return lines
 
@@ -740,10 +978,22 @@ def judged_text(report: ABReport) -> str:
     return f"{len(report.judged_by_baseline)} tests ({', '.join(files)}): {ids}"
 
 
+def cost_text(report: ABReport, nodeid: str) -> str:
+    """What a held test's rounds took: ``7 rounds: the first 14.2 s, then 1.3 s each (both sides)``."""
+    first, later = report.costs[nodeid]
+    rounds = max((v.rounds for t in report.tests if t.nodeid == nodeid for v in t.timings.values()), default=1)
+    then = f", then {later:.1f} s each" if later is not None else ""
+    return f"{rounds} round{'s' if rounds != 1 else ''}: the first {first:.1f} s{then} (both sides)"
+
+
 def rounds_text(report: ABReport, shown: Callable[[str], str] = str) -> str:
     """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
     side)``; why they stopped (text of the report, which may be untrusted) as ``shown`` renders it."""
     processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
+    if report.held:
+        processes += ", test by test, its fixtures kept set up across its rounds (a later round: its call, warm)"
+    if report.head_first:
+        processes += f", the head's first round the suite's ({shown(Path(report.head_first).name)})"
     if report.timed_rounds:
         runs = "" if report.timed_runs is None else f" ({report.timed_runs} per test, after the traced one)"
         processes += f", timings only after the first round{runs}"
@@ -767,10 +1017,11 @@ def verdict_note(v: RatioVerdict, name: str = "") -> str:
             f" ({v.rounds} rounds; {what} not resolvable on this runner: ±{v.spread:.1%} after the most rounds, "
             f"wider than {effect})"
         )
+    how = ", t interval" if v.method == "t" else ""
     if v.verdict != INCONCLUSIVE or v.resolvable is None:
-        return f" ({v.rounds} rounds)"
+        return f" ({v.rounds} rounds{how})"
     effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""
-    return f" ({v.rounds} rounds, resolves ±{v.resolvable:.1%}{effect})"
+    return f" ({v.rounds} rounds{how}, resolves ±{v.resolvable:.1%}{effect})"
 
 
 def ratio_text(v: RatioVerdict) -> str:

@@ -174,6 +174,8 @@ class WarmSide:
         os.close(from_worker[1])
         self.channel = Channel(from_worker[0], to_worker[1])
         self.times_only = False
+        self.can_hold = False
+        """Its code can hold a test set up across its rounds (:meth:`hold`, :meth:`replay`)."""
         self.collected: list[str] = []
         """The node ids its pytest collected (:meth:`ready`)."""
 
@@ -182,6 +184,7 @@ class WarmSide:
         run timed runs only, it says with them."""
         answer = self._receive("start", timeout)
         self.times_only = answer.get("timings_only") is True
+        self.can_hold = answer.get("hold") is True
         collected = answer.get("ready")
         if not isinstance(collected, list) or not collected:
             raise ABError(f"{self.name}: pytest collected no test in {self.directory} (log: {self.log})")
@@ -191,17 +194,33 @@ class WarmSide:
     def run(
         self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
+        return self._ask({"turn": label, "skip": list(settled), "timings_only": timings_only,
+                          "repeat": repeat if timings_only else None}, timeout)  # fmt: skip
+
+    def hold(
+        self, label: str, nodeid: str, timeout: float, timings_only: bool = False, repeat: int | None = None
+    ) -> dict[str, MeasuredTest]:
+        """Set up and run the test ``nodeid`` once, as a turn would, and keep it set up for :meth:`replay` until
+        anything else is asked (then it is torn down): its results (none where it was not measured)."""
+        return self._ask({"turn": label, "hold": nodeid, "timings_only": timings_only, "repeat": repeat}, timeout)
+
+    def replay(
+        self, label: str, nodeid: str, timeout: float, timings_only: bool = True, repeat: int | None = None
+    ) -> dict[str, MeasuredTest]:
+        """Call the held test ``nodeid`` again, its fixtures and warm state kept (no warm-up): its results."""
+        return self._ask({"turn": label, "replay": nodeid, "timings_only": timings_only, "repeat": repeat}, timeout)
+
+    def _ask(self, message: dict[str, object], timeout: float) -> dict[str, MeasuredTest]:
+        label = str(message["turn"])
         results = self.out / f"{label}.json"
-        turn = {"turn": label, "skip": list(settled), "results": str(results), "timings_only": timings_only,
-                "repeat": repeat if timings_only else None}  # fmt: skip
         try:
-            self.channel.send(turn)
+            self.channel.send({**message, "results": str(results)})
         except ChannelClosed:
             raise ABError(f"{label}: the {self.name}'s pytest has ended ({self._ended()}; log: {self.log})") from None
         answer = self._receive(label, timeout)
         if answer.get("stopped"):
             raise ABError(f"{label}: pytest stopped: {answer['stopped']} (log: {self.log})")
-        return read_results(results)
+        return read_results(results) if results.is_file() else {}
 
     def _receive(self, label: str, timeout: float) -> dict[str, object]:
         try:

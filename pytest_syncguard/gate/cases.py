@@ -59,10 +59,11 @@ class RunCase:
     def of(cls, result: MeasuredTest) -> RunCase:
         """The case of a test's record in a results file."""
         comparison = result.comparison
+        expected = result.expected_failure is not None  # XFAIL: what its mark expects fails no run
         return cls(
             nodeid=result.nodeid,
-            outcome=_OUTCOMES.get(result.verdict, "passed"),
-            verdict=result.verdict,
+            outcome="skipped" if expected else _OUTCOMES.get(result.verdict, "passed"),
+            verdict="xfailed" if expected else result.verdict,
             device_slug=result.device_slug,
             budgets="; ".join(c.budget.describe() for c in result.checks) or None,
             metrics=result.metrics,
@@ -74,7 +75,7 @@ class RunCase:
             host_timings=comparison.host_timings if comparison is not None else False,
             details=result.details() if result.error is None and result.outcome is None else None,
             spreads={c.metric: c.spread for c in comparison.changes if c.spread} if comparison is not None else {},
-            broken=tuple(c.text for c in result.checks if c.held is False),
+            broken=() if expected else tuple(c.text for c in result.checks if c.held is False),
             sites=result.sites,
             timeline=result.timeline,
             explanation=comparison.explanation if comparison is not None else Explanation(),

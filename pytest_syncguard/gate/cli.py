@@ -177,7 +177,7 @@ def _clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABInterrupted, Plan, document, judged_by_baseline, run, summary_lines
+    from .ab import ABInterrupted, Plan, document, first_round_of, judged_by_baseline, run, summary_lines
     from .ab_sides import ABError
     from .render.markdown import ab_lines
 
@@ -189,10 +189,18 @@ def _ab(args: argparse.Namespace) -> int:
     if (problem := _path_problem("ab", paths)) is not None:
         print(problem, file=sys.stderr)
         return 2
+    judged, head_first = None, None
+    option, value = "", ""
     try:
-        judged = judged_by_baseline(Path(args.skip_judged), _runner_slug()) if args.skip_judged else None
+        slug = _runner_slug() if args.skip_judged or args.head_results else None
+        if args.skip_judged:
+            option, value = "--skip-judged", args.skip_judged
+            judged = judged_by_baseline(Path(value), slug)
+        if args.head_results:
+            option, value = "--head-results", args.head_results
+            head_first = first_round_of(Path(value), slug)
     except ValueError as exc:
-        print(f"syncguard ab: --skip-judged {args.skip_judged}: {exc}", file=sys.stderr)
+        print(f"syncguard ab: {option} {value}: {exc}" if option else f"syncguard ab: {exc}", file=sys.stderr)
         return 2
     try:
         report = run(
@@ -200,7 +208,7 @@ def _ab(args: argparse.Namespace) -> int:
             pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget,
                                                       args.timed_runs, args.host_timings),
             out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
-            progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged,
+            progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged, head_first=head_first,
         )  # fmt: skip
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
@@ -710,6 +718,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the suite's JSON results (pytest --syncguard-json): "
         "leave out the tests whose device time they judged against a baseline (the A/B then settles "
         "only what no baseline could)",
+    )
+    ab.add_argument(
+        "--head-results",
+        metavar="RESULTS",
+        help="the suite's JSON results of this same head on this runner (pytest --syncguard-json): they are the "
+        "head's first round, counts and budgets included, not run again",
     )
     ab.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed")
     ab.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="what each round runs")

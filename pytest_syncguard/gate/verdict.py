@@ -74,7 +74,8 @@ class Verdict:
             for nodeid in ab.only_in.get("base", ()):
                 fail((device, nodeid), AB_UNMEASURED)
             keys |= {(device, t.nodeid) for t in ab.tests}
-            undecided = tuple(t.nodeid for t in ab.with_verdict("inconclusive"))
+            undecided = tuple(t.nodeid for t in ab.with_verdict("inconclusive")) + tuple(ab.unreached)
+            keys |= {(device, nodeid) for nodeid in ab.unreached}
         keys |= set(reasons)
         ordered = {key: tuple(sorted(found, key=REASONS.index)) for key, found in sorted(reasons.items())}
         return cls(ordered, len(keys), undecided, tuple(run.loosened))

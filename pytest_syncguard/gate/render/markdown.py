@@ -350,7 +350,11 @@ def ab_lines(report: ABReport) -> list[str]:
         not_compared += [f"{plural(unmeasured, 'test')} not measured on the head"] if unmeasured else []
         if not_compared:
             verdict = f"{'; '.join(not_compared)}; {verdict} compared"
-        title = f"{'❌' if regressed or failed or missing else '✅'} A/B on one runner: {verdict}"
+        if report.unreached:
+            verdict += f"; {plural(len(report.unreached), 'test')} not A/B-tested"
+        undecided = report.unreached or report.with_verdict("inconclusive")
+        mark = "❌" if regressed or failed or missing else "⚠️" if undecided else "✅"
+        title = f"{mark} A/B on one runner: {verdict}"
     lines = [
         *(f"- **failed on the head** (not compared): {code(failure_text(n, how))}" for n, how in failed.items()),
         *(f"- **measured on the base, not on the head** (not compared): {code(n)}" for n in missing),
@@ -361,7 +365,9 @@ def ab_lines(report: ABReport) -> list[str]:
         *([""] if report.failed_in or missing else []),
         f"Head {code(report.head)} against base {code(report.base)} on "
         f"{code(report.device) if report.device else 'no device'}: "
-        f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank); a "
+        f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank"
+        + ("; Student's t below 6 rounds" if report.held else "")
+        + "); a "
         "regression or improvement lies wholly beyond "
         + (
             f"±{report.min_effect:.0%}."
@@ -400,11 +406,14 @@ def ab_lines(report: ABReport) -> list[str]:
         lines += [f"{plural(len(quiet), 'test')} unchanged: {', '.join(code(n) for n in quiet)}", ""]
     if ids := report.only_in.get("head"):
         lines.append(f"Measured only in the head, not compared: {', '.join(code(i) for i in ids)}")
+    if report.unreached:
+        lines.append(f"⚠️ Not A/B-tested, undecided (the time budget ran out first): "
+                     f"{', '.join(code(nodeid) for nodeid in report.unreached)}")  # fmt: skip
     if report.judged_by_baseline:
         files = ", ".join(code(Path(f).name) for f in sorted(set(report.judged_by_baseline.values())))
         tests = ", ".join(code(nodeid) for nodeid in report.judged_by_baseline)
         lines.append(f"Judged against the baseline ({files}), not A/B-tested: {tests}")
-    if regressed or failed or missing:
+    if regressed or failed or missing or report.unreached:
         return [f"### {title}", "", *lines, ""]
     return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
 
