@@ -685,10 +685,10 @@ def build_parser() -> argparse.ArgumentParser:
     where = ab.add_mutually_exclusive_group(required=True)
     where.add_argument("--base", metavar="REF", help="the base commit: a git worktree of it is made and removed")
     where.add_argument("--base-dir", metavar="DIR", help="a checkout of the base, used as it is")
-    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"the most rounds of base and head "
-                    f"(default {DEFAULT_ROUNDS}); from the 6th on (a 95%% interval needs 6), a test whose verdict "
-                    "more rounds cannot change is left out of the next rounds, and the A/B ends when every test is "
-                    "settled")  # fmt: skip
+    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"the most rounds of a test (default "
+                    f"{DEFAULT_ROUNDS}); a test whose verdict more rounds cannot change is settled: held test by test, "
+                    "from its 3rd round (Student's t until the 6th, then the signed-rank interval), else from the "
+                    "6th (a 95%% signed-rank interval needs 6)")  # fmt: skip
     ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
                     "would end later than this after the start, at what the last round took for the tests still "
                     "running")  # fmt: skip
