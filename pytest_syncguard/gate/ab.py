@@ -302,10 +302,9 @@ def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
     return f"{nodeid}: {', '.join(rounds)}"
 
 
-def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, str]:
-    """The tests of a results file (``pytest --syncguard-json``) whose device time was judged against a baseline
-    entry there: node id -> the baseline file. ValueError names what is wrong with the file, results measured on
-    another device than ``device`` (a slug; None: any) included."""
+def _suite_results(results: Path, device: str | None, elsewhere: str) -> list[MeasuredTest]:
+    """The measured tests of the suite's results file; ValueError names what is wrong with the file, or the other
+    devices than ``device`` (a slug; None: any) that measured them, with why that matters (``elsewhere``)."""
     from ..document import file as results_file
 
     try:
@@ -314,8 +313,15 @@ def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, st
         raise ValueError(str(exc)) from exc
     others = sorted({t.device_slug for t in tests if device is not None and t.device_slug != device})
     if others:
-        raise ValueError(f"measured on {', '.join(others)}, this runner is {device}: a baseline of another GPU model "
-                         "judges nothing here")  # fmt: skip
+        raise ValueError(f"measured on {', '.join(others)}, this runner is {device}: {elsewhere}")
+    return tests
+
+
+def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, str]:
+    """The tests of a results file (``pytest --syncguard-json``) whose device time was judged against a baseline
+    entry there: node id -> the baseline file. ValueError names what is wrong with the file, results measured on
+    another device than ``device`` (a slug; None: any) included."""
+    tests = _suite_results(results, device, "a baseline of another GPU model judges nothing here")
     return {
         t.nodeid: t.comparison.file
         for t in tests
@@ -630,16 +636,7 @@ def first_round_of(results: Path, device: str | None = None) -> FirstRound:
     """The measured tests of the suite's results file (``pytest --syncguard-json``), by node id, for the head's
     first round (``--head-results``). ValueError names what is wrong with the file, results measured on another
     device than ``device`` (a slug; None: any) included."""
-    from ..document import file as results_file
-
-    try:
-        tests = results_file.read(results)
-    except results_file.ResultsError as exc:
-        raise ValueError(str(exc)) from exc
-    others = sorted({t.device_slug for t in tests if device is not None and t.device_slug != device})
-    if others:
-        raise ValueError(f"measured on {', '.join(others)}, this runner is {device}: another GPU model's run is no "
-                         "round of this A/B")  # fmt: skip
+    tests = _suite_results(results, device, "another GPU model's run is no round of this A/B")
     return FirstRound(str(results), {t.nodeid: t for t in tests})
 
 
@@ -710,16 +707,15 @@ def run_held(
             measured[side][number - 1][nodeid] = results[nodeid]
 
     def ask(
-        side: str, number: int, nodeid: str, label: str, hold: bool, timings_only: bool = True, repeat: Any = ...
+        side: str, number: int, nodeid: str, label: str, hold: bool, repeat: int | None, timings_only: bool = True
     ) -> None:
-        """A side's hold (set up, warm up, measure) or replay of the test (``repeat`` timed runs; default the
-        plan's), its results put in round ``number`` (none for 0)."""
+        """A side's hold (set up, warm up, measure) or replay of the test (``repeat`` timed runs; None: the test's
+        own), its results put in round ``number`` (none for 0)."""
         running[:] = [label]
-        runs = plan.timed_runs if repeat is ... else repeat
         if hold:
-            results = sides[side].hold(label, nodeid, timeout, timings_only=timings_only, repeat=runs)
+            results = sides[side].hold(label, nodeid, timeout, timings_only=timings_only, repeat=repeat)
         else:
-            results = sides[side].replay(label, nodeid, timeout, repeat=runs)
+            results = sides[side].replay(label, nodeid, timeout, repeat=repeat)
         running.clear()
         finished.append(label)
         if number:
@@ -779,7 +775,7 @@ def run_held(
             if suite and on == {"base", "head"} and not cut(nodeid) and not settled_now(nodeid):
                 # The suite measured the head: its hold only sets the test up and warms it, and is no round (its
                 # device time, right after a warm-up, pairs with no base run).
-                ask("head", 0, nodeid, f"t{len(spent) + 1}-hold-head", hold=True)
+                ask("head", 0, nodeid, f"t{len(spent) + 1}-hold-head", hold=True, repeat=plan.timed_runs)
             costs.first.append(time.monotonic() - began)
             later: list[float] = []
             while on == {"base", "head"} and not cut(nodeid) and number < plan.rounds:
@@ -794,7 +790,7 @@ def run_held(
                 # Base first in even rounds: a side's first replay follows the other side's run, never its own
                 # hold (the run right after a hold is a warm-up's; on an H100 a CUDA graph's ran 5% slower).
                 for side in ("head", "base") if number % 2 else ("base", "head"):
-                    ask(side, number, nodeid, label(number, side), hold=False)
+                    ask(side, number, nodeid, label(number, side), hold=False, repeat=plan.timed_runs)
                 later.append(time.monotonic() - round_began)
                 costs.later.append(later[-1])
             spent[nodeid] = (round(costs.first[-1], 3), round(sum(later) / len(later), 3) if later else None)
