@@ -22,6 +22,7 @@ from pytest_syncguard import plugin
 from pytest_syncguard.budgets import marker_docs
 from pytest_syncguard.codec import layout
 from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.launch import Launch
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.cli import build_parser
 from pytest_syncguard.guard import GenerationRegion, SyncGuard
@@ -137,8 +138,12 @@ def results() -> str:
              "version of syncguard: this one does not know ...\"); a record of an older one reads with the fields "
              "added since at their defaults. Fields marked \"written only\" are there for the file's readers and "
              "ignored when read. The document's types are `pytest_syncguard/document/`, which imports nothing of "
-             "the pytest side.", ""]  # fmt: skip
-    for name, rows in layout(MeasuredTest).items():
+             "the pytest side.", "",
+             "A document written by one process of a launch of several (torchrun's ranks) has `launch` too, a "
+             "`Launch` record: its `rank` and `world_size`, whether it `finished`, and the test `in_flight` when it "
+             "last wrote (each rank writes its document after each test, so one that died leaves what it finished). "
+             "`syncguard report` joins the ranks' tests into one each (`world_size`, `ranks`).", ""]  # fmt: skip
+    for name, rows in [*layout(MeasuredTest).items(), *layout(Launch).items()]:
         lines += [f"## `{name}`", "", "| field | type |", "|---|---|"]
         lines += [f"| `{field}` | {kind} |" for field, kind in rows]
         lines.append("")

@@ -39,7 +39,7 @@ def cuda_device_name() -> str | None:
 def host_id(slug: str) -> str:
     """Which device a recording of the baseline ``slug`` was made on: the first block of the current CUDA device's
     UUID (``a9dc0a68``), ``cpu`` for the CPU's, empty where the UUID cannot be read."""
-    if slug == "cpu":
+    if slug.split("-x")[0] == CPU_SLUG:
         return "cpu"
     import torch
 
@@ -50,9 +50,15 @@ def host_id(slug: str) -> str:
 
 
 def slug_for(device: str) -> str:
-    """The baseline slug of a result measured on ``device`` ("cpu" or "cuda")."""
+    """The baseline slug of a result measured on ``device`` ("cpu" or "cuda"): the GPU model's, and in a launch of
+    several processes (torchrun) its world size after it (``nvidia-h100-80gb-hbm3-x2``), so that runs on 2 and on 8
+    GPUs never share a baseline, a history or an A/B."""
+    from .ranks import current
+
     name = cuda_device_name() if device != "cpu" else None
-    return device_slug(name) if name else CPU_SLUG
+    model = device_slug(name) if name else CPU_SLUG
+    launch = current()
+    return f"{model}-x{launch.world_size}" if launch is not None else model
 
 
 def unnamed_slug(device: str) -> str:

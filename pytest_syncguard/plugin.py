@@ -330,7 +330,7 @@ class SyncguardSession:
             raise pytest.UsageError(spaced)
         option = config.getoption("syncguard")
         self.enabled = bool(config.getini("syncguard") if option is None else option)
-        rank = ranks.current()  # checked in pytest_configure
+        self.rank = rank = ranks.current()  # checked in pytest_configure
         json_option = config.getoption("syncguard_json")
         if rank is not None and json_option:
             json_option = rank.path(str(json_option))
@@ -342,6 +342,12 @@ class SyncguardSession:
         updating = bool(config.getoption("syncguard_update_baselines"))
         if updating and not self.enabled:
             raise pytest.UsageError("--syncguard-update-baselines needs --syncguard (or ini syncguard = true)")
+        if updating and rank is not None:
+            raise pytest.UsageError(
+                f"--syncguard-update-baselines: this process is {rank.describe()}: every rank would write its own "
+                "numbers into one baseline file; record the launch's joined results instead: syncguard baselines "
+                "DIR --record RESULTS.rank*.json"
+            )
         baselines = _baselines_dir(config)
         if updating and (problem := folder_problem(baselines)) is not None:
             raise pytest.UsageError(f"--syncguard-baselines (with --syncguard-update-baselines): {problem}")
@@ -370,6 +376,8 @@ class SyncguardSession:
         self._ran_on: dict[str, int] = {}
         """On the xdist controller: which worker (its node object's identity) measured each test."""
         self._restore_threads: Callable[[], None] | None = None
+        self._restore_stop: Callable[[], None] | None = None
+        """Puts SIGTERM back as it was (a rank's stop stack, :func:`.ranks.record_stop`)."""
         if self.enabled and self.is_worker:
             self._assign_gpu()
         self._cores_shared = False
@@ -412,9 +420,11 @@ class SyncguardSession:
             self.notes.append(note)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        restore, self._restore_threads = self._restore_threads, None
-        if restore is not None:
-            restore()
+        for name in ("_restore_threads", "_restore_stop"):
+            restore = getattr(self, name)
+            setattr(self, name, None)
+            if restore is not None:
+                restore()
 
     def timeline_source(self) -> TimelineSource:
         """The source of this process's GPU timelines, chosen when a test first needs one (the sampler is tried
@@ -430,9 +440,15 @@ class SyncguardSession:
         return self._timeline_source
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """A forced sampled timeline where the sampler cannot run is a usage error before any test runs."""
+        """A forced sampled timeline where the sampler cannot run is a usage error before any test runs. A rank of a
+        launch says where it was if its launcher stops it (:func:`.ranks.record_stop`)."""
         if self.timeline_request == SAMPLED and not self.distributing:
             self.timeline_source()
+        if self.rank is not None and self.json_path is not None and not self.is_worker:
+            try:
+                self._restore_stop = ranks.record_stop(self.json_path)
+            except OSError as exc:
+                self.notes.append(f"syncguard: this rank cannot say where it was if stopped: {exc}")
 
     @property
     def distributing(self) -> bool:
@@ -597,6 +613,28 @@ class SyncguardSession:
             self.results[report.nodeid] = from_record(data)
             self._ran_on[report.nodeid] = id(getattr(report, "node", None))
 
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self._write_as_rank(in_flight=nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self._write_as_rank(in_flight=None)
+
+    def _write_as_rank(self, in_flight: str | None) -> None:
+        """In a launch of several processes, this rank's results as they stand, with the test in flight: a rank that
+        dies leaves what it finished and the test it died in (:func:`.document.launch.join` names it)."""
+        if self.rank is None or self.json_path is None or self.is_worker:
+            return
+        import torch
+
+        from .document import file as results_file
+        from .document.launch import Launch
+
+        launch = Launch(self.rank.rank, self.rank.world_size, finished=False, in_flight=in_flight)
+        try:
+            results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
+        except (OSError, ValueError) as exc:
+            self.notes.append(f"syncguard: this rank's results NOT written to {self.json_path} as it went: {exc}")
+
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True
 
@@ -672,9 +710,12 @@ class SyncguardSession:
             import torch
 
             from .document import file as results_file
+            from .document.launch import Launch
 
+            rank = self.rank
+            launch = Launch(rank.rank, rank.world_size) if rank is not None else None
             try:
-                results_file.write(self.json_path, self.results.values(), torch.__version__)
+                results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
                 self.json_written = True
             except (OSError, ValueError) as exc:
                 self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")

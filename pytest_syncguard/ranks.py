@@ -2,13 +2,18 @@
 
 Under ``torchrun --nproc-per-node 2 -m pytest ... --syncguard-json r.json --junitxml j.xml`` every rank runs the
 same pytest with the same options: both wrote r.json and j.xml, the last writer won, and one rank's results
-vanished without a word. Until ranks are first-class, each rank's files get its rank in their names
-(``r.rank1.json``, ``j.rank1.xml``) and its results say which rank measured them. torchrun's own variables tell
-the rank (``RANK``, ``WORLD_SIZE``)."""
+vanished without a word. Each rank's files get its rank in their names (``r.rank1.json``, ``j.rank1.xml``), its
+results say which rank of how many wrote them, and ``syncguard report`` joins them (:mod:`.document.launch`).
+torchrun's own variables tell the rank (``RANK``, ``WORLD_SIZE``). A rank that the launcher stops (SIGTERM, after
+another rank failed) leaves its stack beside its results (:func:`record_stop`): where it waited."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import re
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,3 +51,52 @@ def current() -> Rank | None:
         raise ValueError(f"WORLD_SIZE={world} with {said}: each process of a launch of {world} needs its RANK, 0 to "
                          f"{world - 1}, so that its results files are its own")  # fmt: skip
     return Rank(int(raw_rank), world)
+
+
+#: The most of a stop file read back (the stacks of one process's threads).
+MAX_STOP_BYTES = 64 * 1024
+#: Frames of these are the interpreter's and libraries' (torch's collectives), not the test's.
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+
+
+def stop_path(results: Path) -> Path:
+    """Where a rank whose results go to ``results`` writes its stack when stopped: ``r.rank0.json`` ->
+    ``r.rank0.stopped.txt``."""
+    return results.with_name(f"{results.stem}.stopped.txt")
+
+
+def record_stop(results: Path) -> Callable[[], None]:
+    """Until the returned function is called: on SIGTERM (torchrun stops the other ranks so when one fails), this
+    process's Python stack goes to :func:`stop_path` before the signal's previous action. ``faulthandler`` writes it
+    from the signal handler itself, so a rank blocked inside a collective, never back in Python, still says where it
+    waited. The function puts SIGTERM back as it was and removes the file where nothing was written to it."""
+    path = stop_path(results)
+    out = path.open("w", encoding="utf-8")
+    faulthandler.register(signal.SIGTERM, file=out, all_threads=False, chain=True)
+
+    def restore() -> None:
+        faulthandler.unregister(signal.SIGTERM)
+        out.close()
+        if path.is_file() and path.stat().st_size == 0:
+            path.unlink()
+
+    return restore
+
+
+def stopped_at(results: Path) -> str | None:
+    """Where the rank that wrote ``results`` was when SIGTERM stopped it, from its stop file: its innermost frame of
+    the test's own code (``file:line in function``), else its innermost frame, said to be a library's; None where it
+    was not stopped so (it finished, or died of another cause: SIGKILL, a crash)."""
+    try:
+        with stop_path(results).open("rb") as stop:
+            text = stop.read(MAX_STOP_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    frames = re.findall(r'^\s*File "(.*)", line (\d+) in (\S+)', text, re.MULTILINE)
+    if not frames:
+        return None
+    own = next((f for f in frames if not any(part in f[0] for part in _LIBRARY)), None)
+    path, line, function = own or frames[0]
+    return f"{path}:{line} in {function}" + (
+        "" if own else " (a library's code: none of the test's own was on the stack)"
+    )

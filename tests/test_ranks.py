@@ -6,12 +6,14 @@ no process group: the files are what is tested; the tensor-parallel NCCL loop of
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_syncguard.gate.cli import main
 from pytest_syncguard.ranks import Rank, current
 
 TEST = """
@@ -50,7 +52,10 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "j.xml").exists()
     for rank in (0, 1):
         assert (tmp_path / f"j.rank{rank}.xml").is_file()
-        (test,) = json.loads((tmp_path / f"r.rank{rank}.json").read_text())["tests"]
+        document = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
+        assert document["launch"] == {"rank": rank, "world_size": 2, "finished": True, "in_flight": None}
+        assert not (tmp_path / f"r.rank{rank}.stopped.txt").exists()  # not stopped: SIGTERM put back, file gone
+        (test,) = document["tests"]
         assert f"syncguard: measured by rank {rank} of 2 (torchrun: RANK, WORLD_SIZE)" in test["notes"]
         assert f"syncguard results written to r.rank{rank}.json" in done.stdout
 
@@ -88,3 +93,93 @@ def test_such_a_launch_is_a_usage_error_not_one_shared_file(
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     assert "syncguard: WORLD_SIZE=2 with RANK='abc'" in done.stderr.str()
     assert not (pytester.path / "r.json").exists()
+
+
+TP_TEST = """
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.fixture(scope="module")
+def group():
+    dist.init_process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+
+def decode(steps, die_at=None):
+    x = torch.ones(8)
+    for step in range(steps):
+        if step == die_at and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = x * 0.5
+        dist.all_reduce(x)  # a tensor-parallel layer's reduction
+        if x.sum().item() < 0:  # the loop's stop check: one sync per step
+            break
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_tp(syncguard, group):
+    with syncguard.generation(tokens=4):
+        decode(4)
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_dies(syncguard, group):
+    with syncguard.generation(tokens=4):
+        decode(4, die_at=2 if os.environ.get("KILL_RANK1") else None)
+"""
+
+
+def _torchrun(folder: Path, *, kill: bool) -> subprocess.CompletedProcess[str]:
+    (folder / "test_tp.py").write_text(TP_TEST)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "pytest",
+               "-q", "-p", "no:cacheprovider", "test_tp.py", "--syncguard", "--syncguard-json", "r.json"]  # fmt: skip
+    env = {**os.environ, "KILL_RANK1": "1" if kill else ""}
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_report_judges_a_launch_as_one_run_and_names_the_rank_killed_mid_test(tmp_path: Path) -> None:
+    """Two gloo ranks under torchrun's own launcher; rank 1 kills itself (SIGKILL) inside the second test's region.
+    Rank 0's all-reduce fails or waits, and torchrun stops it (SIGTERM). Each rank's document was written as it went:
+    the report joins them, one entry per test with its ranks, and the killed test fails naming rank 1 as killed, rank
+    0 as stopped by its launcher (where it was) or failed in the collective, whichever came first there."""
+    done = _torchrun(tmp_path, kill=True)
+    assert done.returncode != 0
+    killed = json.loads((tmp_path / "r.rank1.json").read_text())
+    assert killed["launch"] == {"rank": 1, "world_size": 2, "finished": False, "in_flight": "test_tp.py::test_dies"}
+    assert [t["nodeid"] for t in killed["tests"]] == ["test_tp.py::test_tp"]
+    assert (tmp_path / "r.rank1.stopped.txt").read_text() == ""  # SIGKILL: no stack
+    files = [str(tmp_path / f"r.rank{r}.json") for r in (0, 1)]
+    out = tmp_path / "report.json"
+    status = main(["report", *files, "--json", str(out), "--markdown", str(tmp_path / "c.md"), "--fail-on-regression"])
+    assert status == 1
+    tests = {t["nodeid"]: t for t in json.loads(out.read_text())["tests"]}
+    assert tests["test_tp.py::test_tp"]["outcome"] == "passed"
+    assert tests["test_tp.py::test_tp"]["device"] == "cpu-x2"
+    assert tests["test_tp.py::test_tp"]["metrics"]["syncs_per_token"] == 1
+    assert tests["test_tp.py::test_dies"]["outcome"] == "error"
+    comment = (tmp_path / "c.md").read_text()
+    assert "1 of 2 tests failed: 1 failed in the run" in comment
+    assert "- rank 1 of 2: missing: `rank 1 of 2 died during this test (no stop signal: killed or crashed)" in comment
+    rank0 = next(line for line in comment.splitlines() if line.startswith("  - rank 0 of 2: "))
+    assert "was stopped during this test by its launcher (SIGTERM" in rank0 or rank0.startswith(
+        "  - rank 0 of 2: failed"
+    )
+
+
+def test_updating_baselines_from_a_rank_is_a_usage_error_naming_the_joined_way(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank would write its own numbers into one baseline file: the run stops before any test."""
+    pytester.makepyfile(test_r=TEST)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    done = pytester.runpytest_subprocess("--syncguard", "--syncguard-update-baselines")
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    assert "this process is rank 1 of 2" in done.stderr.str()
+    assert "syncguard baselines DIR --record RESULTS.rank*.json" in done.stderr.str()

@@ -16,12 +16,16 @@ from .. import __version__
 from ..codec import CodecError, decode, encode, read_document
 from ..files import write_atomically
 from ..metrics import metric, value_problem
+from ..ranks import stopped_at
 from ..signals import ITEMIZED, KINDS
 from . import upgrades
+from .launch import Launch, LaunchError, RankDocument, join
 from .measured import MeasuredTest
 
 SCHEMA = "pytest-syncguard/results"
 SCHEMA_VERSION = 2
+#: The most processes a launch may say it has: a larger world size is a damaged or hostile file.
+MAX_WORLD = 4096
 
 
 class ResultsError(ValueError):
@@ -47,10 +51,10 @@ def from_record(data: object, version: int = SCHEMA_VERSION, where: str = "test"
     return result
 
 
-def document(results: Iterable[MeasuredTest], torch: str) -> dict[str, Any]:
-    """The file's content: the versions it was measured with (``torch``'s given by the writer), and one record per
-    test in node id order."""
-    return {
+def document(results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None) -> dict[str, Any]:
+    """The file's content: the versions it was measured with (``torch``'s given by the writer), the process of a
+    launch that wrote it (``launch``, where it is one of several), and one record per test in node id order."""
+    content = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "syncguard": __version__,
@@ -58,11 +62,15 @@ def document(results: Iterable[MeasuredTest], torch: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "tests": [record(r) for r in sorted(results, key=lambda r: r.nodeid)],
     }
+    if launch is not None:
+        content["launch"] = encode(launch)
+    return content
 
 
-def write(path: Path, results: Iterable[MeasuredTest], torch: str) -> None:
+def write(path: Path, results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None) -> None:
     """Write the document atomically: a reader sees the old file or the whole new one."""
-    write_atomically(path, json.dumps(document(results, torch), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    text = json.dumps(document(results, torch, launch), indent=2, sort_keys=True, allow_nan=False)
+    write_atomically(path, text + "\n")
 
 
 def read(path: Path) -> list[MeasuredTest]:
@@ -72,8 +80,34 @@ def read(path: Path) -> list[MeasuredTest]:
 
 def read_with_unknown(path: Path) -> tuple[list[MeasuredTest], list[str]]:
     """Every test of the results file at ``path``, and what in it this version does not know (:func:`unknown`)."""
+    tests, strange, _ = _read(path)
+    return tests, strange
+
+
+def read_all(paths: Iterable[Path], unknown: dict[str, list[str]] | None = None) -> list[MeasuredTest]:
+    """Every test of the results files, those of the ranks of a launch joined into one test each
+    (:func:`.launch.join`); what a file holds that this version does not know goes into ``unknown`` under its path.
+    :class:`ResultsError` names a file that cannot be read, or two that are one rank's."""
+    alone: list[MeasuredTest] = []
+    ranked: list[RankDocument] = []
+    for path in paths:
+        tests, strange, launch = _read(path)
+        if strange and unknown is not None:
+            unknown[str(path)] = strange
+        if launch is None:
+            alone.extend(tests)
+        else:
+            ranked.append(RankDocument(str(path), launch, tests, stopped_at(path) if not launch.finished else None))
+    try:
+        return alone + join(ranked)
+    except LaunchError as exc:
+        raise ResultsError(str(exc)) from exc
+
+
+def _read(path: Path) -> tuple[list[MeasuredTest], list[str], Launch | None]:
     try:
         data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard results file")
+        launch = _launch(data.get("launch"))
         tests = data.get("tests")
         if not isinstance(tests, list):
             raise CodecError("'tests' must be a list")
@@ -83,9 +117,21 @@ def read_with_unknown(path: Path) -> tuple[list[MeasuredTest], list[str]]:
             if result.nodeid in seen:
                 raise CodecError(f"tests[{i}]: test {result.nodeid!r} is in the file twice")
             seen.add(result.nodeid)
-        return results, unknown(tests)
+        return results, unknown(tests), launch
     except CodecError as exc:
         raise ResultsError(f"{path}: {exc}") from exc
+
+
+def _launch(data: object) -> Launch | None:
+    """A document's ``launch`` (None: one process wrote it alone); :class:`.codec.CodecError` for a rank that cannot
+    be one of its launch."""
+    if data is None:
+        return None
+    launch = decode(Launch, data, "launch")
+    if not 1 < launch.world_size <= MAX_WORLD or not 0 <= launch.rank < launch.world_size:
+        raise CodecError(f"launch: rank {launch.rank} of {launch.world_size} is no rank of a launch (0 <= rank < "
+                         f"world size, 2 to {MAX_WORLD} processes)")  # fmt: skip
+    return launch
 
 
 def unknown(records: Iterable[object]) -> list[str]:

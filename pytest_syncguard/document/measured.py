@@ -96,6 +96,17 @@ def race_record(event: RaceEvent) -> AsyncRace:
 
 
 @dataclass(frozen=True)
+class RankResult:
+    """One process's part of a test that every process of a launch (torchrun's ranks) measured."""
+
+    rank: int
+    verdict: str
+    """Its own verdict (:attr:`MeasuredTest.verdict`), or ``missing``: it left no result of the test."""
+    said: tuple[str, ...] = ()
+    """Its failed budgets, its error, or why it left no result."""
+
+
+@dataclass(frozen=True)
 class MeasuredTest:
     """Everything the plugin knows about one measured test."""
 
@@ -150,6 +161,10 @@ class MeasuredTest:
     expected_failure: str | None = None
     """Its budgets failed as its xfail mark expects (the mark's reason): pytest reports it XFAIL, and so does the
     run's verdict, which it does not fail."""
+    world_size: int = 1
+    """The processes of the launch that measured it together (torchrun's ``WORLD_SIZE``)."""
+    ranks: tuple[RankResult, ...] = ()
+    """Of a test joined from the documents of every rank (:func:`.launch.join`): each rank's part, in rank order."""
 
     @property
     def syncs(self) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ..analysis.explain import Details, Explanation
 from ..analysis.gaps import TimelineSummary
 from ..document.comparison import Drift, Fingerprint, Spread
-from ..document.measured import MeasuredTest, SiteRecord
+from ..document.measured import MeasuredTest, RankResult, SiteRecord
 from ..metrics import Metrics
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
@@ -49,6 +49,17 @@ class RunCase:
     """What changed in its counts against the baseline the run compared it with."""
     host: str = ""
     """The GPU that measured it (:func:`..environment.host_id`); empty where unknown (a JUnit file's case)."""
+    error: str | None = None
+    """Why it erred (a rank that left no result of it included), where it did."""
+    world_size: int = 1
+    """The processes of the launch that measured it (torchrun's ranks)."""
+    ranks: tuple[RankResult, ...] = ()
+    """Each rank's part, where its ranks' documents were joined (:func:`..document.launch.join`)."""
+
+    @property
+    def failed_ranks(self) -> tuple[RankResult, ...]:
+        """The ranks that failed it, erred or left no result of it."""
+        return tuple(r for r in self.ranks if r.verdict in ("fail", "error", "failed", "regression", "missing"))
 
     @property
     def compared(self) -> bool:
@@ -80,4 +91,7 @@ class RunCase:
             timeline=result.timeline,
             explanation=comparison.explanation if comparison is not None else Explanation(),
             host=result.host,
+            error=result.error,
+            world_size=result.world_size,
+            ranks=result.ranks,
         )

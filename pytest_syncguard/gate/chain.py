@@ -19,6 +19,7 @@ from ..document.comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
 from ..words import plural
+from .cases import RunCase
 from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def budget_entries(run: RunComparison) -> list[Entry]:
             else (f"{plural(s.count, 'sync')} at ", Code(s.site))
             for s in case.sites[:SHOWN]
         )
-        links = [("budget", budgets)] + ([("top sites", sites)] if sites else [])
+        links = [("budget", budgets)] + ([("top sites", sites)] if sites else []) + _ranks_link(case)
         entries.append(Entry(case.nodeid, case.device_slug, "failed budget", tuple(links)))
     return entries
 
@@ -111,9 +112,23 @@ def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[E
             ("what changed", changed),
             ("on the GPU", gpu_lines(verdict)),
             ("what it cost", cost_lines(verdict, ab)),
+            *_ranks_link(verdict.case),
         )
         entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, "regression", links))
     return entries
+
+
+def rank_lines(case: RunCase) -> tuple[Line, ...]:
+    """Each rank of a test the ranks of a launch measured together: its verdict and what it said (its failed
+    budgets, its error, why it left no result)."""
+    return tuple(
+        (f"rank {r.rank} of {case.world_size}: ", Word(r.verdict), *((": ", Code("; ".join(r.said))) if r.said else ()))
+        for r in case.ranks
+    )
+
+
+def _ranks_link(case: RunCase) -> list[tuple[str, tuple[Line, ...]]]:
+    return [("ranks", rank_lines(case))] if case.ranks else []
 
 
 def _counts_regressed(comparison: Comparison) -> bool:

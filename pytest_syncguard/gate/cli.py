@@ -397,7 +397,7 @@ def _baselines(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     """``syncguard baselines DIR --record RESULTS...``: a finished run's results written into DIR's baselines."""
-    from ..document.file import ResultsError, read
+    from ..document.file import ResultsError, read_all
     from .baselines import BaselineError, path_for, record
 
     if len(args.files) != 1 or Path(args.files[0]).is_file():
@@ -408,7 +408,7 @@ def _record(args: argparse.Namespace) -> int:
         return 2
     directory = Path(args.files[0])
     try:
-        results = [t for path in args.record for t in read(Path(path))]
+        results = read_all(Path(path) for path in args.record)
     except ResultsError as exc:
         print(f"syncguard baselines: {exc}", file=sys.stderr)
         return 2
@@ -589,12 +589,12 @@ def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def _history(args: argparse.Namespace) -> int:
     """``syncguard history record|fetch|baselines|page``."""
-    from ..document.file import ResultsError, read
+    from ..document.file import ResultsError, read_all
     from . import history, history_branch
 
     try:
         if args.action == "record":
-            results = [t for path in args.results for t in read(Path(path))]
+            results = read_all(Path(path) for path in args.results)
             if args.into:
                 held = history.record(Path(args.into), results, args.commit, history.now())
                 print("syncguard history: " + ", ".join(f"{slug}: {plural(n, 'run')}" for slug, n in held.items()))

@@ -101,16 +101,13 @@ class RunComparison:
         }
 
 
-def read_run(path: Path, unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
-    """The measured tests of a results file (``.json``) or a JUnit file; ``ResultsError`` or ``JUnitError``
-    naming the file when it is neither. What a results file holds that this version does not know goes into
-    ``unknown``, under the file's path."""
-    if path.suffix == ".json":
-        results, strange = results_file.read_with_unknown(path)
-        if strange and unknown is not None:
-            unknown[str(path)] = strange
-        return [RunCase.of(result) for result in results]
-    return read_cases(path)
+def read_run(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
+    """The measured tests of results files (``.json``; the ranks of a launch joined, :func:`..document.launch.join`)
+    and JUnit files; ``ResultsError`` or ``JUnitError`` naming the file when one is neither. What a results file holds
+    that this version does not know goes into ``unknown``, under the file's path."""
+    documents = [path for path in paths if path.suffix == ".json"]
+    cases = [RunCase.of(result) for result in results_file.read_all(documents, unknown)]
+    return cases + [case for path in paths if path.suffix != ".json" for case in read_cases(path)]
 
 
 def _severity(case: RunCase) -> int:
@@ -121,15 +118,14 @@ def _severity(case: RunCase) -> int:
 
 
 def merge_cases(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
-    """The cases of all files, one per (device, node id), in a stable order. A test in several files (the ranks of
-    one launch, shards that ran it twice) keeps its worst case: a failure in any file is never dropped, whatever
-    the order of the files; of equals, the last file's."""
+    """The cases of all files, one per (device, node id), in a stable order; the ranks of a launch are one case
+    each. A test in several files (shards that ran it twice, a results file and its JUnit file) keeps its worst
+    case: a failure in any file is never dropped, whatever the order of the files; of equals, the last file's."""
     merged: dict[tuple[str, str], RunCase] = {}
-    for path in paths:
-        for case in read_run(path, unknown):
-            key = (case.device_slug, case.nodeid)
-            if key not in merged or _severity(case) >= _severity(merged[key]):
-                merged[key] = case
+    for case in read_run(paths, unknown):
+        key = (case.device_slug, case.nodeid)
+        if key not in merged or _severity(case) >= _severity(merged[key]):
+            merged[key] = case
     return [merged[key] for key in sorted(merged)]
 
 

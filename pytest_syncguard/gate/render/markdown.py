@@ -22,7 +22,8 @@ from urllib.parse import quote
 from ...document.comparison import Change
 from ...metrics import DEVICE_TIME, timing_order
 from ...words import plural
-from ..chain import Code, Entry, Line, Site, Word, budget_entries, regression_entries, value_text
+from ..cases import RunCase
+from ..chain import Code, Entry, Line, Site, Word, budget_entries, rank_lines, regression_entries, value_text
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
 from ..verdict import Verdict
@@ -289,12 +290,20 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
     if other:
         blocks.append([
             f"### ❌ Failed tests ({plural(len(other), 'test')})", "",
-            *(f"- {code(v.case.nodeid)} on {code(v.case.device_slug)}: {said(v.case.verdict)}" for v in other), "",
+            *(line for v in other for line in _failed_test(v.case, links)), "",
         ])  # fmt: skip
     if ab is not None:
         blocks.append(ab_lines(ab))
     blocks.append(_details(run))
     return blocks
+
+
+def _failed_test(case: RunCase, links: SiteLinks | None) -> list[str]:
+    """A test that failed in the run: its verdict, and of a test the ranks of a launch measured, each rank's."""
+    head = f"- {code(case.nodeid)} on {code(case.device_slug)}: {said(case.verdict)}"
+    if not case.ranks:
+        return [head]
+    return [head, *(f"  - {_line(line, links)}" for line in rank_lines(case))]
 
 
 def _details(run: RunComparison) -> list[str]:
