@@ -19,7 +19,7 @@ from .analysis.races import RaceEvent
 from .analysis.sites import SyncSite
 from .instruments import COUNTING_RUN, TIMED_RUN
 from .measurement import Measurement, RegionTiming
-from .probes import compiles, graphs, ops
+from .probes import collectives, compiles, graphs, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch, transfer_counts
 from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
@@ -72,6 +72,7 @@ class GenerationRegion:
     _memory: list[MemoryStats] = field(default_factory=list, repr=False)
     _counts: list[RegionCounts] = field(default_factory=list, repr=False)
     _races: list[RaceEvent] = field(default_factory=list, repr=False)
+    _collectives: list[str] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
     _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
     _cuda_calls: CudaCallWatch = field(default_factory=CudaCallWatch, repr=False)
@@ -209,6 +210,13 @@ class GenerationRegion:
             **filled,
         )
 
+    def _collective_calls(self) -> dict[str, Any]:
+        """The region's collectives in call order, with its tokens (:attr:`.Measurement.collective_calls`)."""
+        if not self._collectives:
+            return {}
+        tokens = self.tokens if self.tokens is not None else self.forward_calls or None
+        return {"collective_calls": {self.number: (tokens, tuple(self._collectives))}}
+
     @contextmanager
     def _counting_cuda_calls(self) -> Iterator[None]:
         with CUDA_CALLS.counting() as watch:
@@ -266,6 +274,8 @@ REGION_PROBES = (
     RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
     RegionProbe("CUDA graphs", "graphs", _always, lambda r: graphs.counting(r._counts)),
     RegionProbe("operators", "ops", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
+    RegionProbe("collectives", "collectives", _always, lambda r: collectives.counting(r._counts, r._collectives),
+                lambda r: r._collective_calls()),
 )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .analysis import gaps, sampled, trace_file
+from .analysis.collectives import kernels_in as collective_kernels
 from .analysis.counts import RegionCounts
 from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, uncounted, unreliable_counts
 from .analysis.gaps import MARKED_STEPS, Timeline
@@ -209,11 +210,14 @@ def _with_traced_runs(
     work, and says why."""
     counts = dict(measurement.region_counts)
     found: dict[int, Timeline | None] = {}
+    kernels = dict(measurement.collective_kernels)
     for path in files:
         trace = trace_file.load(path)
         problem = sentinel_problem(trace)
         for n, window in gaps.regions(trace).items():
             _add_work(counts, n, trace, window, problem)
+            if problem is None:
+                kernels[n] = collective_kernels(trace, window)
             timeline = gaps.analyze(trace, window=window, warmup_steps=warmup_steps)
             found[n] = timeline if problem is None and (timeline is None or timeline.unreliable is None) else None
     if timed_timelines:
@@ -221,7 +225,7 @@ def _with_traced_runs(
             if found.keys().isdisjoint(part):
                 for n in part:
                     counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
-    return replace(measurement, region_counts=counts, device_times=_device_times(found))
+    return replace(measurement, region_counts=counts, device_times=_device_times(found), collective_kernels=kernels)
 
 
 @dataclass(frozen=True)

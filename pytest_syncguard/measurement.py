@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .analysis.collectives import Collectives
 from .analysis.counts import RegionCounts, top_over, total
 from .analysis.device_work import DeviceTime
 from .analysis.gaps import Timeline
@@ -84,6 +85,19 @@ class Measurement:
     cuda_calls_uncounted: str | None = None
     """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region (a profiler
     capture held CUPTI, no CUPTI), if so; its syncs are then torch's alone there."""
+    collective_calls: Mapping[int, tuple[int | None, tuple[str, ...]]] = field(default_factory=dict)
+    """Per region number that called collectives: its tokens and each call, ``op at site``, in order."""
+    collective_kernels: Mapping[int, tuple[tuple[tuple[float, float], ...], int]] = field(default_factory=dict)
+    """Per traced region number (CUDA): its collective kernels' (start, end), us, in order, and how many more."""
+
+    def collectives(self) -> Collectives | None:
+        """The first traced region's collectives with its calls (what the report matches across ranks), None where
+        no traced region launched a collective kernel."""
+        for number, (kernels, more) in sorted(self.collective_kernels.items()):
+            if kernels:
+                tokens, calls = self.collective_calls.get(number, (None, ()))
+                return Collectives(tokens, calls, kernels, more)
+        return None
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""

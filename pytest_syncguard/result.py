@@ -56,4 +56,5 @@ def measured_test(
         device_slug=device_slug,
         host=host,
         cuda_calls_uncounted=measurement.cuda_calls_uncounted,
+        collectives=measurement.collectives(),
     )

@@ -123,6 +123,7 @@ def decode(steps, die_at=None):
 
 
 @pytest.mark.max_syncs_per_token(1)
+@pytest.mark.max_collectives_per_token(1)
 def test_tp(syncguard, group):
     with syncguard.generation(tokens=4):
         decode(4)
@@ -162,6 +163,11 @@ def test_the_report_judges_a_launch_as_one_run_and_names_the_rank_killed_mid_tes
     assert tests["test_tp.py::test_tp"]["outcome"] == "passed"
     assert tests["test_tp.py::test_tp"]["device"] == "cpu-x2"
     assert tests["test_tp.py::test_tp"]["metrics"]["syncs_per_token"] == 1
+    # The all-reduce is a collective, counted by the collective probe at its call site, and no sync.
+    assert tests["test_tp.py::test_tp"]["metrics"]["collectives_per_token"] == 1
+    (tp,) = [t for t in killed["tests"] if t["nodeid"] == "test_tp.py::test_tp"]
+    line = TP_TEST.splitlines().index("        dist.all_reduce(x)  # a tensor-parallel layer's reduction") + 1
+    assert tp["counted_top"]["collectives"] == [[f"all_reduce at test_tp.py:{line} in decode", 4]]
     assert tests["test_tp.py::test_dies"]["outcome"] == "error"
     comment = (tmp_path / "c.md").read_text()
     assert "1 of 2 tests failed: 1 failed in the run" in comment

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..analysis.collectives import MAX_KERNELS
 from ..codec import CodecError, decode, encode, read_document
 from ..files import write_atomically
 from ..metrics import metric, value_problem
@@ -44,6 +45,8 @@ def from_record(data: object, version: int = SCHEMA_VERSION, where: str = "test"
     if version == 1 and isinstance(data, Mapping):
         data = upgrades.results_v1(data)
     result = decode(MeasuredTest, data, where)
+    if result.collectives is not None and len(result.collectives.kernels) > MAX_KERNELS:
+        raise CodecError(f"{where}.collectives: more than {MAX_KERNELS} kernels (a region keeps at most that many)")
     for name, value in result.metrics.values.items():
         problem = value_problem(name, value)
         if problem is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ..analysis.collectives import match
 from ..metrics import DEVICE_TIME, Metrics, metric
 from .measured import MeasuredTest, RankResult
 
@@ -129,6 +130,7 @@ def _joined(
         notes=tuple(dict.fromkeys(n for t in tests for n in t.notes)),
         world_size=world,
         ranks=ranks,
+        collective_waits=match({r: t.collectives for r, t in present.items() if t.collectives is not None}),
     )
 
 

@@ -127,8 +127,33 @@ def rank_lines(case: RunCase) -> tuple[Line, ...]:
     )
 
 
+def collective_lines(case: RunCase) -> tuple[Line, ...]:
+    """Of a test the ranks of a launch measured: the straggler, the collective the others waited longest at and its
+    call site, then each rank's wait and transfer per token (or why its collectives could not be matched)."""
+    waits = case.collective_waits
+    if waits is None:
+        return ()
+    if isinstance(waits, str):
+        return ((Code(waits),),)
+    lines: list[Line] = []
+    if waits.straggler is not None:
+        lines.append((f"rank {waits.straggler} is the straggler: the other ranks waited {waits.late_us:.0f} µs per "
+                      "token for it",))  # fmt: skip
+    else:
+        lines.append((f"no straggler: the ranks arrived within {waits.late_us:.0f} µs per token of each other",))
+    where: Line = (" at ", Code(waits.worst_site)) if waits.worst_site else ()
+    lines.append((f"longest wait {waits.worst_wait_us:.0f} µs at collective #{waits.worst + 1} of "
+                  f"{waits.matched}", *where, f", rank {waits.worst_last} arriving last",))  # fmt: skip
+    for rank, (wait, transfer) in enumerate(zip(waits.wait_us, waits.transfer_us, strict=True)):
+        lines.append((f"rank {rank}: waiting {wait:.0f} µs, transfer {transfer:.0f} µs per token "
+                      f"(split by the {waits.clock})",))  # fmt: skip
+    return tuple(lines)
+
+
 def _ranks_link(case: RunCase) -> list[tuple[str, tuple[Line, ...]]]:
-    return [("ranks", rank_lines(case))] if case.ranks else []
+    links = [("ranks", rank_lines(case))] if case.ranks else []
+    waits = collective_lines(case)
+    return links + ([("collective waits", waits)] if waits else [])
 
 
 def _counts_regressed(comparison: Comparison) -> bool:

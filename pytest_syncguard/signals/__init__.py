@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import compiles, graphs, memory, ops, races, syncs, timeline, transfers, wall_time
+from . import collectives, compiles, graphs, memory, ops, races, syncs, timeline, transfers, wall_time
 from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
 #: Every signal, in the order of the metrics and the summary's columns (the markers' order: :data:`KINDS`).
 SIGNALS: tuple[Signal, ...] = (
     syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, transfers.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL,
-    graphs.SIGNAL, wall_time.SIGNAL,
+    graphs.SIGNAL, collectives.SIGNAL, wall_time.SIGNAL,
 )  # fmt: skip
 BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
 #: The fields of a measurement the signals fill, with how each merges across regions and runs.

@@ -23,7 +23,18 @@ from ...document.comparison import Change
 from ...metrics import DEVICE_TIME, timing_order
 from ...words import plural
 from ..cases import RunCase
-from ..chain import Code, Entry, Line, Site, Word, budget_entries, rank_lines, regression_entries, value_text
+from ..chain import (
+    Code,
+    Entry,
+    Line,
+    Site,
+    Word,
+    budget_entries,
+    collective_lines,
+    rank_lines,
+    regression_entries,
+    value_text,
+)
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
 from ..verdict import Verdict
@@ -187,6 +198,18 @@ def device_time_block(run: RunComparison) -> list[str]:
     return [*lines, ""]
 
 
+def collectives_block(run: RunComparison, links: SiteLinks | None = None) -> list[str]:
+    """Each test the ranks of a launch measured that launched collectives: the straggler, the longest wait and its
+    call site, each rank's wait and transfer per token."""
+    lines: list[str] = []
+    for verdict in run.cases:
+        found = collective_lines(verdict.case)
+        if found:
+            lines.append(f"- {code(verdict.case.nodeid)} on {code(verdict.case.device_slug)}")
+            lines.extend(f"  - {_line(line, links)}" for line in found)
+    return ["**Collective waits** (the ranks' collectives matched one by one)", "", *lines, ""] if lines else []
+
+
 def _pairs(verdicts: Sequence[CaseComparison], status: str) -> list[tuple[CaseComparison, Change]]:
     return [(v, c) for v in verdicts for c in v.comparison.of(status)]
 
@@ -309,7 +332,7 @@ def _failed_test(case: RunCase, links: SiteLinks | None) -> list[str]:
 def _details(run: RunComparison) -> list[str]:
     """Everything else, collapsed: device time of every test, improvements, new and missing tests, timings not
     judged, the environment, and every test's verdict."""
-    inside: list[str] = [*device_time_block(run)]
+    inside: list[str] = [*device_time_block(run), *collectives_block(run)]
     improved = _pairs(run.with_status("improvement"), "improvement")
     if improved:
         inside += ["**Improvements** (record them with `pytest --syncguard --syncguard-update-baselines` on the same "

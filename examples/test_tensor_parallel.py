@@ -1,0 +1,112 @@
+"""A tensor-parallel decode loop, one process per GPU, judged as one run: run it under torchrun.
+
+    torchrun --nproc-per-node 2 -m pytest examples/test_tensor_parallel.py --syncguard --syncguard-json tp.json
+    syncguard report tp.rank0.json tp.rank1.json
+
+Each layer is an MLP sharded across the ranks (its up projection by columns, its down projection by rows), whose
+partial sums one all-reduce adds up; each step ends in the loop's stop check, one sync. NCCL on CUDA (each rank on
+its own GPU), gloo on the CPU. Outside a launch of several processes it is skipped.
+
+Planted for the evidence of docs/howto/torchrun.md: ``SYNCGUARD_PLANT_STRAGGLER_US=200`` makes rank 1 spin that many
+microseconds on its GPU before each step (a straggler); ``SYNCGUARD_PLANT_KILL_RANK=1`` makes rank 1 kill itself
+(SIGKILL) in the middle of its first measured run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_syncguard import SyncGuard
+
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+LAYERS, STEPS, BATCH = 4, 32, 8
+HIDDEN = 2048 if torch.cuda.is_available() else 256  # the CPU run (gloo) shows the launch, not the speed
+
+pytestmark = pytest.mark.skipif(WORLD < 2, reason="a tensor-parallel loop: run it under torchrun --nproc-per-node 2")
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[torch.device]:
+    """This rank's device in an initialized process group (NCCL on its own GPU, else gloo on the CPU)."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        chosen = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=chosen)
+    else:
+        chosen = torch.device("cpu")
+        dist.init_process_group("gloo")
+    yield chosen
+    dist.destroy_process_group()
+
+
+class ShardedMLP(torch.nn.Module):
+    """This rank's shard of ``LAYERS`` MLPs: each adds its partial sums up with one all-reduce."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        width = 4 * HIDDEN // WORLD
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        generator = torch.Generator().manual_seed(dist.get_rank())
+        self.up = [torch.randn(HIDDEN, width, generator=generator).div(HIDDEN**0.5).to(device, dtype)
+                   for _ in range(LAYERS)]  # fmt: skip
+        self.down = [torch.randn(width, HIDDEN, generator=generator).div(width**0.5).to(device, dtype)
+                     for _ in range(LAYERS)]  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for up, down in zip(self.up, self.down, strict=True):
+            partial = torch.nn.functional.gelu(x @ up) @ down
+            dist.all_reduce(partial)
+            x = torch.tanh(x + partial)
+        return x
+
+
+def _spin_cycles(device: torch.device, microseconds: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins for ``microseconds`` on this GPU, timed with events."""
+    probe = 1_000_000
+    torch.cuda._sleep(probe)  # the clocks up, once
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return int(probe * microseconds / (start.elapsed_time(end) * 1000))
+
+
+def decode(model: ShardedMLP, x: torch.Tensor, spin: int, kill_at: int | None) -> torch.Tensor:
+    """``STEPS`` decode steps; each ends in the stop check (one sync)."""
+    for step in range(STEPS):
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if spin:
+            torch.cuda._sleep(spin)
+        x = model(x)
+        if bool((x.abs().amax() > 1e4).item()):  # the loop's stop check: never true, one sync per step
+            break
+    return x
+
+
+@pytest.mark.max_syncs_per_token(1)
+@pytest.mark.max_collectives_per_token(LAYERS)
+def test_tp_decode(syncguard: SyncGuard, device: torch.device) -> None:
+    model = ShardedMLP(device)
+    x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)).to(device, model.up[0].dtype)
+    rank = dist.get_rank()
+    planted = float(os.environ.get("SYNCGUARD_PLANT_STRAGGLER_US", "0") or 0)
+    spin = _spin_cycles(device, planted) if planted and rank == 1 and device.type == "cuda" else 0
+    kill = os.environ.get("SYNCGUARD_PLANT_KILL_RANK", "")
+    runs = {"n": 0}
+
+    def run() -> torch.Tensor:
+        runs["n"] += 1
+        # The kill lands in the first measured run (after the warm-up run), in its middle.
+        kill_at = STEPS // 2 if kill.isdigit() and int(kill) == rank and runs["n"] == 2 else None
+        return decode(model, x, spin, kill_at)
+
+    syncguard.measure(run, tokens=STEPS, warmup=1, repeat=5)
