@@ -4,8 +4,8 @@
 # (default $OUT, else tp-evidence/):
 #
 #   record/     an unchanged run, recorded as the baseline keyed by GPU model x 2 (baselines/)
-#   unchanged/  a second unchanged run, judged against it
-#   straggler/  rank 1 spinning SYNCGUARD_PLANT_STRAGGLER_US (default 200) us of GPU work before each step
+#   unchanged/  a second unchanged run, judged against it (and unchanged2/, a third)
+#   straggler/  rank 1 spinning SYNCGUARD_PLANT_STRAGGLER_US (default 200) us of GPU work in each step
 #   killed/     rank 1 killed (SIGKILL) in the middle of its first measured run
 #
 # Each folder has the ranks' documents, the report (report.json, comment.md) and the launch's log.
@@ -32,5 +32,6 @@ launch() {  # NAME [ENV=VALUE...]: the example under torchrun, then its report a
 launch record
 python3 -m pytest_syncguard.gate.cli baselines "$out/baselines" --record "$out/record"/r.rank*.json
 launch unchanged
+launch unchanged2
 launch straggler SYNCGUARD_PLANT_STRAGGLER_US="${SYNCGUARD_PLANT_STRAGGLER_US:-200}"
 launch killed SYNCGUARD_PLANT_KILL_RANK=1

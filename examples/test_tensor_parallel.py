@@ -8,7 +8,8 @@ partial sums one all-reduce adds up; each step ends in the loop's stop check, on
 its own GPU), gloo on the CPU. Outside a launch of several processes it is skipped.
 
 Planted for the evidence of docs/howto/torchrun.md: ``SYNCGUARD_PLANT_STRAGGLER_US=200`` makes rank 1 spin that many
-microseconds on its GPU before each step (a straggler); ``SYNCGUARD_PLANT_KILL_RANK=1`` makes rank 1 kill itself
+microseconds on its GPU in each step, before its second layer (where its GPU has queued work, so that all of the spin
+delays its arrival at that layer's all-reduce: a straggler); ``SYNCGUARD_PLANT_KILL_RANK=1`` makes rank 1 kill itself
 (SIGKILL) in the middle of its first measured run.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 from collections.abc import Iterator
 
 import pytest
@@ -25,8 +27,11 @@ import torch.distributed as dist
 from pytest_syncguard import SyncGuard
 
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
-LAYERS, STEPS, BATCH = 4, 32, 8
-HIDDEN = 2048 if torch.cuda.is_available() else 256  # the CPU run (gloo) shows the launch, not the speed
+LAYERS, STEPS = 4, 32
+# On CUDA a batch large enough that the GPU, not the host, sets the pace (a straggler's GPU work then delays its
+# arrival at the collectives); on the CPU (gloo) small: the launch is what is shown there, not the speed.
+HIDDEN = int(os.environ.get("SYNCGUARD_TP_HIDDEN", 0)) or (8192 if torch.cuda.is_available() else 256)
+BATCH = int(os.environ.get("SYNCGUARD_TP_BATCH", 0)) or (1024 if torch.cuda.is_available() else 8)
 
 pytestmark = pytest.mark.skipif(WORLD < 2, reason="a tensor-parallel loop: run it under torchrun --nproc-per-node 2")
 
@@ -49,8 +54,10 @@ def device() -> Iterator[torch.device]:
 class ShardedMLP(torch.nn.Module):
     """This rank's shard of ``LAYERS`` MLPs: each adds its partial sums up with one all-reduce."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, spin: int = 0) -> None:
         super().__init__()
+        self.spin = spin
+        """GPU clock cycles spun before the second layer (a planted straggler); 0: none."""
         width = 4 * HIDDEN // WORLD
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         generator = torch.Generator().manual_seed(dist.get_rank())
@@ -60,32 +67,43 @@ class ShardedMLP(torch.nn.Module):
                      for _ in range(LAYERS)]  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for up, down in zip(self.up, self.down, strict=True):
+        for layer, (up, down) in enumerate(zip(self.up, self.down, strict=True)):
+            if layer == 1 and self.spin:
+                torch.cuda._sleep(self.spin)
             partial = torch.nn.functional.gelu(x @ up) @ down
             dist.all_reduce(partial)
             x = torch.tanh(x + partial)
         return x
 
 
-def _spin_cycles(device: torch.device, microseconds: float) -> int:
-    """GPU clock cycles that ``torch.cuda._sleep`` spins for ``microseconds`` on this GPU, timed with events."""
+def _spin_cycles(model: ShardedMLP, x: torch.Tensor, microseconds: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins for ``microseconds`` on this GPU under the loop's own load:
+    timed with events between the layers' matmuls (the SM clock under heavy matmuls is lower than idle, and the spin
+    counts cycles), median of 5."""
     probe = 1_000_000
-    torch.cuda._sleep(probe)  # the clocks up, once
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(probe)
-    end.record()
-    end.synchronize()
-    return int(probe * microseconds / (start.elapsed_time(end) * 1000))
+
+    def load() -> None:
+        for up, down in zip(model.up, model.down, strict=True):
+            torch.nn.functional.gelu(x @ up) @ down
+
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        load()
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        load()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return int(probe * microseconds / statistics.median(times))
 
 
-def decode(model: ShardedMLP, x: torch.Tensor, spin: int, kill_at: int | None) -> torch.Tensor:
+def decode(model: ShardedMLP, x: torch.Tensor, kill_at: int | None = None) -> torch.Tensor:
     """``STEPS`` decode steps; each ends in the stop check (one sync)."""
     for step in range(STEPS):
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        if spin:
-            torch.cuda._sleep(spin)
         x = model(x)
         if bool((x.abs().amax() > 1e4).item()):  # the loop's stop check: never true, one sync per step
             break
@@ -95,11 +113,12 @@ def decode(model: ShardedMLP, x: torch.Tensor, spin: int, kill_at: int | None) -
 @pytest.mark.max_syncs_per_token(1)
 @pytest.mark.max_collectives_per_token(LAYERS)
 def test_tp_decode(syncguard: SyncGuard, device: torch.device) -> None:
-    model = ShardedMLP(device)
-    x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)).to(device, model.up[0].dtype)
     rank = dist.get_rank()
     planted = float(os.environ.get("SYNCGUARD_PLANT_STRAGGLER_US", "0") or 0)
-    spin = _spin_cycles(device, planted) if planted and rank == 1 and device.type == "cuda" else 0
+    model = ShardedMLP(device)
+    x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)).to(device, model.up[0].dtype)
+    if planted and rank == 1 and device.type == "cuda":
+        model.spin = _spin_cycles(model, x, planted)
     kill = os.environ.get("SYNCGUARD_PLANT_KILL_RANK", "")
     runs = {"n": 0}
 
@@ -107,6 +126,6 @@ def test_tp_decode(syncguard: SyncGuard, device: torch.device) -> None:
         runs["n"] += 1
         # The kill lands in the first measured run (after the warm-up run), in its middle.
         kill_at = STEPS // 2 if kill.isdigit() and int(kill) == rank and runs["n"] == 2 else None
-        return decode(model, x, spin, kill_at)
+        return decode(model, x, kill_at)
 
     syncguard.measure(run, tokens=STEPS, warmup=1, repeat=5)

@@ -46,8 +46,9 @@ def _counter_metrics() -> list[Metric]:
                               description=spec.description, column=column))  # fmt: skip
         if spec.per_token:
             metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
-                                  runs=_counted_per_token(spec.name), aggregate=worst,
-                                  description=f"{spec.description}, per token", column=spec.column))  # fmt: skip
+                                  runs=_counted_per_token(spec.name), quiet_when_zero=spec.quiet_when_zero,
+                                  aggregate=worst, description=f"{spec.description}, per token",
+                                  column=spec.column))  # fmt: skip
     return metrics
 
 

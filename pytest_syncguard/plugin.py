@@ -502,8 +502,11 @@ class SyncguardSession:
         )  # fmt: skip
         guard.check_races = capture.races
         raised: BaseException | None = None
+        from .probes.spawned import note, watching
+
+        started: list[str] = []
         try:
-            with capture.recording():
+            with capture.recording(), watching() as started:
                 try:
                     outcome = yield
                 except BaseException as exc:
@@ -529,6 +532,8 @@ class SyncguardSession:
                 result = _with_gap_diagnosis(item, guard, result)
             if result is not None and raised is None and result.broke(Need.ALLOCATOR):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
+            if result is not None and (spawned := note(started)) is not None:
+                result = replace(result, notes=(*result.notes, spawned))
             if result is not None:
                 item.stash[_RESULT] = result
 
@@ -629,11 +634,19 @@ class SyncguardSession:
         from .document import file as results_file
         from .document.launch import Launch
 
-        launch = Launch(self.rank.rank, self.rank.world_size, finished=False, in_flight=in_flight)
+        launch = Launch(self.rank.rank, self.rank.world_size, False, in_flight, self._launch_slug())
         try:
             results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
         except (OSError, ValueError) as exc:
             self.notes.append(f"syncguard: this rank's results NOT written to {self.json_path} as it went: {exc}")
+
+    def _launch_slug(self) -> str:
+        """The slug of this rank's GPU (its CPU's without one), for a test no rank finished."""
+        import torch
+
+        from .environment import slug_for
+
+        return slug_for("cuda" if torch.cuda.is_available() else "cpu")
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True
@@ -713,7 +726,7 @@ class SyncguardSession:
             from .document.launch import Launch
 
             rank = self.rank
-            launch = Launch(rank.rank, rank.world_size) if rank is not None else None
+            launch = Launch(rank.rank, rank.world_size, device_slug=self._launch_slug()) if rank is not None else None
             try:
                 results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
                 self.json_written = True

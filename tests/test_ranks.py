@@ -53,7 +53,13 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
     for rank in (0, 1):
         assert (tmp_path / f"j.rank{rank}.xml").is_file()
         document = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
-        assert document["launch"] == {"rank": rank, "world_size": 2, "finished": True, "in_flight": None}
+        assert document["launch"] == {
+            "rank": rank,
+            "world_size": 2,
+            "finished": True,
+            "in_flight": None,
+            "device_slug": "cpu-x2",
+        }
         assert not (tmp_path / f"r.rank{rank}.stopped.txt").exists()  # not stopped: SIGTERM put back, file gone
         (test,) = document["tests"]
         assert f"syncguard: measured by rank {rank} of 2 (torchrun: RANK, WORLD_SIZE)" in test["notes"]
@@ -152,7 +158,13 @@ def test_the_report_judges_a_launch_as_one_run_and_names_the_rank_killed_mid_tes
     done = _torchrun(tmp_path, kill=True)
     assert done.returncode != 0
     killed = json.loads((tmp_path / "r.rank1.json").read_text())
-    assert killed["launch"] == {"rank": 1, "world_size": 2, "finished": False, "in_flight": "test_tp.py::test_dies"}
+    assert killed["launch"] == {
+        "rank": 1,
+        "world_size": 2,
+        "finished": False,
+        "in_flight": "test_tp.py::test_dies",
+        "device_slug": "cpu-x2",
+    }
     assert [t["nodeid"] for t in killed["tests"]] == ["test_tp.py::test_tp"]
     assert (tmp_path / "r.rank1.stopped.txt").read_text() == ""  # SIGKILL: no stack
     files = [str(tmp_path / f"r.rank{r}.json") for r in (0, 1)]
@@ -189,3 +201,41 @@ def test_updating_baselines_from_a_rank_is_a_usage_error_naming_the_joined_way(
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     assert "this process is rank 1 of 2" in done.stderr.str()
     assert "syncguard baselines DIR --record RESULTS.rank*.json" in done.stderr.str()
+
+
+SPAWNING_TEST = """
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+
+def rank(index):
+    torch.ones(4).sum().item()
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_spawns(syncguard):
+    with syncguard.generation(tokens=1):
+        mp.start_processes(rank, nprocs=2, start_method="fork")
+        torch.ones(4).sum().item()
+
+
+@pytest.mark.max_syncs_per_token(1)
+def test_alone(syncguard):
+    with syncguard.generation(tokens=1):
+        torch.ones(4).sum().item()
+"""
+
+
+def test_a_test_that_spawns_its_ranks_says_plainly_they_are_not_measured(pytester: pytest.Pytester) -> None:
+    """torch's own MultiProcessTestCase and DeepSpeed's tests spawn their ranks from one pytest: syncguard measures
+    the process it runs in, and says so in the test's results rather than passing its numbers off as the ranks'."""
+    pytester.makepyfile(test_spawn=SPAWNING_TEST)
+    done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json")
+    assert done.ret == 0, done.stdout.str()
+    tests = {t["nodeid"]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    said = "syncguard: this test started 2 process(es) (rank): syncguard measured this process alone"
+    assert any(n.startswith(said) for n in tests["test_spawn.py::test_spawns"]["notes"])
+    assert not any("started" in n for n in tests["test_spawn.py::test_alone"]["notes"])
+    assert tests["test_spawn.py::test_spawns"]["metrics"]["values"]["syncs"] == 1  # the parent's own sync alone
+    assert said in done.stdout.str()

@@ -20,6 +20,8 @@ where the calls and kernels pair one to one).
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -75,18 +77,25 @@ class CollectiveWaits:
     clock: str
     """How waits were split: :data:`STARTS` or :data:`DURATIONS`."""
     wait_us: tuple[float, ...]
-    """Per rank (rank order), per token: time its collectives' kernels waited for the last rank to arrive."""
+    """Per rank (of :attr:`ranks`), per token: time its collectives' kernels waited for the last rank to arrive."""
     transfer_us: tuple[float, ...]
     """Per rank, per token: time its collectives' kernels ran after every rank had arrived."""
+    ranks: tuple[int, ...] = ()
+    """The ranks matched, in order (those that have a traced run: a rank that died has none)."""
     straggler: int | None = None
     """The rank the others waited for (None: they arrived together, within :data:`MIN_LATE_US` per token)."""
     late_us: float = 0.0
     """Per token, how long the other ranks waited, on average over them."""
+    per_step: int = 0
+    """Collectives per decode step (0: they do not divide evenly into the tokens, and each is its own)."""
     worst: int = 0
-    """The collective (index in launch order) with the longest wait."""
+    """The collective of a step (0-based; of the region where ``per_step`` is 0) with the longest median wait."""
     worst_wait_us: float = 0.0
+    """That wait: the longest of any rank's, median over the steps."""
     worst_last: int = 0
-    """The rank that arrived last at it."""
+    """The rank that arrived last at it most often."""
+    worst_times: int = 0
+    """In how many steps it arrived last there."""
     worst_site: str | None = None
     """Its call site, where known."""
 
@@ -100,9 +109,25 @@ def _shared_clock(kernels: Sequence[Sequence[tuple[float, float]]]) -> bool:
     return True
 
 
-def match(ranks: Mapping[int, Collectives]) -> CollectiveWaits | str | None:
-    """The waits of the ranks' collectives matched one by one; a sentence saying why they cannot be matched (ranks
-    that launched different numbers, or none known); None where no rank launched a collective kernel."""
+def _split(row: Sequence[tuple[float, float]], clock: str) -> tuple[list[float], list[float], int]:
+    """One collective on every rank: each rank's wait and transfer (us), and which rank arrived last."""
+    if clock == STARTS:
+        last = max(range(len(row)), key=lambda i: row[i][0])
+        arrival = row[last][0]
+        return [arrival - start for start, _ in row], [end - arrival for _, end in row], last
+    durations = [end - start for start, end in row]
+    last = min(range(len(row)), key=lambda i: durations[i])
+    return [d - durations[last] for d in durations], [durations[last]] * len(row), last
+
+
+def match(ranks: Mapping[int, Collectives], clock: str | None = None) -> CollectiveWaits | str | None:
+    """The waits of the ranks' collectives matched one by one, split by ``clock`` (:data:`STARTS` where None and the
+    traces share a clock, else :data:`DURATIONS`); a sentence saying why they cannot be matched (ranks that launched
+    different numbers); None where no rank launched a collective kernel.
+
+    Per token is per decode step: where the collectives divide evenly into the region's tokens, each rank's wait and
+    transfer are the medians over steps of a step's sum (a single hiccup of one host, a profiler's flush, moves no
+    median), else the totals over the tokens."""
     if not ranks or not any(c.kernels for c in ranks.values()):
         return None
     order = sorted(ranks)
@@ -111,35 +136,29 @@ def match(ranks: Mapping[int, Collectives]) -> CollectiveWaits | str | None:
         said = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
         return f"the ranks launched different numbers of collective kernels ({said}): not matched"
     kernels = [ranks[r].kernels for r in order]
+    matched = len(kernels[0])
     tokens = next((c.tokens for c in ranks.values() if c.tokens), None) or 1
-    clock = STARTS if _shared_clock(kernels) else DURATIONS
-    waits = [0.0] * len(order)
-    transfers = [0.0] * len(order)
-    late_at = [0.0] * len(order)
-    worst = (0.0, 0, 0)  # (wait, collective, last rank)
-    for index, row in enumerate(zip(*kernels, strict=True)):
-        if clock == STARTS:
-            last = max(range(len(row)), key=lambda i: row[i][0])
-            arrival = row[last][0]
-            wait = [arrival - start for start, _ in row]
-            transfer = [end - arrival for _, end in row]
-        else:
-            durations = [end - start for start, end in row]
-            last = min(range(len(row)), key=lambda i: durations[i])
-            wait = [d - durations[last] for d in durations]
-            transfer = [durations[last]] * len(row)
-        for i in range(len(row)):
-            waits[i] += wait[i]
-            transfers[i] += transfer[i]
-        late_at[last] += sum(wait) / max(1, len(row) - 1)
-        if max(wait) > worst[0]:
-            worst = (max(wait), index, last)
-    straggler = max(range(len(order)), key=lambda i: late_at[i])
-    late = late_at[straggler] / tokens
-    site = ranks[order[worst[2]]].site(worst[1]) or ranks[order[0]].site(worst[1])
+    clock = clock or (STARTS if _shared_clock(kernels) else DURATIONS)
+    per_step = matched // tokens if matched % tokens == 0 and matched >= tokens else 0
+    width = per_step or matched
+    # [step][position in the step] -> (each rank's wait, each rank's transfer, the last rank)
+    split = [_split(row, clock) for row in zip(*kernels, strict=True)]
+    steps = [split[i : i + width] for i in range(0, matched, width)]
+    ranked = range(len(order))
+    waits = [statistics.median(sum(c[0][r] for c in step) for step in steps) for r in ranked]
+    transfers = [statistics.median(sum(c[1][r] for c in step) for step in steps) for r in ranked]
+    if not per_step:  # the region's totals, per token
+        waits, transfers = [w / tokens for w in waits], [t / tokens for t in transfers]
+    straggler = min(ranked, key=lambda r: waits[r])
+    others = [w for r, w in enumerate(waits) if r != straggler]
+    late = statistics.fmean(others) if others else 0.0
+    at = [max(statistics.median(step[p][0][r] for step in steps) for r in ranked) for p in range(width)]
+    worst = max(range(width), key=lambda p: at[p])
+    lasts = Counter(step[worst][2] for step in steps)
+    last, times = lasts.most_common(1)[0]
+    site = ranks[order[last]].site(worst) or ranks[order[0]].site(worst)
     return CollectiveWaits(
-        matched=len(kernels[0]), clock=clock, wait_us=tuple(w / tokens for w in waits),
-        transfer_us=tuple(t / tokens for t in transfers),
-        straggler=order[straggler] if late >= MIN_LATE_US else None, late_us=late, worst=worst[1],
-        worst_wait_us=worst[0], worst_last=order[worst[2]], worst_site=site,
+        matched=matched, clock=clock, wait_us=tuple(waits), transfer_us=tuple(transfers), ranks=tuple(order),
+        straggler=order[straggler] if late >= MIN_LATE_US else None, late_us=late, per_step=per_step, worst=worst,
+        worst_wait_us=at[worst], worst_last=order[last], worst_times=times, worst_site=site,
     )  # fmt: skip

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..analysis.collectives import match
-from ..metrics import DEVICE_TIME, Metrics, metric
+from ..analysis.collectives import CollectiveWaits, match
+from ..analysis.counts import Items
+from ..metrics import DEVICE_TIME, Metrics, metric, rounded
+from ..signals.collectives import WAIT_METRIC
 from .measured import MeasuredTest, RankResult
 
 #: The verdict of a rank that left no result of a test.
@@ -36,6 +38,9 @@ class Launch:
     """The process wrote it at the end of its session; False: it has not (yet), and may have died."""
     in_flight: str | None = None
     """The test the process had started and not finished when it last wrote (None: between tests)."""
+    device_slug: str = ""
+    """The slug its tests on its GPU are filed under (:func:`..environment.slug_for`): that of a test no rank
+    finished."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,13 @@ def _metrics(tests: Sequence[MeasuredTest]) -> Metrics:
     return Metrics(values, runs)
 
 
+def _counted_top(tests: Sequence[MeasuredTest]) -> dict[str, Items]:
+    """Each itemized counter's largest contributors, those of the rank whose count is the joined one (the largest)."""
+    names = dict.fromkeys(name for t in tests for name in t.counted_top)
+    return {name: max((t for t in tests if name in t.counted_top),
+                      key=lambda t: t.metrics.values.get(name, 0.0)).counted_top[name] for name in names}  # fmt: skip
+
+
 def _joined(
     key: tuple[str, str], world: int, present: Mapping[int, MeasuredTest], missing: Mapping[int, str]
 ) -> MeasuredTest:
@@ -117,20 +129,27 @@ def _joined(
     compared = [t.comparison for t in tests if t.comparison is not None]
     comparison = max(compared, key=lambda c: _WORSE.get(c.status, 2)) if compared else None
     slowest = max(tests, key=lambda t: t.metrics.values.get(DEVICE_TIME, 0.0))
+    waits = match({r: t.collectives for r, t in present.items() if t.collectives is not None})
+    metrics = _metrics(tests)
+    if isinstance(waits, CollectiveWaits):
+        metrics = Metrics(
+            {**metrics.values, WAIT_METRIC: rounded(max(waits.wait_us))}, {**metrics.runs, WAIT_METRIC: 1}
+        )
     syncing = max(tests, key=lambda t: t.syncs)
     return replace(
         first,
-        metrics=_metrics(tests),
+        metrics=metrics,
         checks=checks,
         error="; ".join(errors) or None,
         outcome="failed" if "failed" in outcomes else outcomes[0] if outcomes else None,
         comparison=comparison,
         sites=syncing.sites,
+        counted_top=_counted_top(tests),
         timeline=slowest.timeline,
         notes=tuple(dict.fromkeys(n for t in tests for n in t.notes)),
         world_size=world,
         ranks=ranks,
-        collective_waits=match({r: t.collectives for r, t in present.items() if t.collectives is not None}),
+        collective_waits=waits,
     )
 
 
@@ -148,7 +167,8 @@ def join(documents: Sequence[RankDocument]) -> list[MeasuredTest]:
     joined: list[MeasuredTest] = []
     for world, by_rank in sorted(launches.items()):
         keys = dict.fromkeys((t.device_slug, t.nodeid) for r in sorted(by_rank) for t in by_rank[r].tests)
-        slug = next(iter(keys), ("unknown", ""))[0]
+        slug = next((d.launch.device_slug for d in by_rank.values() if d.launch.device_slug), "")
+        slug = slug or next(iter(keys), ("unknown", ""))[0]
         # A test every rank died in (or before) is in no rank's tests: the ranks that had it in flight name it.
         keys.update(dict.fromkeys((slug, d.launch.in_flight) for _, d in sorted(by_rank.items()) if d.launch.in_flight))
         found = {r: {(t.device_slug, t.nodeid): t for t in d.tests} for r, d in by_rank.items()}

@@ -18,6 +18,7 @@ from ..analysis.explain import Explanation
 from ..document.comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
+from ..signals.collectives import WAIT_METRIC
 from ..words import plural
 from .cases import RunCase
 from .run import CaseComparison, RunComparison
@@ -112,7 +113,7 @@ def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[E
             ("what changed", changed),
             ("on the GPU", gpu_lines(verdict)),
             ("what it cost", cost_lines(verdict, ab)),
-            *_ranks_link(verdict.case),
+            *_ranks_link(verdict.case, comparison),
         )
         entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, "regression", links))
     return entries
@@ -127,9 +128,10 @@ def rank_lines(case: RunCase) -> tuple[Line, ...]:
     )
 
 
-def collective_lines(case: RunCase) -> tuple[Line, ...]:
+def collective_lines(case: RunCase, comparison: Comparison | None = None) -> tuple[Line, ...]:
     """Of a test the ranks of a launch measured: the straggler, the collective the others waited longest at and its
-    call site, then each rank's wait and transfer per token (or why its collectives could not be matched)."""
+    call site, then each rank's wait and transfer per token (or why its collectives could not be matched); with its
+    ``comparison``, the longest wait against the baseline's."""
     waits = case.collective_waits
     if waits is None:
         return ()
@@ -141,18 +143,29 @@ def collective_lines(case: RunCase) -> tuple[Line, ...]:
                       "token for it",))  # fmt: skip
     else:
         lines.append((f"no straggler: the ranks arrived within {waits.late_us:.0f} µs per token of each other",))
-    where: Line = (" at ", Code(waits.worst_site)) if waits.worst_site else ()
-    lines.append((f"longest wait {waits.worst_wait_us:.0f} µs at collective #{waits.worst + 1} of "
-                  f"{waits.matched}", *where, f", rank {waits.worst_last} arriving last",))  # fmt: skip
-    for rank, (wait, transfer) in enumerate(zip(waits.wait_us, waits.transfer_us, strict=True)):
-        lines.append((f"rank {rank}: waiting {wait:.0f} µs, transfer {transfer:.0f} µs per token "
-                      f"(split by the {waits.clock})",))  # fmt: skip
+    where: Line = (" ", Code(waits.worst_site)) if waits.worst_site else ()
+    of = (
+        f"collective {waits.worst + 1} of {waits.per_step} in a step"
+        if waits.per_step
+        else (f"collective {waits.worst + 1} of {waits.matched}")
+    )
+    times = f"{waits.worst_times} of {plural(waits.matched // waits.per_step, 'step')}" if waits.per_step else "it"
+    lines.append((f"longest wait at {of}", *where, f": {waits.worst_wait_us:.0f} µs (median), rank "
+                  f"{waits.worst_last} arriving last in {times}"))  # fmt: skip
+    change = next((c for c in comparison.changes if c.metric == WAIT_METRIC), None) if comparison else None
+    if change is not None and change.old is not None and change.new is not None:
+        lines.append((f"longest wait of a rank {change.old:.0f} → {change.new:.0f} µs per token against the baseline "
+                      f"({change.new - change.old:+.0f} µs, {_judged(change)})",))  # fmt: skip
+    ranks = waits.ranks or tuple(range(len(waits.wait_us)))
+    for rank, wait, transfer in zip(ranks, waits.wait_us, waits.transfer_us, strict=False):
+        lines.append((f"rank {rank}: waiting {wait:.0f} µs, transfer {transfer:.0f} µs per token (split by the ",
+                      Word(waits.clock), ")"))  # fmt: skip
     return tuple(lines)
 
 
-def _ranks_link(case: RunCase) -> list[tuple[str, tuple[Line, ...]]]:
+def _ranks_link(case: RunCase, comparison: Comparison | None = None) -> list[tuple[str, tuple[Line, ...]]]:
     links = [("ranks", rank_lines(case))] if case.ranks else []
-    waits = collective_lines(case)
+    waits = collective_lines(case, comparison)
     return links + ([("collective waits", waits)] if waits else [])
 
 

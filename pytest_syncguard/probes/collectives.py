@@ -5,8 +5,10 @@ How: as the sync probe does for its operators, a kernel at the ``BackendSelect``
 ``c10d`` and ``_c10d_functional`` operator (:data:`CATALOGUE`): ``dist.all_reduce`` reaches the dispatcher as
 ``c10d::allreduce_`` whatever the backend (NCCL, gloo), and a functional collective as its own operator, which
 calls the ``c10d`` one inside it: that inner call is not counted again. The kernel records the call and
-redispatches. The kernels are registered while a region records and only where a process group is initialized (a
-process without one can run no collective: it counts 0), and removed on every exit path.
+redispatches. The kernels are registered while a counting run's region records (as the operator counter, only
+there: the Python kernel costs each collective tens of microseconds, a host-bound tensor-parallel loop 1.6x its
+step time, bench/results/h200x2_collective_probe.txt) and only where a process group is initialized (a process
+without one can run no collective: it counts 0), and removed on every exit path.
 
 The calls, in order, are what the report pairs with the collectives' kernels of a traced run
 (:mod:`..analysis.collectives`) to name each collective's call site.
@@ -25,6 +27,7 @@ import torch
 from torch._C import DispatchKey
 
 from ..analysis.counts import RegionCounts, top_items
+from ..analysis.sites import Frame
 from .call_sites import first_user_frame
 
 _DISPATCH_KEY = "BackendSelect"
@@ -68,6 +71,8 @@ class CollectiveProbe:
         self._calls: list[list[str]] = []
         self._inside = _Inside()
         self._libraries: list[torch.library.Library] = []
+        self._labels: dict[tuple[str, Frame | None], str] = {}
+        """Each (operation, call site)'s label, made once (a site's path relative to the working directory)."""
         self._lock = threading.Lock()
 
     @contextmanager
@@ -89,12 +94,14 @@ class CollectiveProbe:
     def _kernel(self, op: Any, shown: str) -> Callable[..., Any]:
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
         redispatch = op._handle.redispatch_boxed
-        inside, attached = self._inside, self._calls
+        inside, attached, labels = self._inside, self._calls, self._labels
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             if inside.depth == 0 and attached:
                 _, site, _ = first_user_frame(sys._getframe(1))
-                label = f"{shown} at {site.shown()}" if site is not None else shown
+                label = labels.get((shown, site))
+                if label is None:
+                    label = labels[(shown, site)] = f"{shown} at {site.shown()}" if site is not None else shown
                 for calls in attached:
                     calls.append(label)
             inside.depth += 1

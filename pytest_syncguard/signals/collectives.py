@@ -7,7 +7,16 @@ from the counting run's trace."""
 
 from __future__ import annotations
 
-from .base import CounterSpec, Part, Runs, Signal, united
+from .base import CounterSpec, Measured, Metric, Part, Runs, Signal, united
+
+#: Joined from a launch's ranks (:func:`..document.launch.join`): the longest any rank waited for the last rank to
+#: arrive at its collectives, per token (median over steps).
+WAIT_METRIC = "collective_wait_us_per_token"
+
+
+def _joined_only(m: Measured) -> list[float]:
+    return []  # no process sees the other ranks: the report joins it
+
 
 SIGNAL = Signal(
     "collectives",
@@ -15,6 +24,11 @@ SIGNAL = Signal(
         CounterSpec("collectives", "collectives called (torch.distributed's and the functional collectives, any "
                     "process group)", quiet_when_zero=True, per_token=True, items="collectives (operation and call "
                     "site)", budget="max_collectives_per_token"),
+    ),
+    metrics=(
+        Metric(WAIT_METRIC, "us", counted=False, higher_is_better=False, floor=20.0, runs=_joined_only, host=True,
+               description="the longest wait of any rank of a launch for the last rank to arrive at its "
+               "collectives, per token (median over steps; joined by the report from the ranks' traced runs)"),
     ),
     # Per region number: its tokens and calls in order (every run), and its collective kernels' (start, end) with
     # how many were left out (traced runs).

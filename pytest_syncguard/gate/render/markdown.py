@@ -203,7 +203,7 @@ def collectives_block(run: RunComparison, links: SiteLinks | None = None) -> lis
     call site, each rank's wait and transfer per token."""
     lines: list[str] = []
     for verdict in run.cases:
-        found = collective_lines(verdict.case)
+        found = collective_lines(verdict.case, verdict.comparison)
         if found:
             lines.append(f"- {code(verdict.case.nodeid)} on {code(verdict.case.device_slug)}")
             lines.extend(f"  - {_line(line, links)}" for line in found)

@@ -1,0 +1,123 @@
+"""Collective waits across the ranks of a launch, on the documents of a real tensor-parallel run: the example
+(examples/test_tensor_parallel.py) under torchrun on two H200s (NCCL 2.28, torch 2.11), made by
+devtools/tp_evidence.sh: unchanged, with rank 1 spinning GPU work before its second layer in each step (a nominal
+200 us, calibrated then on an idle GPU: about 250 us under the matmuls' load, which lowers the clock the spin
+counts), and with rank 1 killed mid-test. The rank documents are the plugin's own output, gzipped; the baseline is the recorded run's."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.analysis.collectives import DURATIONS, STARTS, CollectiveWaits, match
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.gate.cli import main
+
+DATA = Path(__file__).parent / "data" / "h200x2_tp"
+PLANTED_US = 200.0
+SITE = "all_reduce at /work/main/examples/test_tensor_parallel.py:73 in ShardedMLP.forward"
+
+
+def _documents(tmp_path: Path, run: str) -> list[Path]:
+    paths = []
+    for rank in (0, 1):
+        path = tmp_path / run / f"r.rank{rank}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(gzip.decompress((DATA / f"{run}.rank{rank}.json.gz").read_bytes()))
+        paths.append(path)
+    return paths
+
+
+def _joined(tmp_path: Path, run: str) -> MeasuredTest:
+    (test,) = results_file.read_all(_documents(tmp_path, run))
+    return test
+
+
+def _waits(test: MeasuredTest) -> CollectiveWaits:
+    assert isinstance(test.collective_waits, CollectiveWaits), test.collective_waits
+    return test.collective_waits
+
+
+def test_each_ranks_collectives_are_its_calls_and_kernels_paired_one_to_one(tmp_path: Path) -> None:
+    """4 layers x 32 steps: each rank called 128 all-reduces at the layer's line and launched 128 NCCL kernels."""
+    for path in _documents(tmp_path, "unchanged"):
+        (test,) = results_file.read(path)
+        assert test.metrics.values["collectives"] == 128 and test.metrics.values["collectives_per_token"] == 4
+        collectives = test.collectives
+        assert collectives is not None and collectives.tokens == 32
+        assert len(collectives.kernels) == 128 and collectives.calls == (SITE,) * 128
+        assert all(start < end for start, end in collectives.kernels)
+
+
+def _gaps(test: MeasuredTest) -> list[float]:
+    """Per collective of a step, the median gap on the rank's own clock from the previous collective's end to its
+    start (its own compute before it)."""
+    assert test.collectives is not None
+    kernels = test.collectives.kernels
+    gaps = [[start - kernels[i - 1][1] for i, (start, _) in enumerate(kernels) if i and i % 4 == p] for p in range(4)]
+    return [statistics.median(g) for g in gaps]
+
+
+def test_the_planted_straggler_is_named_and_the_other_ranks_wait_is_the_spins_length(tmp_path: Path) -> None:
+    """The spin's length on rank 1's own clock (its compute before the second collective of a step, less that before
+    the third) is the ground truth; rank 0's wait there, from the start skew across the two traces, agrees within
+    10%."""
+    waits = _waits(_joined(tmp_path, "straggler"))
+    assert waits.straggler == 1
+    assert waits.matched == 128 and waits.per_step == 4 and waits.clock == STARTS
+    assert waits.worst == 1 and waits.worst_last == 1 and waits.worst_site == SITE  # each step's second all-reduce
+    assert waits.worst_times >= 30 and waits.wait_us[1] == 0
+    rank1 = results_file.read(_documents(tmp_path, "straggler")[1])[0]
+    gaps = _gaps(rank1)
+    spin = gaps[1] - gaps[2]
+    assert 220 <= spin <= 280  # a nominal 200 us, counted in cycles of a clock lowered by the load
+    assert waits.worst_wait_us == pytest.approx(spin, rel=0.1)
+
+
+def test_the_waits_from_the_kernels_starts_agree_with_those_from_their_durations(tmp_path: Path) -> None:
+    """Two ways to the same split: the start skew on the shared clock, and the durations alone (the last rank's
+    kernel is the transfer). They agree on the straggler, and on each wait within 10% or 20 us: the ranks' kernels of
+    one all-reduce end up to some 15 us apart, which the durations count as wait and the starts do not."""
+    for run in ("straggler", "unchanged"):
+        tests = [results_file.read(path)[0] for path in _documents(tmp_path, run)]
+        ranks = {rank: test.collectives for rank, test in enumerate(tests) if test.collectives is not None}
+        by_starts, by_durations = match(ranks, STARTS), match(ranks, DURATIONS)
+        assert isinstance(by_starts, CollectiveWaits) and isinstance(by_durations, CollectiveWaits)
+        assert by_starts.straggler == by_durations.straggler
+        for started, lasted in zip(by_starts.wait_us, by_durations.wait_us, strict=True):
+            assert abs(lasted - started) <= max(0.1 * started, 20.0), (run, by_starts, by_durations)
+
+
+def test_the_straggler_run_regresses_against_the_x2_baseline_and_its_chain_names_the_straggler(tmp_path: Path) -> None:
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    shutil.copy(DATA / "baseline.json", baselines / "nvidia-h200-x2.json")
+    comment = tmp_path / "c.md"
+    status = main(["report", *map(str, _documents(tmp_path, "straggler")), "--baselines", str(baselines),
+                   "--markdown", str(comment), "--fail-on-regression"])  # fmt: skip
+    text = comment.read_text()
+    assert status == 1 and "1 of 1 test failed: 1 regressed against the baseline" in text
+    assert "`launches` 864 → 896" in text  # rank 1's spin kernel, one a step: named from rank 1's kernels
+    assert "**what changed:** kernels: `at::cuda::(anonymous namespace)::spin_kernel(long)` 0 → 32" in text
+    assert "**collective waits:** rank 1 is the straggler: the other ranks waited 368 µs per token for it" in text
+    assert f"longest wait at collective 2 of 4 in a step `{SITE}`: 265 µs (median), rank 1 arriving last in 31" in text
+    assert "longest wait of a rank 202 → 368 µs per token against the baseline (+166 µs, not judged" in text
+    assert main(["report", *map(str, _documents(tmp_path, "unchanged")), "--baselines", str(baselines),
+                 "--fail-on-regression"]) == 0  # fmt: skip
+
+
+def test_a_rank_killed_mid_test_fails_it_named_and_the_stopped_rank_says_where_it_waited(tmp_path: Path) -> None:
+    paths = _documents(tmp_path, "killed")
+    stopped = gzip.decompress((DATA / "killed.rank0.stopped.txt.gz").read_bytes())
+    (paths[0].parent / "r.rank0.stopped.txt").write_bytes(stopped)
+    (test,) = results_file.read_all(paths)
+    assert test.verdict == "error"
+    rank0, rank1 = test.ranks
+    assert rank1.verdict == "missing" and rank1.said[0].startswith("rank 1 of 2 died during this test (no stop")
+    assert rank0.said[0].startswith("rank 0 of 2 was stopped during this test by its launcher (SIGTERM")
+    assert rank0.said[0].endswith("at /work/main/examples/test_tensor_parallel.py:96 in decode")
