@@ -199,23 +199,18 @@ class GenerationRegion:
         for found in self._counts:
             counts = counts.merged(found)
         filled = {name: value for probe in REGION_PROBES if probe.fills for name, value in probe.fills(self).items()}
-        return Measurement(
-            device=self.device,
-            tokens=tokens,
-            region_numbers=(self.number,),
-            timings=() if seconds is None else (RegionTiming(tokens, seconds),),
-            unmeasured=unmeasured,
-            region_counts={self.number: counts},
-            count_parts=((self.number,),),
-            **filled,
+        return Measurement.made(
+            dict(
+                device=self.device,
+                tokens=tokens,
+                region_numbers=(self.number,),
+                timings=() if seconds is None else (RegionTiming(tokens, seconds),),
+                unmeasured=unmeasured,
+                region_counts={self.number: counts},
+                count_parts=((self.number,),),
+                **filled,
+            )
         )
-
-    def _collective_calls(self) -> dict[str, Any]:
-        """The region's collectives in call order, with its tokens (:attr:`.Measurement.collective_calls`)."""
-        if not self._collectives:
-            return {}
-        tokens = self.tokens if self.tokens is not None else self.forward_calls or None
-        return {"collective_calls": {self.number: (tokens, tuple(self._collectives))}}
 
     @contextmanager
     def _counting_cuda_calls(self) -> Iterator[None]:
@@ -277,7 +272,7 @@ REGION_PROBES = (
     # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds.
     RegionProbe("collectives", "collectives", lambda r: r.count_ops,
                 lambda r: collectives.counting(r._counts, r._collectives),
-                lambda r: r._collective_calls()),
+                lambda r: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives)),
 )  # fmt: skip
 
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .analysis import gaps, sampled, trace_file
-from .analysis.collectives import kernels_in as collective_kernels
 from .analysis.counts import RegionCounts
 from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, uncounted, unreliable_counts
 from .analysis.gaps import MARKED_STEPS, Timeline
 from .analysis.reliability import sentinel_problem
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
+from .signals import SIGNALS
 from .timeline_source import SAMPLED, TRACE, TimelineSource
 
 if TYPE_CHECKING:
@@ -210,14 +210,15 @@ def _with_traced_runs(
     work, and says why."""
     counts = dict(measurement.region_counts)
     found: dict[int, Timeline | None] = {}
-    kernels = dict(measurement.collective_kernels)
+    traced = {read.part: dict(measurement.part(read.part)) for signal in SIGNALS for read in signal.traced}
     for path in files:
         trace = trace_file.load(path)
         problem = sentinel_problem(trace)
         for n, window in gaps.regions(trace).items():
             _add_work(counts, n, trace, window, problem)
-            if problem is None:
-                kernels[n] = collective_kernels(trace, window)
+            if problem is None:  # each signal's own reading of the region
+                for read in (read for signal in SIGNALS for read in signal.traced):
+                    traced[read.part][n] = read.read(trace, window)
             timeline = gaps.analyze(trace, window=window, warmup_steps=warmup_steps)
             found[n] = timeline if problem is None and (timeline is None or timeline.unreliable is None) else None
     if timed_timelines:
@@ -225,7 +226,8 @@ def _with_traced_runs(
             if found.keys().isdisjoint(part):
                 for n in part:
                     counts[n] = counts.get(n, RegionCounts()).merged(uncounted(NO_COUNTING_RUN))
-    return replace(measurement, region_counts=counts, device_times=_device_times(found), collective_kernels=kernels)
+    parts = {**measurement.parts, **traced}
+    return replace(measurement, region_counts=counts, device_times=_device_times(found), parts=parts)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,9 @@ complete with timelines and device time, and the budgets, metrics and results re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from .analysis.collectives import Collectives
 from .analysis.counts import RegionCounts, top_over, total
 from .analysis.device_work import DeviceTime
 from .analysis.gaps import Timeline
@@ -85,19 +84,20 @@ class Measurement:
     cuda_calls_uncounted: str | None = None
     """On CUDA: why the host-blocking CUDA calls made outside torch were not counted in a region (a profiler
     capture held CUPTI, no CUPTI), if so; its syncs are then torch's alone there."""
-    collective_calls: Mapping[int, tuple[int | None, tuple[str, ...]]] = field(default_factory=dict)
-    """Per region number that called collectives: its tokens and each call, ``op at site``, in order."""
-    collective_kernels: Mapping[int, tuple[tuple[tuple[float, float], ...], int]] = field(default_factory=dict)
-    """Per traced region number (CUDA): its collective kernels' (start, end), us, in order, and how many more."""
+    parts: Mapping[str, Any] = field(default_factory=dict)
+    """The parts signals keep as their own (:attr:`.signals.base.Part.empty`), by name."""
 
-    def collectives(self) -> Collectives | None:
-        """The first traced region's collectives with its calls (what the report matches across ranks), None where
-        no traced region launched a collective kernel."""
-        for number, (kernels, more) in sorted(self.collective_kernels.items()):
-            if kernels:
-                tokens, calls = self.collective_calls.get(number, (None, ()))
-                return Collectives(tokens, calls, kernels, more)
-        return None
+    @classmethod
+    def made(cls, values: Mapping[str, Any]) -> Measurement:
+        """A measurement of these parts' values (by field name): the signals' own go into :attr:`parts`."""
+        own = {name: value for name, value in values.items() if name not in _FIELDS}
+        return cls(**{name: value for name, value in values.items() if name in _FIELDS}, parts=own)
+
+    def part(self, name: str) -> Any:
+        """A part of the measurement by its name: a field, or a signal's own part (empty where no region filled it)."""
+        if name in _FIELDS:
+            return getattr(self, name)
+        return self.parts[name] if name in self.parts else _OWN[name]()
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
@@ -179,7 +179,7 @@ class Measurement:
         add up (tokens unknown if any region lacks them)."""
         if len(measurements) == 1:
             return measurements[0]
-        return Measurement(**{p.field: p.regions([getattr(m, p.field) for m in measurements]) for p in PARTS})
+        return Measurement.made({p.field: p.regions([m.part(p.field) for m in measurements]) for p in PARTS})
 
     @staticmethod
     def of_runs(runs: Sequence[Measurement], *, counting_run: bool) -> Measurement:
@@ -194,9 +194,9 @@ class Measurement:
         }
         merged: dict[str, Any] = {}
         for part in PARTS:
-            values = [getattr(m, part.field) for m in chosen[part.runs]]
+            values = [m.part(part.field) for m in chosen[part.runs]]
             merged[part.field] = (part.of_runs or part.regions)(values)
-        return Measurement(**merged)
+        return Measurement.made(merged)
 
     def device_us_per_token(self) -> list[float]:
         """The device's busy time per judged decode step of each traced region (per token where its steps were
@@ -207,3 +207,11 @@ class Measurement:
             if steps:
                 found.append(busy.busy_us / steps)
         return found
+
+
+#: The measurement's own fields; the other parts are signals' own (:attr:`Measurement.parts`).
+_FIELDS = frozenset(f.name for f in fields(Measurement)) - {"parts"}
+#: Each signal's own part, and what it is where no region filled it.
+_OWN = {part.field: part.empty for part in PARTS if part.empty is not None}
+_unknown = [part.field for part in PARTS if part.empty is None and part.field not in _FIELDS]
+assert not _unknown, f"parts with neither a field of Measurement nor an empty value: {_unknown}"

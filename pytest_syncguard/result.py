@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .document.budget import BudgetCheck, closest_run
 from .document.measured import TOP_SITES, MeasuredTest, SiteRecord, race_record
 from .metrics import Metrics
-from .signals import ITEMIZED
+from .signals import ITEMIZED, SIGNALS
 
 if TYPE_CHECKING:
     from .measurement import Measurement
@@ -56,5 +56,5 @@ def measured_test(
         device_slug=device_slug,
         host=host,
         cuda_calls_uncounted=measurement.cuda_calls_uncounted,
-        collectives=measurement.collectives(),
+        records={s.name: kept for s in SIGNALS if s.kept is not None and (kept := s.kept.of(measurement)) is not None},
     )

@@ -2,7 +2,8 @@
 (examples/test_tensor_parallel.py) under torchrun on two H200s (NCCL 2.28, torch 2.11), made by
 devtools/tp_evidence.sh: unchanged, with rank 1 spinning GPU work before its second layer in each step (a nominal
 200 us, calibrated then on an idle GPU: about 250 us under the matmuls' load, which lowers the clock the spin
-counts), and with rank 1 killed mid-test. The rank documents are the plugin's own output, gzipped; the baseline is the recorded run's."""
+counts), and with rank 1 killed mid-test. The rank documents are the plugin's own output, gzipped (each test's collectives then a field of
+their own, moved under ``records`` since, as a signal's record is kept); the baseline is the recorded run's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.analysis.collectives import DURATIONS, STARTS, CollectiveWaits, match
+from pytest_syncguard.analysis.collectives import DURATIONS, STARTS, Collectives, CollectiveWaits, match
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.cli import main
@@ -39,8 +40,9 @@ def _joined(tmp_path: Path, run: str) -> MeasuredTest:
 
 
 def _waits(test: MeasuredTest) -> CollectiveWaits:
-    assert isinstance(test.collective_waits, CollectiveWaits), test.collective_waits
-    return test.collective_waits
+    waits = test.joined["collectives"]
+    assert isinstance(waits, CollectiveWaits), waits
+    return waits
 
 
 def test_each_ranks_collectives_are_its_calls_and_kernels_paired_one_to_one(tmp_path: Path) -> None:
@@ -48,8 +50,8 @@ def test_each_ranks_collectives_are_its_calls_and_kernels_paired_one_to_one(tmp_
     for path in _documents(tmp_path, "unchanged"):
         (test,) = results_file.read(path)
         assert test.metrics.values["collectives"] == 128 and test.metrics.values["collectives_per_token"] == 4
-        collectives = test.collectives
-        assert collectives is not None and collectives.tokens == 32
+        collectives = test.records["collectives"]
+        assert isinstance(collectives, Collectives) and collectives.tokens == 32
         assert len(collectives.kernels) == 128 and collectives.calls == (SITE,) * 128
         assert all(start < end for start, end in collectives.kernels)
 
@@ -57,8 +59,7 @@ def test_each_ranks_collectives_are_its_calls_and_kernels_paired_one_to_one(tmp_
 def _gaps(test: MeasuredTest) -> list[float]:
     """Per collective of a step, the median gap on the rank's own clock from the previous collective's end to its
     start (its own compute before it)."""
-    assert test.collectives is not None
-    kernels = test.collectives.kernels
+    kernels = test.records["collectives"].kernels
     gaps = [[start - kernels[i - 1][1] for i, (start, _) in enumerate(kernels) if i and i % 4 == p] for p in range(4)]
     return [statistics.median(g) for g in gaps]
 
@@ -85,7 +86,7 @@ def test_the_waits_from_the_kernels_starts_agree_with_those_from_their_durations
     one all-reduce end up to some 15 us apart, which the durations count as wait and the starts do not."""
     for run in ("straggler", "unchanged"):
         tests = [results_file.read(path)[0] for path in _documents(tmp_path, run)]
-        ranks = {rank: test.collectives for rank, test in enumerate(tests) if test.collectives is not None}
+        ranks = {rank: test.records["collectives"] for rank, test in enumerate(tests)}
         by_starts, by_durations = match(ranks, STARTS), match(ranks, DURATIONS)
         assert isinstance(by_starts, CollectiveWaits) and isinstance(by_durations, CollectiveWaits)
         assert by_starts.straggler == by_durations.straggler

@@ -39,10 +39,10 @@ def test_the_ranks_collectives_pair_and_a_planted_straggler_is_named(tmp_path: P
     unchanged = _launch(tmp_path / "unchanged")
     assert [r.verdict for r in unchanged.ranks] == ["pass", "pass"]
     assert unchanged.metrics.values["collectives_per_token"] == 4 and unchanged.metrics.values["syncs_per_token"] == 1
-    waits = unchanged.collective_waits
+    waits = unchanged.joined["collectives"]
     assert isinstance(waits, CollectiveWaits) and waits.matched == 128 and waits.per_step == 4
     planted = _launch(tmp_path / "straggler", SYNCGUARD_PLANT_STRAGGLER_US="200")
-    waits = planted.collective_waits
+    waits = planted.joined["collectives"]
     assert isinstance(waits, CollectiveWaits) and waits.straggler == 1, waits
     # At the second layer's all-reduce, the one the spin delays: the planted 200 us, and the GPUs' own skew either way
     assert waits.worst == 1 and waits.worst_last == 1 and 140 <= waits.worst_wait_us <= 300, waits

@@ -17,7 +17,11 @@ from pytest_syncguard.signals import BY_NAME, SIGNALS
 def test_every_field_of_a_measurement_is_one_part_with_its_rules() -> None:
     declared = Counter(part.field for part in PARTS)
     assert [name for name, times in declared.items() if times > 1] == []
-    assert set(declared) == {f.name for f in fields(Measurement)}
+    # A field of the measurement's own, or a signal's own part (kept in Measurement.parts, empty where unfilled).
+    assert {p.field for p in PARTS if p.empty is None} == {f.name for f in fields(Measurement)} - {"parts"}
+    own = [p for p in PARTS if p.empty is not None]
+    assert {p.field for p in own} == {"collective_calls", "collective_kernels"}
+    assert all(Measurement(device="cpu", tokens=1, events=()).part(p.field) == p.empty() for p in own)
     owners = {part.field: signal.name for signal in SIGNALS for part in signal.parts}
     assert owners["events"] == "syncs" and owners["memory"] == "memory" and owners["timings"] == "wall_time"
 

@@ -9,16 +9,16 @@ import dataclasses
 import json
 import platform
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..analysis.collectives import MAX_KERNELS
 from ..codec import CodecError, decode, encode, read_document
 from ..files import write_atomically
 from ..metrics import metric, value_problem
 from ..ranks import stopped_at
-from ..signals import ITEMIZED, KINDS
+from ..signals import BY_NAME, ITEMIZED, KINDS
 from . import upgrades
 from .launch import Launch, LaunchError, RankDocument, join
 from .measured import MeasuredTest
@@ -44,14 +44,30 @@ def from_record(data: object, version: int = SCHEMA_VERSION, where: str = "test"
     no measurement can have (negative, past any measurement) included."""
     if version == 1 and isinstance(data, Mapping):
         data = upgrades.results_v1(data)
-    result = decode(MeasuredTest, data, where)
-    if result.collectives is not None and len(result.collectives.kernels) > MAX_KERNELS:
-        raise CodecError(f"{where}.collectives: more than {MAX_KERNELS} kernels (a region keeps at most that many)")
+    result = _with_signal_records(decode(MeasuredTest, data, where), where)
     for name, value in result.metrics.values.items():
         problem = value_problem(name, value)
         if problem is not None:
             raise CodecError(f"{where}.metrics: {problem}")
     return result
+
+
+def _with_signal_records(result: MeasuredTest, where: str) -> MeasuredTest:
+    """The test with each signal's record (and joined record) read as the signal's own type
+    (:attr:`..signals.base.Signal.kept`); one no signal of this version keeps is left out (:func:`unknown` names it)."""
+    records, joined = {}, {}
+    for name, data in result.records.items():
+        kept = BY_NAME[name].kept if name in BY_NAME else None
+        if kept is not None:
+            record = decode(kept.record, data, f"{where}.records.{name}")
+            if (problem := kept.problem(record)) is not None:
+                raise CodecError(f"{where}.records.{name}: {problem}")
+            records[name] = record
+    for name, data in result.joined.items():
+        kept = BY_NAME[name].kept if name in BY_NAME else None
+        if kept is not None and kept.joined is not None:
+            joined[name] = decode(kept.joined, data, f"{where}.joined.{name}")
+    return replace(result, records=records, joined=joined)
 
 
 def document(results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None) -> dict[str, Any]:
@@ -143,7 +159,7 @@ def unknown(records: Iterable[object]) -> list[str]:
     records read without them (:mod:`..codec` leaves unknown fields out; the gate judges only the metrics and
     budgets it knows): the report says so instead of dropping them silently."""
     fields = {f.name for f in dataclasses.fields(MeasuredTest)} | set(MeasuredTest.DERIVED)
-    found: dict[str, set[str]] = {"field": set(), "metric": set(), "budget": set(), "counter": set()}
+    found: dict[str, set[str]] = {"field": set(), "metric": set(), "budget": set(), "counter": set(), "record": set()}
     for data in records:
         if not isinstance(data, Mapping):
             continue
@@ -155,6 +171,10 @@ def unknown(records: Iterable[object]) -> list[str]:
             marker = budget.get("marker") if isinstance(budget, Mapping) else None
             if isinstance(marker, str) and marker not in KINDS:
                 found["budget"].add(marker)
+        for kind in ("records", "joined"):
+            kept = data.get(kind)
+            known = {name for name, signal in BY_NAME.items() if signal.kept is not None}
+            found["record"] |= {str(k) for k in kept if k not in known} if isinstance(kept, Mapping) else set()
         counted = data.get("counted_top")
         found["counter"] |= {str(k) for k in counted if k not in ITEMIZED} if isinstance(counted, Mapping) else set()
     return [f"{kind} {name}" for kind, names in found.items() for name in sorted(names)]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from ..analysis.collectives import CollectiveWaits, match
 from ..analysis.counts import Items
 from ..metrics import DEVICE_TIME, Metrics, metric, rounded
-from ..signals.collectives import WAIT_METRIC
+from ..signals import SIGNALS
 from .measured import MeasuredTest, RankResult
 
 #: The verdict of a rank that left no result of a test.
@@ -96,6 +96,22 @@ def _metrics(tests: Sequence[MeasuredTest]) -> Metrics:
     return Metrics(values, runs)
 
 
+def _signals_joined(present: Mapping[int, MeasuredTest], metrics: Metrics) -> tuple[Metrics, dict[str, Any]]:
+    """Each signal's records of the ranks joined (:attr:`..signals.base.Kept.join`), with the metrics they add."""
+    values, runs = dict(metrics.values), dict(metrics.runs)
+    joined: dict[str, Any] = {}
+    for signal in SIGNALS:
+        if signal.kept is None or signal.kept.join is None:
+            continue
+        records = {r: t.records[signal.name] for r, t in present.items() if signal.name in t.records}
+        found, added = signal.kept.join(records)
+        if found is not None:
+            joined[signal.name] = found
+        values.update({name: rounded(value) for name, value in added.items()})
+        runs.update(dict.fromkeys(added, 1))
+    return Metrics(values, runs), joined
+
+
 def _counted_top(tests: Sequence[MeasuredTest]) -> dict[str, Items]:
     """Each itemized counter's largest contributors, those of the rank whose count is the joined one (the largest)."""
     names = dict.fromkeys(name for t in tests for name in t.counted_top)
@@ -129,12 +145,7 @@ def _joined(
     compared = [t.comparison for t in tests if t.comparison is not None]
     comparison = max(compared, key=lambda c: _WORSE.get(c.status, 2)) if compared else None
     slowest = max(tests, key=lambda t: t.metrics.values.get(DEVICE_TIME, 0.0))
-    waits = match({r: t.collectives for r, t in present.items() if t.collectives is not None})
-    metrics = _metrics(tests)
-    if isinstance(waits, CollectiveWaits):
-        metrics = Metrics(
-            {**metrics.values, WAIT_METRIC: rounded(max(waits.wait_us))}, {**metrics.runs, WAIT_METRIC: 1}
-        )
+    metrics, joined = _signals_joined(present, _metrics(tests))
     syncing = max(tests, key=lambda t: t.syncs)
     return replace(
         first,
@@ -149,7 +160,7 @@ def _joined(
         notes=tuple(dict.fromkeys(n for t in tests for n in t.notes)),
         world_size=world,
         ranks=ranks,
-        collective_waits=waits,
+        joined=joined,
     )
 
 

@@ -9,9 +9,8 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ..analysis.collectives import Collectives, CollectiveWaits
 from ..analysis.counts import TOP, Items
 from ..analysis.explain import Details, SiteCount
 from ..analysis.gaps import TimelineSummary
@@ -162,14 +161,15 @@ class MeasuredTest:
     expected_failure: str | None = None
     """Its budgets failed as its xfail mark expects (the mark's reason): pytest reports it XFAIL, and so does the
     run's verdict, which it does not fail."""
-    collectives: Collectives | None = None
-    """Its first traced region's collectives: their calls and kernels, which the report matches across ranks."""
+    records: Mapping[str, Any] = field(default_factory=dict)
+    """What a signal keeps of it beyond its metrics (:attr:`..signals.base.Signal.kept`), by signal: a record of the
+    signal's own type (the collectives' calls and kernels, which the report matches across ranks)."""
     world_size: int = 1
     """The processes of the launch that measured it together (torchrun's ``WORLD_SIZE``)."""
     ranks: tuple[RankResult, ...] = ()
     """Of a test joined from the documents of every rank (:func:`.launch.join`): each rank's part, in rank order."""
-    collective_waits: CollectiveWaits | str | None = None
-    """Of a joined test: its ranks' collectives matched, or why they could not be (None: it launched none)."""
+    joined: Mapping[str, Any] = field(default_factory=dict)
+    """Of a joined test, by signal: its ranks' records joined (the collectives matched: waits and the straggler)."""
 
     @property
     def syncs(self) -> int:

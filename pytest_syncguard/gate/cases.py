@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..analysis.collectives import CollectiveWaits
 from ..analysis.explain import Details, Explanation
 from ..analysis.gaps import TimelineSummary
 from ..document.comparison import Drift, Fingerprint, Spread
@@ -56,8 +56,9 @@ class RunCase:
     """The processes of the launch that measured it (torchrun's ranks)."""
     ranks: tuple[RankResult, ...] = ()
     """Each rank's part, where its ranks' documents were joined (:func:`..document.launch.join`)."""
-    collective_waits: CollectiveWaits | str | None = None
-    """Its ranks' collectives matched: each rank's wait and transfer, the straggler (or why not matched)."""
+    joined: Mapping[str, Any] = field(default_factory=dict)
+    """Its ranks' records joined, by signal (the collectives matched: each rank's wait and transfer, the
+    straggler)."""
 
     @property
     def failed_ranks(self) -> tuple[RankResult, ...]:
@@ -97,5 +98,5 @@ class RunCase:
             error=result.error,
             world_size=result.world_size,
             ranks=result.ranks,
-            collective_waits=result.collective_waits,
+            joined=result.joined,
         )

@@ -11,9 +11,11 @@ report, :func:`.terminal.consequence_lines`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..analysis.collectives import CollectiveWaits
 from ..analysis.explain import Explanation
 from ..document.comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
@@ -128,13 +130,10 @@ def rank_lines(case: RunCase) -> tuple[Line, ...]:
     )
 
 
-def collective_lines(case: RunCase, comparison: Comparison | None = None) -> tuple[Line, ...]:
-    """Of a test the ranks of a launch measured: the straggler, the collective the others waited longest at and its
-    call site, then each rank's wait and transfer per token (or why its collectives could not be matched); with its
-    ``comparison``, the longest wait against the baseline's."""
-    waits = case.collective_waits
-    if waits is None:
-        return ()
+def collective_lines(waits: CollectiveWaits | str, comparison: Comparison | None = None) -> tuple[Line, ...]:
+    """A launch's collectives matched: the straggler, the collective the others waited longest at and its call site,
+    then each rank's wait and transfer per token (or why they could not be matched); with the test's ``comparison``,
+    the longest wait against the baseline's."""
     if isinstance(waits, str):
         return ((Code(waits),),)
     lines: list[Line] = []
@@ -163,10 +162,23 @@ def collective_lines(case: RunCase, comparison: Comparison | None = None) -> tup
     return tuple(lines)
 
 
+#: How the chain shows each signal's joined record (:attr:`..signals.base.Kept.join`): its link's title, and its lines
+#: given the test's comparison with its baseline.
+JOINED: dict[str, tuple[str, Callable[[Any, Comparison | None], tuple[Line, ...]]]] = {
+    "collectives": ("collective waits", collective_lines),
+}
+
+
+def joined_links(case: RunCase, comparison: Comparison | None = None) -> list[tuple[str, tuple[Line, ...]]]:
+    """A test's links from its ranks' records joined, by signal (titled; a signal the chain shows no way of is left
+    out)."""
+    return [
+        (JOINED[name][0], JOINED[name][1](record, comparison)) for name, record in case.joined.items() if name in JOINED
+    ]
+
+
 def _ranks_link(case: RunCase, comparison: Comparison | None = None) -> list[tuple[str, tuple[Line, ...]]]:
-    links = [("ranks", rank_lines(case))] if case.ranks else []
-    waits = collective_lines(case, comparison)
-    return links + ([("collective waits", waits)] if waits else [])
+    return ([("ranks", rank_lines(case))] if case.ranks else []) + joined_links(case, comparison)
 
 
 def _counts_regressed(comparison: Comparison) -> bool:

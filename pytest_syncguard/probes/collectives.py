@@ -28,6 +28,7 @@ from torch._C import DispatchKey
 
 from ..analysis.counts import RegionCounts, top_items
 from ..analysis.sites import Frame
+from ..signals.collectives import CALLS
 from .call_sites import first_user_frame
 
 _DISPATCH_KEY = "BackendSelect"
@@ -137,6 +138,11 @@ class CollectiveProbe:
 
 
 PROBE = CollectiveProbe()
+
+
+def filled(number: int, tokens: int | None, calls: list[str]) -> dict[str, Any]:
+    """A region's part of the measurement (:data:`..signals.collectives.CALLS`): its tokens and calls in order."""
+    return {CALLS: {number: (tokens, tuple(calls))}} if calls else {}
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from ..analysis.gaps import Timeline
 from ..analysis.memory import MemoryStats
+from ..analysis.trace_file import Trace
 
 MIB = 1024 * 1024
 
@@ -54,6 +55,7 @@ class Measured(Protocol):
     def count(self, name: str) -> int | None: ...
     def per_token(self, name: str) -> float | None: ...
     def device_us_per_token(self) -> list[float]: ...
+    def part(self, name: str) -> Any: ...
 
 
 #: A budget's sentence: the arithmetic of a check in words, from the value it read, the measurement and the index
@@ -234,6 +236,37 @@ class Part:
     regions: Callable[[Sequence[Any]], Any]
     runs: Runs = Runs.WORST
     of_runs: Callable[[Sequence[Any]], Any] | None = None
+    empty: Callable[[], Any] | None = None
+    """None: a field of the measurement's own; else the part is its signal's own, kept in the measurement's
+    :attr:`..measurement.Measurement.parts` (``empty()`` where no region filled it): a new signal declares its parts
+    here and nowhere else."""
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What a signal reads of each traced region (a counting run's profiler trace, host and device): the part it
+    fills (one of its own, a mapping by region number) and how it reads a region of the trace (its window, us)."""
+
+    part: str
+    read: Callable[[Trace, tuple[float, float]], Any]
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a signal keeps of a test in its results (a record of its own, for the report), and how the report joins
+    the records of the ranks of a launch into one (:func:`..document.launch.join`)."""
+
+    record: Any
+    """The record's type (a frozen dataclass the codec reads and writes)."""
+    of: Callable[[Measured], Any]
+    """The record of a measurement (None: nothing to keep)."""
+    problem: Callable[[Any], str | None] = lambda record: None
+    """What makes a record read from a file one no measurement can have (None: nothing)."""
+    joined: Any = None
+    """The type of the ranks' records joined (None: the signal does not join them)."""
+    join: Callable[[Mapping[int, Any]], tuple[Any, Mapping[str, float]]] | None = None
+    """The ranks' records (by rank) joined, None where there is nothing to join, and the metrics it adds to the
+    joined test."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +297,10 @@ class Signal:
     parts: tuple[Part, ...] = ()
     """The fields of a measurement its probes fill (beyond the exact counters, which every region keeps alike), and
     how each merges across regions and runs."""
+    traced: tuple[Traced, ...] = ()
+    """What it reads of each traced region into its parts (:func:`..instruments.with_traced_runs`)."""
+    kept: Kept | None = None
+    """What a test's results keep of it, beyond its metrics and budgets."""
 
 
 def named(name: str) -> Callable[[str], str]:

@@ -7,15 +7,47 @@ from the counting run's trace."""
 
 from __future__ import annotations
 
-from .base import CounterSpec, Measured, Metric, Part, Runs, Signal, united
+from collections.abc import Mapping
+
+from ..analysis.collectives import MAX_KERNELS, Collectives, CollectiveWaits, kernels_in, match
+from .base import CounterSpec, Kept, Measured, Metric, Part, Runs, Signal, Traced, united
 
 #: Joined from a launch's ranks (:func:`..document.launch.join`): the longest any rank waited for the last rank to
 #: arrive at its collectives, per token (median over steps).
 WAIT_METRIC = "collective_wait_us_per_token"
 
 
+#: Its parts: per region number, its tokens and each call (``op at site``) in order; per traced region, its collective
+#: kernels' (start, end) and how many were left out.
+CALLS, KERNELS = "collective_calls", "collective_kernels"
+
+
 def _joined_only(m: Measured) -> list[float]:
     return []  # no process sees the other ranks: the report joins it
+
+
+def _kept(m: Measured) -> Collectives | None:
+    """The first traced region's collectives with its calls (what the report matches across ranks), None where no
+    traced region launched a collective kernel."""
+    for number, (kernels, more) in sorted(m.part(KERNELS).items()):
+        if kernels:
+            tokens, calls = m.part(CALLS).get(number, (None, ()))
+            return Collectives(tokens, calls, kernels, more)
+    return None
+
+
+def _problem(record: Collectives) -> str | None:
+    return (
+        f"more than {MAX_KERNELS} kernels (a region keeps at most that many)"
+        if len(record.kernels) > MAX_KERNELS
+        else None
+    )
+
+
+def _join(ranks: Mapping[int, Collectives]) -> tuple[CollectiveWaits | str | None, dict[str, float]]:
+    """The ranks' collectives matched, and the longest wait of any rank (:data:`WAIT_METRIC`)."""
+    waits = match(ranks)
+    return waits, {WAIT_METRIC: max(waits.wait_us)} if isinstance(waits, CollectiveWaits) else {}
 
 
 SIGNAL = Signal(
@@ -32,5 +64,7 @@ SIGNAL = Signal(
     ),
     # Per region number: its tokens and calls in order (every run), and its collective kernels' (start, end) with
     # how many were left out (traced runs).
-    parts=(Part("collective_calls", united, Runs.EVERY), Part("collective_kernels", united, Runs.EVERY)),
+    parts=(Part(CALLS, united, Runs.EVERY, empty=dict), Part(KERNELS, united, Runs.EVERY, empty=dict)),
+    traced=(Traced(KERNELS, kernels_in),),
+    kept=Kept(Collectives, _kept, _problem, CollectiveWaits | str, _join),
 )  # fmt: skip

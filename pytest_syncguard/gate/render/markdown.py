@@ -30,7 +30,7 @@ from ..chain import (
     Site,
     Word,
     budget_entries,
-    collective_lines,
+    joined_links,
     rank_lines,
     regression_entries,
     value_text,
@@ -198,16 +198,15 @@ def device_time_block(run: RunComparison) -> list[str]:
     return [*lines, ""]
 
 
-def collectives_block(run: RunComparison, links: SiteLinks | None = None) -> list[str]:
-    """Each test the ranks of a launch measured that launched collectives: the straggler, the longest wait and its
-    call site, each rank's wait and transfer per token."""
+def joined_block(run: RunComparison, links: SiteLinks | None = None) -> list[str]:
+    """Each test the ranks of a launch measured, with what their records joined say (the collectives' waits and
+    straggler)."""
     lines: list[str] = []
     for verdict in run.cases:
-        found = collective_lines(verdict.case, verdict.comparison)
-        if found:
-            lines.append(f"- {code(verdict.case.nodeid)} on {code(verdict.case.device_slug)}")
+        for title, found in joined_links(verdict.case, verdict.comparison):
+            lines.append(f"- {code(verdict.case.nodeid)} on {code(verdict.case.device_slug)}: **{title}**")
             lines.extend(f"  - {_line(line, links)}" for line in found)
-    return ["**Collective waits** (the ranks' collectives matched one by one)", "", *lines, ""] if lines else []
+    return ["**Across ranks** (each test's ranks joined)", "", *lines, ""] if lines else []
 
 
 def _pairs(verdicts: Sequence[CaseComparison], status: str) -> list[tuple[CaseComparison, Change]]:
@@ -332,7 +331,7 @@ def _failed_test(case: RunCase, links: SiteLinks | None) -> list[str]:
 def _details(run: RunComparison) -> list[str]:
     """Everything else, collapsed: device time of every test, improvements, new and missing tests, timings not
     judged, the environment, and every test's verdict."""
-    inside: list[str] = [*device_time_block(run), *collectives_block(run)]
+    inside: list[str] = [*device_time_block(run), *joined_block(run)]
     improved = _pairs(run.with_status("improvement"), "improvement")
     if improved:
         inside += ["**Improvements** (record them with `pytest --syncguard --syncguard-update-baselines` on the same "
