@@ -98,3 +98,10 @@ def test_a_launch_no_process_can_have_is_refused_naming_the_file(tmp_path: Path,
     path.write_text(json.dumps({**results_file.document(_tests()[:1], "2.11.0"), "launch": launch}))
     with pytest.raises(results_file.ResultsError, match=f"{path}: launch: rank .* is no rank of a launch"):
         results_file.read_all([path])
+
+
+def test_a_launchs_device_slug_that_is_a_path_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """The slug of a test no rank finished names a baselines file: a path in it would reach outside the folder."""
+    path = _write(tmp_path / "r.json", _tests()[:1], Launch(0, 2, device_slug="../../etc/passwd"))
+    with pytest.raises(results_file.ResultsError, match=f"{path}: launch.device_slug: '../../etc/passwd' is no"):
+        results_file.read_all([path])

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import __version__
 from ..codec import CodecError, decode, encode, read_document
+from ..environment import is_slug
 from ..files import write_atomically
 from ..metrics import metric, value_problem
 from ..ranks import stopped_at
@@ -150,15 +151,18 @@ def _launch(data: object) -> Launch | None:
     if not 1 < launch.world_size <= MAX_WORLD or not 0 <= launch.rank < launch.world_size:
         raise CodecError(f"launch: rank {launch.rank} of {launch.world_size} is no rank of a launch (0 <= rank < "
                          f"world size, 2 to {MAX_WORLD} processes)")  # fmt: skip
+    if launch.device_slug and not is_slug(launch.device_slug):
+        raise CodecError(f"launch.device_slug: {launch.device_slug!r} is no device slug")
     return launch
 
 
 def unknown(records: Iterable[object]) -> list[str]:
     """What records written by another version hold that this one does not know, each named once: a field of a
-    test's record, a metric, a budget's marker, an itemized counter (``field energy_j``, ``metric x``). The
-    records read without them (:mod:`..codec` leaves unknown fields out; the gate judges only the metrics and
-    budgets it knows): the report says so instead of dropping them silently."""
+    test's record, a metric, a budget's marker, an itemized counter, a signal's record (``field energy_j``, ``metric
+    x``). The records read without them (:mod:`..codec` leaves unknown fields out; the gate judges only the metrics
+    and budgets it knows): the report says so instead of dropping them silently."""
     fields = {f.name for f in dataclasses.fields(MeasuredTest)} | set(MeasuredTest.DERIVED)
+    known = {name for name, signal in BY_NAME.items() if signal.kept is not None}
     found: dict[str, set[str]] = {"field": set(), "metric": set(), "budget": set(), "counter": set(), "record": set()}
     for data in records:
         if not isinstance(data, Mapping):
@@ -173,7 +177,6 @@ def unknown(records: Iterable[object]) -> list[str]:
                 found["budget"].add(marker)
         for kind in ("records", "joined"):
             kept = data.get(kind)
-            known = {name for name, signal in BY_NAME.items() if signal.kept is not None}
             found["record"] |= {str(k) for k in kept if k not in known} if isinstance(kept, Mapping) else set()
         counted = data.get("counted_top")
         found["counter"] |= {str(k) for k in counted if k not in ITEMIZED} if isinstance(counted, Mapping) else set()

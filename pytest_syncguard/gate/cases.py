@@ -61,11 +61,6 @@ class RunCase:
     straggler)."""
 
     @property
-    def failed_ranks(self) -> tuple[RankResult, ...]:
-        """The ranks that failed it, erred or left no result of it."""
-        return tuple(r for r in self.ranks if r.verdict in ("fail", "error", "failed", "regression", "missing"))
-
-    @property
     def compared(self) -> bool:
         """The run compared the test with a baseline entry (values in ``baseline_values``)."""
         return self.baseline_status not in (None, "new")
