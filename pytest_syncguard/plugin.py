@@ -39,6 +39,7 @@ from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
+    from .document.launch import Launch
     from .document.measured import MeasuredTest
     from .guard import SyncGuard
 
@@ -627,26 +628,30 @@ class SyncguardSession:
     def _write_as_rank(self, in_flight: str | None) -> None:
         """In a launch of several processes, this rank's results as they stand, with the test in flight: a rank that
         dies leaves what it finished and the test it died in (:func:`.document.launch.join` names it)."""
-        if self.rank is None or self.json_path is None or self.is_worker:
+        launch = self._launch(finished=False, in_flight=in_flight)
+        if launch is None or self.json_path is None or self.is_worker:
             return
         import torch
 
         from .document import file as results_file
-        from .document.launch import Launch
 
-        launch = Launch(self.rank.rank, self.rank.world_size, False, in_flight, self._launch_slug())
         try:
             results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
         except (OSError, ValueError) as exc:
             self.notes.append(f"syncguard: this rank's results NOT written to {self.json_path} as it went: {exc}")
 
-    def _launch_slug(self) -> str:
-        """The slug of this rank's GPU (its CPU's without one), for a test no rank finished."""
+    def _launch(self, *, finished: bool, in_flight: str | None = None) -> Launch | None:
+        """What this rank's results document says of it (None: this process is no rank of a launch), with the slug of
+        its GPU (its CPU's without one) for a test no rank finished."""
+        if self.rank is None:
+            return None
         import torch
 
+        from .document.launch import Launch
         from .environment import slug_for
 
-        return slug_for("cuda" if torch.cuda.is_available() else "cpu")
+        slug = slug_for("cuda" if torch.cuda.is_available() else "cpu")
+        return Launch(self.rank.rank, self.rank.world_size, finished, in_flight, slug)
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True
@@ -723,10 +728,8 @@ class SyncguardSession:
             import torch
 
             from .document import file as results_file
-            from .document.launch import Launch
 
-            rank = self.rank
-            launch = Launch(rank.rank, rank.world_size, device_slug=self._launch_slug()) if rank is not None else None
+            launch = self._launch(finished=True)
             try:
                 results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
                 self.json_written = True

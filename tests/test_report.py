@@ -473,3 +473,28 @@ def test_a_real_widest_gap_names_its_site_relative_to_the_checkout(tmp_path: Pat
     timeline = tests["examples/test_strategies.py::test_timeline[kv_cache]"].timeline
     assert timeline is not None
     assert timeline.top_gaps[0].detail.startswith("scalar read at examples/strategies.py:75 in kv_cache; ")
+
+
+def test_a_tests_results_file_case_is_kept_over_its_junit_case_whatever_their_order(pytester: pytest.Pytester) -> None:
+    """One run's results file and JUnit file name the same passed test: the case kept is the results file's, which
+    carries the details that explain a change, in either order of the files."""
+    from pytest_syncguard.gate.run import merge_cases
+
+    pytester.makepyfile(
+        test_one="""
+import pytest
+import torch
+
+@pytest.mark.max_syncs_per_token(1)
+def test_loop(syncguard):
+    with syncguard.generation(tokens=2):
+        for _ in range(2):
+            torch.ones(2).sum().item()
+"""
+    )
+    done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json", "--junitxml", "j.xml")
+    assert done.ret == 0, done.stdout.str()
+    results, junit = pytester.path / "r.json", pytester.path / "j.xml"
+    for order in ([results, junit], [junit, results]):
+        (case,) = merge_cases(order)
+        assert case.details is not None and case.sites, order

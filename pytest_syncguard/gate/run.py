@@ -102,12 +102,12 @@ class RunComparison:
 
 
 def read_run(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
-    """The measured tests of results files (``.json``; the ranks of a launch joined, :func:`..document.launch.join`)
-    and JUnit files; ``ResultsError`` or ``JUnitError`` naming the file when one is neither. What a results file holds
-    that this version does not know goes into ``unknown``, under the file's path."""
+    """The measured tests of JUnit files, then of results files (``.json``; the ranks of a launch joined,
+    :func:`..document.launch.join`); ``ResultsError`` or ``JUnitError`` naming the file when one is neither. What a
+    results file holds that this version does not know goes into ``unknown``, under the file's path."""
+    junit = [case for path in paths if path.suffix != ".json" for case in read_cases(path)]
     documents = [path for path in paths if path.suffix == ".json"]
-    cases = [RunCase.of(result) for result in results_file.read_all(documents, unknown)]
-    return cases + [case for path in paths if path.suffix != ".json" for case in read_cases(path)]
+    return junit + [RunCase.of(result) for result in results_file.read_all(documents, unknown)]
 
 
 def _severity(case: RunCase) -> int:
@@ -120,7 +120,8 @@ def _severity(case: RunCase) -> int:
 def merge_cases(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
     """The cases of all files, one per (device, node id), in a stable order; the ranks of a launch are one case
     each. A test in several files (shards that ran it twice, a results file and its JUnit file) keeps its worst
-    case: a failure in any file is never dropped, whatever the order of the files; of equals, the last file's."""
+    case: a failure in any file is never dropped, whatever the order of the files; of equals, a results file's over
+    a JUnit file's (it carries the details that explain a change), else the last file's."""
     merged: dict[tuple[str, str], RunCase] = {}
     for case in read_run(paths, unknown):
         key = (case.device_slug, case.nodeid)
