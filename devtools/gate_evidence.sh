@@ -14,11 +14,14 @@
 #                                                     within SECONDS
 #   bash devtools/gate_evidence.sh plant-aa SECONDS [STRATEGIES] [AB_OPTIONS...]
 #                                                     the same, of the planted base against a copy of itself
-#   bash devtools/gate_evidence.sh plant-job P        the GPU job (ci/run_gpu_suite.sh) in its own mode on a pull
-#                                                     request planting P% in cuda_graph only, its base the planted
-#                                                     base, in a git repository of this checkout without this GPU
-#                                                     model's baseline file (the first pull request on a new GPU
-#                                                     model): OUT/job-P/ and OUT/job-P.log
+#   bash devtools/gate_evidence.sh plant-job P [STRATEGIES]
+#                                                     the GPU job (ci/run_gpu_suite.sh) in its own mode on a pull
+#                                                     request planting P% of this runner's own step (the base's
+#                                                     speed tests run once first) in STRATEGIES (default
+#                                                     cuda_graph; "cuda_graph static_compiled" for both), its base
+#                                                     the planted base, in a git repository of this checkout
+#                                                     without this GPU model's baseline file (the first pull
+#                                                     request on a new GPU model): OUT/job-P/ and OUT/job-P.log
 #   bash devtools/gate_evidence.sh history-push DIR N the planted base's speed tests run N times, each recorded into
 #                                                     the history folder DIR as a push to main (push-K.json kept)
 #   bash devtools/gate_evidence.sh history-judge DIR P [STRATEGY]
@@ -40,8 +43,12 @@ planted_copy() {  # a copy of the checkout with PERCENT planted, in planted-NAME
     local percent="$1" folder="$work/planted-${2:-$1}"
     rm -rf "$folder" && mkdir -p "$folder"
     cp -r pytest_syncguard examples baselines pyproject.toml "$folder"/
-    # PLANT_ONLY (e.g. cuda_graph): plant PERCENT in that strategy only, the base's one-cycle spin in the others.
-    python devtools/plant_gpu_work.py "$folder" --percent "$percent" ${PLANT_ONLY:+--only "$PLANT_ONLY"} >&2 || exit 1
+    # PLANT_ONLY (e.g. "cuda_graph static_compiled"): plant PERCENT in those strategies only, the base's one-cycle
+    # spin in the others; PLANT_STEP (a results file of this runner): size the spin from its steps.
+    local only=() name
+    for name in ${PLANT_ONLY:-}; do only+=(--only "$name"); done
+    python devtools/plant_gpu_work.py "$folder" --percent "$percent" "${only[@]}" \
+        ${PLANT_STEP:+--step-results "$PLANT_STEP"} >&2 || exit 1
     echo "$folder"
 }
 
@@ -80,7 +87,11 @@ plant-ab | plant-aa)
 plant-job)
     percent="$2"
     base="$(planted_copy 0)"
-    head="$(PLANT_ONLY=cuda_graph planted_copy "$percent" "$percent-job")"
+    planted="${3:-cuda_graph}"
+    (cd "$base" && PYTHONPATH="$PWD" python -m pytest "${plugin[@]}" examples/test_strategies.py \
+        -k "test_speed and (${planted// / or })" --syncguard --syncguard-require-gpu \
+        --syncguard-json "$out/job-$percent-step.json" -q > "$out/job-$percent-step.log" 2>&1)
+    head="$(PLANT_ONLY="$planted" PLANT_STEP="$out/job-$percent-step.json" planted_copy "$percent" "$percent-job")"
     repo="$work/job-repo"
     rm -rf "$repo" "$out/job-$percent" && mkdir -p "$repo"
     cp -r pytest_syncguard examples baselines ci tools pyproject.toml "$repo"/
@@ -91,7 +102,7 @@ plant-job)
         git init -q && git config user.email evidence@example.com && git config user.name evidence
         cp "$base/examples/strategies.py" examples/strategies.py && git add -A && git commit -qm "planted base"
         base_sha="$(git rev-parse HEAD)"
-        cp "$head/examples/strategies.py" examples/strategies.py && git commit -qam "$percent% in cuda_graph"
+        cp "$head/examples/strategies.py" examples/strategies.py && git commit -qam "$percent% in $planted"
         SECONDS=0
         SYNCGUARD_INSTALL=true SYNCGUARD_TESTS="examples --durations=10" BASE_SHA="$base_sha" \
             bash ci/run_gpu_suite.sh "$out/job-$percent" > "$out/job-$percent.log" 2>&1

@@ -1,10 +1,11 @@
 """Plant device work in a copy of the strategy suite, for evidence of what the gate sees: after each decode step of
 ``cuda_graph`` (each graph replay) and ``static_compiled`` (each compiled step), one ``torch.cuda._sleep`` kernel
-that spins for PERCENT of the step's device time in the committed H100 baseline. ``--percent 0`` plants the same
-kernel spinning a single cycle: the base of a planted change, with the same operators, launches and syncs, so
-that only device time differs between the two.
+that spins for PERCENT of the step's device time: in the committed H100 baseline, or with ``--step-results`` in a
+results file of this runner (``pytest --syncguard-json`` of the base's speed tests: the step as this GPU runs it).
+``--percent 0`` plants the same kernel spinning a single cycle: the base of a planted change, with the same
+operators, launches and syncs, so that only device time differs between the two.
 
-    python devtools/plant_gpu_work.py CHECKOUT --percent 3 [--only cuda_graph]
+    python devtools/plant_gpu_work.py CHECKOUT --percent 3 [--only cuda_graph] [--step-results step.json]
 
 rewrites CHECKOUT/examples/strategies.py in place (run it on a copy). The kernel's cycles per microsecond are
 measured once per process on the device it runs on (CUDA events around a long spin).
@@ -44,9 +45,26 @@ def _planted_spin(us: float) -> None:
 '''
 
 
-def plant(checkout: Path, percent: float, only: Sequence[str] = ()) -> dict[str, float]:
+def _steps(results: Path, names: Sequence[str]) -> dict[str, float]:
+    """Device time per step of the speed test of each of ``names`` in a results file of this runner."""
+    from pytest_syncguard.document import file
+
+    measured = {t.nodeid: t.metrics.values for t in file.read(results)}
+    steps = {}
+    for name in names:
+        nodeid = f"examples/test_strategies.py::test_speed[{name}]"
+        if "gpu_us_per_token" not in measured.get(nodeid, {}):
+            raise SystemExit(f"{results}: no gpu_us_per_token of {nodeid}")
+        steps[SITES[name][1]] = measured[nodeid]["gpu_us_per_token"]
+    return steps
+
+
+def plant(
+    checkout: Path, percent: float, only: Sequence[str] = (), step_results: Path | None = None
+) -> dict[str, float]:
     """Rewrite the checkout's strategies (``percent`` in those of ``only``, default all; the others get the one-cycle
-    spin of a base); returns the microseconds planted per step of each strategy."""
+    spin of a base), sized from ``step_results`` where given; returns the microseconds planted per step of each
+    strategy."""
     unknown = set(only) - set(SITES)
     if unknown:
         raise SystemExit(f"--only {', '.join(sorted(unknown))}: not one of {', '.join(SITES)}")
@@ -54,13 +72,17 @@ def plant(checkout: Path, percent: float, only: Sequence[str] = ()) -> dict[str,
     text = source.read_text(encoding="utf-8")
     if "_planted_spin" in text:
         raise SystemExit(f"{source}: already planted")
-    baseline = json.loads((checkout / BASELINE).read_text(encoding="utf-8"))["tests"]
+    if step_results is not None:
+        step = _steps(step_results, [name for name in SITES if percent and (not only or name in only)])
+    else:
+        baseline = json.loads((checkout / BASELINE).read_text(encoding="utf-8"))["tests"]
+        step = {test: baseline[test]["gpu_us_per_token"] for _, test in SITES.values()}
     planted = {}
     for name, (line, test) in SITES.items():
         if text.count(line) != 1:
             raise SystemExit(f"{source}: the end of {name}'s step was not found once")
         share = percent if not only or name in only else 0.0
-        us = round(share / 100 * baseline[test]["gpu_us_per_token"], 2)
+        us = round(share / 100 * step[test], 2) if share else 0.0
         indent = line[: len(line) - len(line.lstrip())]
         text = text.replace(line, f"{line}{indent}_planted_spin({us})\n")
         planted[name] = us
@@ -76,8 +98,10 @@ def main() -> None:
     parser.add_argument("--percent", type=float, required=True, help="of the step's device time; 0: the base")
     parser.add_argument("--only", action="append", default=[], choices=sorted(SITES),
                         help="plant PERCENT in this strategy only (repeatable; default: every one)")  # fmt: skip
+    parser.add_argument("--step-results", type=Path, help="size the spin from the speed tests' device time per step "
+                        "in this results file (default: the committed H100 baseline's)")  # fmt: skip
     args = parser.parse_args()
-    print(json.dumps(plant(args.checkout, args.percent, args.only)))
+    print(json.dumps(plant(args.checkout, args.percent, args.only, args.step_results)))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,16 @@ from pytest_syncguard.analysis.ab_stats import (
 )
 from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
 from pytest_syncguard.files import IGNORE_ALL
-from pytest_syncguard.gate.ab import Plan, baselines_changed, judged_by_baseline, read_report, run, summary_lines
+from pytest_syncguard.gate.ab import (
+    Plan,
+    base_runs_first,
+    baselines_changed,
+    judged_by_baseline,
+    pair_of_round,
+    read_report,
+    run,
+    summary_lines,
+)
 from pytest_syncguard.gate.ab_sides import read_results
 from pytest_syncguard.gate.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
@@ -119,7 +128,56 @@ def test_early_verdicts_take_students_t_from_three_rounds_and_cry_no_wolf_in_sim
         assert REGRESSION not in verdicts(0.0, rounds)
         assert verdicts(0.02, rounds).get(REGRESSION, 0) >= (200 if rounds == 3 else 270)  # else: inconclusive
     two = judge([(1.0, 1.0)] * 2, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True)
-    assert two.verdict == INCONCLUSIVE and "run 6 or more" in two.reason  # fewer than 3: no interval
+    assert two.verdict == INCONCLUSIVE and "run 3 or more" in two.reason  # fewer than 3: no interval
+
+
+def _offset_trials(effect: float, rounds: int, processes: int, trials: int, seed: int) -> dict[str, int]:
+    """Verdicts of ``trials`` simulated held A/Bs: each process off by its own N(0, 0.5%) (two warm processes of
+    one code ran a test 1.1% apart on an H100), each run by N(0, 0.3%), the pairs taking the rounds in turn."""
+    generator = random.Random(seed)
+    found: dict[str, int] = {}
+    for _ in range(trials):
+        offsets = {(side, pair): generator.gauss(0, 0.005) for side in "bh" for pair in range(1, processes + 1)}
+        blocks = [pair_of_round(number, processes) for number in range(1, rounds + 1)]
+        pairs = [(math.exp(offsets["b", p] + generator.gauss(0, 0.003)),
+                  (1 + effect) * math.exp(offsets["h", p] + generator.gauss(0, 0.003))) for p in blocks]  # fmt: skip
+        verdict = judge(pairs, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True, blocks=blocks,
+                        processes=processes).verdict  # fmt: skip
+        found[verdict] = found.get(verdict, 0) + 1
+    return found
+
+
+def test_two_pairs_of_processes_call_a_change_only_where_both_do_and_a_process_offset_cries_no_wolf() -> None:
+    """A process's own offset is no change: one pair's rounds, however tight, cannot tell it from one (a 0.5%
+    offset per process calls an unchanged test changed in 2-4% of simulated A/Bs); with two pairs taking the rounds
+    in turn, each pair has its interval and the metric's is their hull, so an offset must fool both. A real +3%
+    is still called."""
+    assert [pair_of_round(n, 2) for n in range(1, 8)] == [1, 1, 2, 1, 2, 1, 2]
+    assert [base_runs_first(n, 2) for n in range(2, 8)] == [True, True, False, False, True, True]
+    assert [base_runs_first(n, 1) for n in range(2, 6)] == [True, False, True, False]  # one pair: as before
+    one = _offset_trials(0.0, 8, 1, 1000, seed=3)
+    assert one.get(REGRESSION, 0) + one.get(IMPROVEMENT, 0) >= 40
+    two = _offset_trials(0.0, 8, 2, 1000, seed=3)
+    assert two.get(REGRESSION, 0) + two.get(IMPROVEMENT, 0) <= 3
+    assert _offset_trials(0.03, 8, 2, 300, seed=4).get(REGRESSION, 0) >= 270
+    # One pair off, the other not: the hull holds both, so nothing is called.
+    blocks = [1, 1, 2, 1, 2, 1]
+    split = [(1.0, 1.015 if b == 1 else 1.002) for b in blocks]
+    split = [(b, h * (1 + 0.0005 * (i % 2))) for i, (b, h) in enumerate(split)]
+    apart = judge(split, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True, blocks=blocks,
+                  processes=2)  # fmt: skip
+    assert apart.verdict == INCONCLUSIVE and apart.pairs == pytest.approx((1.0152, 1.0022), abs=5e-4)
+    both = judge([(1.0, 1.02 + 0.0005 * (i % 2)) for i in range(6)], higher_is_better=False, min_effect=0.01,
+                 confidence=0.95, early=True, blocks=blocks, processes=2)  # fmt: skip
+    assert both.verdict == REGRESSION and both.method == "t" and len(both.pairs) == 2
+    # Each pair needs a round, and the pairs 2 degrees of freedom within them.
+    few = judge([(1.0, 1.02)] * 3, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True,
+                blocks=[1, 1, 2], processes=2)  # fmt: skip
+    assert few.verdict == INCONCLUSIVE and "3 rounds from 2 pairs of processes" in few.reason
+    assert "run 4 or more" in few.reason
+    lone = judge([(1.0, 1.02)] * 5, higher_is_better=False, min_effect=0.01, confidence=0.95, early=True,
+                 blocks=[1] * 5, processes=2)  # fmt: skip
+    assert lone.verdict == INCONCLUSIVE and lone.ratio is None  # the second pair ran no round
 
 
 def _site(line: int, code: str, count: int, function: str = "decode") -> SiteCount:
@@ -262,12 +320,14 @@ def test_ab_runs_base_and_head_of_a_real_repository_in_rounds_and_explains_the_r
     assert "_ = y.sum().item()" in (repo / "ab.md").read_text()
     assert "worktree" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                                             text=True).stdout.split("\n", 1)[1]  # fmt: skip
-    # Test by test: test_decode's one round, then test_steady's rounds (2 to 3: it settles when its interval does).
+    # Test by test: test_decode's one round, then test_steady's rounds (2 to 3: it settles when its interval does),
+    # the two pairs of processes in turn (the second pair's processes are base-2 and head-2).
     files = sorted(p.name for p in (repo / "syncguard-ab").glob("t*-round*-*.json"))
     steady_rounds = steady.timings["seconds"].rounds
+    assert report.processes == 2
     assert files == sorted(["t1-round1-base.json", "t1-round1-head.json",
-                            *(f"t2-round{n}-{side}.json" for n in range(1, steady_rounds + 1)
-                              for side in ("base", "head"))])  # fmt: skip
+                            *(f"t2-round{n}-{side}{'-2' if pair_of_round(n, 2) == 2 else ''}.json"
+                              for n in range(1, steady_rounds + 1) for side in ("base", "head"))])  # fmt: skip
     assert report.held and "test by test, its fixtures kept set up across its rounds" in done.stdout
     assert report.costs[steady.nodeid][1] is not None and report.costs[decode.nodeid][1] is None
     # The first round checked the count budgets; the later ones measured timings only (--syncguard-timings-only),
@@ -421,8 +481,9 @@ def _worktrees(repo: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("signum", "slow_from", "running", "finished"),
     [
-        # Ctrl-C in a terminal: SIGINT to the whole foreground process group, in round 2's first run (the base's).
-        (signal.SIGINT, 3, "t1-round2-base", "t1-round1-base, t1-round1-head"),
+        # Ctrl-C in a terminal: SIGINT to the whole foreground process group, in round 2's first run (the base's),
+        # after the first round and the second pair's holds.
+        (signal.SIGINT, 5, "t1-round2-base", "t1-round1-base, t1-round1-head, t1-hold-base-2, t1-hold-head-2"),
         # A CI system cancelling the job: SIGTERM to the process, in the very first run.
         (signal.SIGTERM, 1, "t1-round1-base", "no run"),
     ],
@@ -473,7 +534,7 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
     assert f"finished before it: {finished}" in err
     assert ("partial results" in err) == (finished != "no run")
     assert "syncguard ab: test 1 of 1, test_slow.py::test_step: first round" in err
-    if slow_from == 3:
+    if slow_from == 5:
         assert sorted(p.name for p in (repo / "syncguard-ab").glob("t1-round*.json")) == [
             "t1-round1-base.json",
             "t1-round1-head.json",
@@ -658,10 +719,12 @@ def test_the_suites_results_are_the_heads_first_round_and_the_time_budget_names_
     (decode,) = (t for t in report.tests if t.nodeid.endswith("test_decode"))
     assert {(c.metric, c.base, c.head) for c in decode.counts} >= {("syncs", 10, 20)}  # the suite's count
     # test_decode's count settled it at once (the head not even set up); test_steady's time needs 2 rounds: the
-    # suite's, then a replay on each side after the head's hold, which set it up and is no round.
+    # suite's, then a replay on each side of the first pair after the head's hold and the second pair's, which set it
+    # up and are no round.
     assert not any(name.startswith(("t1-round2", "t1-hold")) for name in files)
     held = sorted(p.name for p in (repo / "syncguard-ab").glob("t*-hold-*.json"))
-    assert held == ["t2-hold-head.json"] and {"t2-round2-head.json", "t2-round2-base.json"} <= set(files)
+    assert held == ["t2-hold-base-2.json", "t2-hold-head-2.json", "t2-hold-head.json"]
+    assert {"t2-round2-head.json", "t2-round2-base.json"} <= set(files)
     assert read_results(repo / "syncguard-ab" / "t2-round2-head.json")["test_loop.py::test_steady"].checks == ()
     # Another device's results are no round of this runner's A/B.
     data = json.loads((repo / "suite.json").read_text())

@@ -6,6 +6,12 @@ paired difference. The estimate is the Hodges-Lehmann median of the Walsh averag
 interval the one Wilcoxon's signed-rank test gives (exact, from the test's null distribution; it assumes only
 that a difference is as likely above as below its median). With ``n`` rounds the most confident interval is the
 range of the ``n`` ratios, at confidence ``1 - 2 / 2**n``: 5 rounds cannot give 95%, 6 can.
+
+Rounds may come from more than one pair of processes (a base and a head process each): a process has an offset of its
+own (on an H100, two warm processes of the same code ran a test 1.1% apart while each one's rounds agreed within
+0.2%), which the rounds of one pair cannot tell from a change. Then each pair gets its own interval (the rounds'
+spread within pairs pooled) and the metric's interval is the hull of them: a change is called only where every pair
+calls it.
 """
 
 from __future__ import annotations
@@ -105,6 +111,53 @@ def t_interval(differences: Sequence[float], confidence: float) -> Interval | No
     return Interval(mean, mean - half, mean + half, confidence)
 
 
+def fewest_rounds(confidence: float, pairs: int = 1, early: bool = False) -> int:
+    """The fewest rounds that may give an interval: the signed-rank one's, or with ``early`` :data:`T_ROUNDS`; with
+    more than one pair of processes, a round of each and two degrees of freedom within them."""
+    if pairs > 1:
+        return pairs + 2
+    return T_ROUNDS if early else rounds_needed(confidence)
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The hull of the pairs' intervals, each pair's estimate, and the rounds' spread within pairs."""
+
+    hull: Interval
+    estimates: tuple[float, ...]
+    within: float
+    """The half-width the pooled spread within pairs gives one pair's mean over one round."""
+    method: str
+
+
+def _pairs_interval(
+    differences: Sequence[float], blocks: Sequence[int], pairs: int, confidence: float
+) -> _Pairs | None:
+    """Each pair's interval (its signed-rank one where its rounds are enough, else Student's t with the spread
+    within pairs pooled) and their hull, around the mean of the pairs' estimates; None where a pair has no round or
+    the rounds leave fewer than 2 degrees of freedom within pairs."""
+    groups: dict[int, list[float]] = {}
+    for difference, block in zip(differences, blocks, strict=True):
+        groups.setdefault(block, []).append(difference)
+    df = len(differences) - len(groups)
+    if len(groups) < pairs or df < 2:
+        return None
+    means = {block: sum(values) / len(values) for block, values in groups.items()}
+    pooled = math.sqrt(sum((d - means[block]) ** 2 for block, values in groups.items() for d in values) / df)
+    quantile = t_quantile(1 - (1 - confidence) / 2, df)
+    estimates, lows, highs, method = [], [], [], ""
+    for block in sorted(groups):
+        exact = interval(groups[block], confidence)
+        if exact is None:
+            half = quantile * pooled / math.sqrt(len(groups[block]))
+            exact, method = Interval(means[block], means[block] - half, means[block] + half, confidence), "t"
+        estimates.append(exact.estimate)
+        lows.append(exact.low)
+        highs.append(exact.high)
+    hull = Interval(sum(estimates) / len(estimates), min(lows), max(highs), confidence)
+    return _Pairs(hull, tuple(estimates), quantile * pooled, method)
+
+
 @dataclass(frozen=True)
 class RatioVerdict:
     """Head/base of one metric: ratio estimate, interval, verdict and why."""
@@ -127,6 +180,9 @@ class RatioVerdict:
     method: str = ""
     """The interval's: "" the exact signed-rank one, "t" Student's t over the rounds' log ratios (fewer rounds than
     the signed-rank one needs; ``early``)."""
+    pairs: tuple[float, ...] = ()
+    """Of rounds from more than one pair of processes: each pair's head/base estimate (the interval is the hull of
+    theirs); empty for one pair."""
 
     @property
     def undecided(self) -> bool:
@@ -142,25 +198,36 @@ def judge(
     confidence: float,
     max_rounds: int | None = None,
     early: bool = False,
+    blocks: Sequence[int] | None = None,
+    processes: int = 1,
 ) -> RatioVerdict:
     """The verdict of ``(base, head)`` values of paired rounds: a regression (or improvement) only when the whole
     interval of head/base lies beyond the minimum effect in that direction, unchanged when it lies within it, else
     inconclusive. The interval is the exact signed-rank one; with ``early``, from :data:`T_ROUNDS` rounds to the
-    fewest the signed-rank one needs, Student's t (it assumes the rounds' log ratios spread normally). An
-    inconclusive one that ``max_rounds`` rounds could not settle either (its interval, narrowing as one over the
-    square root of the rounds, would still be wider than the minimum effect around an estimate inside it) gets
+    fewest the signed-rank one needs, Student's t (it assumes the rounds' log ratios spread normally). With
+    ``processes`` > 1 pairs of processes (``blocks``: each round's pair, numbered from 1), the hull of the pairs'
+    intervals (:func:`fewest_rounds` gives the rounds it needs). An inconclusive one that ``max_rounds`` rounds
+    could not settle either (its interval, narrowing as one over the square root of the rounds down to the pairs'
+    own spread, would still be wider than the minimum effect around an estimate inside it) gets
     :attr:`RatioVerdict.spread`: more rounds are not spent on it."""
     usable = [(b, h) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
     if len(usable) < len(pairs):
         return RatioVerdict(len(pairs), None, None, None, None, INCONCLUSIVE, "a value of 0 has no ratio", min_effect)
     differences = [math.log(h / b) for b, h in usable]
-    found, method = interval(differences, confidence), ""
-    if found is None and early and len(usable) >= T_ROUNDS:
-        found, method = t_interval(differences, confidence), "t"
+    split = None
+    if processes > 1:
+        if blocks is None or len(blocks) != len(differences):
+            raise ValueError(f"{processes} pairs of processes need each round's pair")
+        split = _pairs_interval(differences, blocks, processes, confidence)
+        found, method = (split.hull, split.method) if split is not None else (None, "")
+    else:
+        found, method = interval(differences, confidence), ""
+        if found is None and early and len(usable) >= T_ROUNDS:
+            found, method = t_interval(differences, confidence), "t"
     if found is None:
-        reason = (
-            f"{len(usable)} rounds cannot give a {confidence:.0%} interval: run {rounds_needed(confidence)} or more"
-        )
+        fewest = fewest_rounds(confidence, processes, early)
+        within = f" from {processes} pairs of processes" if processes > 1 else ""
+        reason = f"{len(usable)} rounds{within} cannot give a {confidence:.0%} interval: run {fewest} or more"
         return RatioVerdict(len(usable), None, None, None, None, INCONCLUSIVE, reason, min_effect)
     bound = math.log1p(min_effect)
     worse_low, worse_high = (-found.high, -found.low) if higher_is_better else (found.low, found.high)
@@ -177,12 +244,18 @@ def judge(
     spread = None
     # Two rounds past the fewest that give an interval, so that its width is not that of the widest one possible.
     if verdict == INCONCLUSIVE and max_rounds is not None and len(usable) >= rounds_needed(confidence) + 2:
-        projected = half * math.sqrt(len(usable) / max(max_rounds, len(usable)))
+        most = max(max_rounds, len(usable))
+        if split is not None:  # the pairs' own spread stays; the within-pair part narrows
+            apart = (max(split.estimates) - min(split.estimates)) / 2
+            projected = apart + split.within / math.sqrt(most / processes)
+        else:
+            projected = half * math.sqrt(len(usable) / most)
         if projected > bound and abs(found.estimate) - projected <= bound:
             spread = math.expm1(projected)
     return RatioVerdict(
         len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict,
         min_effect=min_effect, resolvable=resolvable, spread=spread, method=method,
+        pairs=tuple(math.exp(e) for e in split.estimates) if split is not None else (),
     )  # fmt: skip
 
 

@@ -29,14 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..analysis.ab_stats import INCONCLUSIVE, REGRESSION, T_ROUNDS, RatioVerdict, judge, rounds_needed, settled
+from ..analysis.ab_stats import (
+    INCONCLUSIVE,
+    REGRESSION,
+    RatioVerdict,
+    fewest_rounds,
+    judge,
+    rounds_needed,
+    settled,
+)
 from ..analysis.explain import Explanation, explain
 from ..codec import CodecError, decode, encode, read_document
 from ..document import upgrades
 from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
-from .ab_sides import ABError, Side, WarmSide, fresh_sides, warm_sides
+from .ab_sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
 from .comparison import count_status
 
 SCHEMA = "pytest-syncguard/ab"
@@ -46,6 +54,9 @@ SCHEMA_VERSION = 2
 DEFAULT_ROUNDS = 12
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
+DEFAULT_PROCESSES = 2
+"""Warm pytests per side for held rounds: two pairs, so that one process's own offset is not read as a change."""
+MAX_PROCESSES = 8
 #: A baseline comparison's statuses of a metric that it judged.
 JUDGED = frozenset({"regression", "improvement", "unchanged"})
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
@@ -194,6 +205,9 @@ class ABReport:
     costs: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
     """Per test held: the seconds of its first round on both sides (set-up, warm-up and the measured call), and
     the mean seconds of a later round on both sides (None where it ran none)."""
+    processes: int = 1
+    """Pairs of processes (a warm base and head pytest each) whose rounds were judged: held rounds take them in
+    turn, and a timing's interval is the hull of theirs (:func:`.analysis.ab_stats.judge`)."""
 
     def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
         return [t for t in self.tests if t.verdict == verdict]
@@ -230,6 +244,8 @@ def read_report(path: Path) -> ABReport:
         f"confidence {report.confidence}: not a probability between 0 and 1" if not 0 < report.confidence < 1 else "",
         f"min_effect {report.min_effect}: not a fraction > 0" if report.min_effect is not None
         and not 0 < report.min_effect < 1e6 else "",
+        f"processes {report.processes}: not a number of pairs of processes (1 to {MAX_PROCESSES})"
+        if not 1 <= report.processes <= MAX_PROCESSES else "",
     ]  # fmt: skip
     if any(problems):
         raise ValueError(f"A/B report is malformed: {'; '.join(p for p in problems if p)}")
@@ -249,13 +265,15 @@ def compare_sides(
     host_timings: bool = True,
     counted_rounds: int | None = None,
     early: bool = False,
+    processes: int = 1,
 ) -> tuple[list[HeadAgainstBase], dict[str, tuple[str, ...]]]:
     """Per test measured on both sides, over the rounds that measured it on both: counts exactly, the other
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
     whether ``max_rounds`` rounds could settle it; host timings only with ``host_timings``; counts over the first
     ``counted_rounds`` (None: every round); ``early``: Student's t intervals where the rounds are too few for the
-    signed-rank one (:func:`.analysis.ab_stats.judge`). A test whose call raised in a round of a side is not
-    compared: :func:`failures` names it."""
+    signed-rank one (:func:`.analysis.ab_stats.judge`); ``processes``: the pairs of processes that ran held
+    rounds (:func:`pair_of_round`). A test whose call raised in a round of a side is not compared:
+    :func:`failures` names it."""
     raised = {nodeid for tests in failures(base, head).values() for nodeid in tests}
     seen_base = (set().union(*base) if base else set()) - raised
     seen_head = (set().union(*head) if head else set()) - raised
@@ -272,7 +290,7 @@ def compare_sides(
             continue
         paired = [(x, y) for _, x, y in rounds]
         tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
-                                        max_rounds, host_timings, counted_rounds, early))  # fmt: skip
+                                        max_rounds, host_timings, counted_rounds, early, processes))  # fmt: skip
     return tests, only_in
 
 
@@ -373,6 +391,7 @@ def _head_against_base(
     host_timings: bool = True,
     counted_rounds: int | None = None,
     early: bool = False,
+    processes: int = 1,
 ) -> HeadAgainstBase:
     """One test over its paired rounds (numbered ``numbers``, default 1, 2, ...): each metric over the rounds that
     measured it on both sides (a count over the first ``counted_rounds`` only, where given: the rounds that
@@ -404,9 +423,11 @@ def _head_against_base(
                 counts.append(CountChange(name, was, now, count_status(name, was, now)))
         else:
             pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
+            blocks = [pair_of_round(n, processes) for (x, y), n in zip(paired, numbers, strict=True)
+                      if name in x.metrics and name in y.metrics]  # fmt: skip
             timings[name] = judge(pairs, higher_is_better=spec.higher_is_better, max_rounds=max_rounds,
                                   min_effect=min_effect_of(name, min_effect), confidence=confidence,
-                                  early=early)  # fmt: skip
+                                  early=early, blocks=blocks, processes=processes)  # fmt: skip
     moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
     explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
     return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
@@ -544,10 +565,25 @@ class Plan:
     """Timed runs per test in each round after the first, after its traced run (None: as each test asks)."""
     host_timings: bool = True
     """Judge host timings (time, tokens/s, gaps, busy fraction); False: counts and device-side metrics only."""
+    processes: int = 1
+    """Warm pytest processes per side for rounds held test by test: each round is one pair's (a base and a head
+    process), the pairs in turn, and a timing's verdict needs every pair to agree (:func:`.analysis.ab_stats.judge`)."""
 
     @property
     def min_rounds(self) -> int:
         return min(self.rounds, rounds_needed(self.confidence))
+
+
+def pair_of_round(number: int, processes: int) -> int:
+    """Which pair of processes (a base and a head process, numbered from 1) runs a held test's round ``number``:
+    the first round is the first pair's (their holds), the later ones take the pairs in turn."""
+    return 1 if number < 2 else (number - 2) % processes + 1
+
+
+def base_runs_first(number: int, processes: int) -> bool:
+    """Whether the base runs first in a held test's later round ``number``: each pair alternates, its first
+    replay base first."""
+    return (number - 2) // processes % 2 == 0
 
 
 def run_rounds(
@@ -676,12 +712,15 @@ def run_held(
     dict[str, tuple[float, float | None]],
 ]:
     """The rounds test by test: each of ``tests`` held on both sides (set up, warmed up and measured once, as
-    pytest would: the first round, counts too), then called again warm on each side in turn, base first in odd
-    rounds, until its verdict is settled or the plan's rounds are spent; then the next test. A later round costs
-    about the test's measured call on each side: no set-up, compilation, graph capture or warm-up again.
+    pytest would: the first round, counts too), then called again warm on each side in turn until its verdict is
+    settled or the plan's rounds are spent; then the next test. A later round costs about the test's measured call
+    on each side: no set-up, compilation, graph capture or warm-up again. With :attr:`Plan.processes` pairs of
+    processes (``sides`` names them by :func:`.ab_sides.process_name`), the first pair's processes run the first
+    round, the others then hold the test at once (warm-ups, no round), and the later rounds take the pairs in turn
+    (:func:`pair_of_round`, :func:`base_runs_first`).
 
     ``head_first`` (the suite's results of the same head on this runner) is the head's first round: its hold is
-    then its second, measuring timings only. The time budget keeps, for each test not yet run, a first round and
+    then a warm-up with the other pairs', no round. The time budget keeps, for each test not yet run, a first round and
     the fewest rounds a verdict needs at the pace so far: a test goes past them only where that leaves enough;
     tests the budget cannot reach are returned as unreached. Returns each side's results per round, why the rounds
     ended, the tests unreached, and what each test's rounds cost (:attr:`ABReport.costs`)."""
@@ -694,7 +733,7 @@ def run_held(
     running: list[str] = []
     cut_short: list[str] = []
     """Tests whose rounds the time budget ended before they settled."""
-    fewest = min(plan.rounds, T_ROUNDS)
+    fewest = min(plan.rounds, fewest_rounds(plan.confidence, plan.processes, early=True))
     """The fewest rounds that may settle a test (Student's t intervals until the signed-rank ones)."""
 
     def elapsed() -> float:
@@ -707,22 +746,28 @@ def run_held(
             measured[side][number - 1][nodeid] = results[nodeid]
 
     def ask(
-        side: str, number: int, nodeid: str, label: str, hold: bool, repeat: int | None, timings_only: bool = True
+        side: str, number: int, nodeid: str, hold: bool, repeat: int | None, timings_only: bool = True, pair: int = 1
     ) -> None:
         """A side's hold (set up, warm up, measure) or replay of the test (``repeat`` timed runs; None: the test's
-        own), its results put in round ``number`` (none for 0)."""
+        own) in its process of ``pair``, its results put in round ``number``."""
+        name = process_name(side, pair)
+        label = f"t{len(spent) + 1}-round{number}-{name}"
         running[:] = [label]
         if hold:
-            results = sides[side].hold(label, nodeid, timeout, timings_only=timings_only, repeat=repeat)
+            results = sides[name].hold(label, nodeid, timeout, timings_only=timings_only, repeat=repeat)
         else:
-            results = sides[side].replay(label, nodeid, timeout, repeat=repeat)
+            results = sides[name].replay(label, nodeid, timeout, repeat=repeat)
         running.clear()
         finished.append(label)
-        if number:
-            put(side, number, nodeid, results)
+        put(side, number, nodeid, results)
 
-    def label(number: int, side: str) -> str:
-        return f"t{len(spent) + 1}-round{number}-{side}"
+    def warm_up(nodeid: str, names: Sequence[str]) -> None:
+        """The processes ``names`` hold the test at once: set-ups and warm-ups, no round."""
+        holds = {f"t{len(spent) + 1}-hold-{name}": sides[name] for name in names}
+        running[:] = list(holds)
+        hold_at_once(holds, nodeid, timeout, repeat=plan.timed_runs)
+        running.clear()
+        finished.extend(holds)
 
     def rounds_of(nodeid: str) -> dict[str, list[dict[str, MeasuredTest]]]:
         return {side: [{nodeid: r[nodeid]} if nodeid in r else {} for r in rounds] for side, rounds in measured.items()}
@@ -738,7 +783,7 @@ def run_held(
         own = rounds_of(nodeid)
         found, _ = compare_sides(own["base"], own["head"], min_effect=plan.min_effect, confidence=plan.confidence,
                                  max_rounds=plan.rounds, host_timings=plan.host_timings, counted_rounds=1,
-                                 early=True)  # fmt: skip
+                                 early=True, processes=plan.processes)  # fmt: skip
         return all(t.settled for t in found)
 
     def within_budget(seconds: float, after: int) -> bool:
@@ -764,18 +809,22 @@ def run_held(
             on = {side for side in ("base", "head") if nodeid in sides[side].collected}
             # The first round as the suite runs a test (its counts, budgets and own timed runs): each side's hold.
             if "base" in on:
-                ask("base", 1, nodeid, label(1, "base"), hold=True, timings_only=False, repeat=None)
+                ask("base", 1, nodeid, hold=True, timings_only=False, repeat=None)
             suite = head_first is not None and nodeid in head_first
             if suite:
                 assert head_first is not None
                 put("head", 1, nodeid, head_first)
             elif "head" in on:
-                ask("head", 1, nodeid, label(1, "head"), hold=True, timings_only=False, repeat=None)
+                ask("head", 1, nodeid, hold=True, timings_only=False, repeat=None)
             number = 1
-            if suite and on == {"base", "head"} and not cut(nodeid) and not settled_now(nodeid):
-                # The suite measured the head: its hold only sets the test up and warms it, and is no round (its
-                # device time, right after a warm-up, pairs with no base run).
-                ask("head", 0, nodeid, f"t{len(spent) + 1}-hold-head", hold=True, repeat=plan.timed_runs)
+            if on == {"base", "head"} and not cut(nodeid) and not settled_now(nodeid):
+                # The other pairs' processes set the test up and warm it, at once; so does the head's where the
+                # suite measured it (its device time, right after a warm-up, would pair with no base run).
+                others = [
+                    process_name(side, pair) for pair in range(2, plan.processes + 1) for side in ("base", "head")
+                ]
+                if others or suite:
+                    warm_up(nodeid, ["head", *others] if suite else others)
             costs.first.append(time.monotonic() - began)
             later: list[float] = []
             while on == {"base", "head"} and not cut(nodeid) and number < plan.rounds:
@@ -787,10 +836,12 @@ def run_held(
                     break
                 number += 1
                 round_began = time.monotonic()
-                # Base first in even rounds: a side's first replay follows the other side's run, never its own
-                # hold (the run right after a hold is a warm-up's; on an H100 a CUDA graph's ran 5% slower).
-                for side in ("head", "base") if number % 2 else ("base", "head"):
-                    ask(side, number, nodeid, label(number, side), hold=False, repeat=plan.timed_runs)
+                # Each pair in turn, the base first in its first replay: a process's first replay follows another
+                # one's run, never its own hold (the run right after a hold is a warm-up's; on an H100 a CUDA
+                # graph's ran 5% slower).
+                pair = pair_of_round(number, plan.processes)
+                for side in ("base", "head") if base_runs_first(number, plan.processes) else ("head", "base"):
+                    ask(side, number, nodeid, hold=False, repeat=plan.timed_runs, pair=pair)
                 later.append(time.monotonic() - round_began)
                 costs.later.append(later[-1])
             spent[nodeid] = (round(costs.first[-1], 3), round(sum(later) / len(later), 3) if later else None)
@@ -799,10 +850,9 @@ def run_held(
                      f"{_duration(time.monotonic() - began)} (the first "
                      f"{costs.first[-1]:.1f}s{each})")  # fmt: skip
     except ABInterrupted as exc:
-        stopped_run = running[0] if running else None
-        if stopped_run is not None:  # what the stopped run wrote on its way out is not a round's results
+        for stopped_run in running:  # what a stopped run wrote on its way out is not a round's results
             (out / f"{stopped_run}.json").unlink(missing_ok=True)
-        raise ABInterrupted(exc.signum, stopped_run, finished, out) from None
+        raise ABInterrupted(exc.signum, ", ".join(running) or None, finished, out) from None
     if cut_short and not unreached:
         stopped = f"the time budget ({_duration(plan.time_budget or 0)}) ended the rounds of {len(cut_short)} tests"
     for rounds in measured.values():  # as many rounds on each side
@@ -841,7 +891,7 @@ def run(
         except ValueError as exc:
             raise ABError(f"--out: {exc}") from None
         for earlier in [*out.glob("round*-*.*"), *out.glob("t*-round*-*.*"), *out.glob("t*-hold-*.*"),
-                        *(out / f"{side}.log" for side in ("base", "head"))]:  # fmt: skip
+                        *out.glob("base*.log"), *out.glob("head*.log")]:  # fmt: skip
             earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
@@ -859,7 +909,7 @@ def run(
             sides = stack.enter_context(
                 fresh_sides(folders, pytest_args, out)
                 if fresh_processes
-                else warm_sides(folders, pytest_args, out, timeout, progress)
+                else warm_sides(folders, pytest_args, out, timeout, progress, plan.processes)
             )
             collected = {n for side in sides.values() for n in side.collected}
             changed = baselines_changed(judged or {}, base, head)
@@ -893,9 +943,11 @@ def run(
                                                            started=started, left_out=sorted(left_out))  # fmt: skip
             timed_rounds = len(base_side) > 1 and all(side.times_only for side in sides.values())
             elapsed = time.monotonic() - started
+    processes = plan.processes if held else 1
     tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
                                    max_rounds=plan.rounds, host_timings=plan.host_timings,
-                                   counted_rounds=1 if timed_rounds else None, early=held)  # fmt: skip
+                                   counted_rounds=1 if timed_rounds else None, early=held,
+                                   processes=processes)  # fmt: skip
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
         base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
@@ -903,7 +955,7 @@ def run(
         judged_by_baseline=dict(sorted(left_out.items())), timed_rounds=timed_rounds,
         timed_runs=plan.timed_runs if timed_rounds else None, host_timings=plan.host_timings,
         failed_in=failures(base_side, head_side), held=held and bool(base_side),
-        head_first=head_first.file if head_first else "", unreached=unreached, costs=costs,
+        head_first=head_first.file if head_first else "", unreached=unreached, costs=costs, processes=processes,
     )  # fmt: skip
 
 
@@ -986,6 +1038,10 @@ def rounds_text(report: ABReport, shown: Callable[[str], str] = str) -> str:
     """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
     side)``; why they stopped (text of the report, which may be untrusted) as ``shown`` renders it."""
     processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
+    if report.processes > 1:
+        processes = (
+            f"{report.processes} warm pytests per side, their pairs' rounds in turn, a verdict where every pair agrees"
+        )
     if report.held:
         processes += ", test by test, its fixtures kept set up across its rounds (a later round: its call, warm)"
     if report.head_first:
@@ -1014,6 +1070,8 @@ def verdict_note(v: RatioVerdict, name: str = "") -> str:
             f"wider than {effect})"
         )
     how = ", t interval" if v.method == "t" else ""
+    if v.pairs:
+        how += f", pairs {' and '.join(f'x{ratio:.3f}' for ratio in v.pairs)}"
     if v.verdict != INCONCLUSIVE or v.resolvable is None:
         return f" ({v.rounds} rounds{how})"
     effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""

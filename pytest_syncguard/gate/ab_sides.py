@@ -211,15 +211,21 @@ class WarmSide:
         return self._ask({"turn": label, "replay": nodeid, "timings_only": timings_only, "repeat": repeat}, timeout)
 
     def _ask(self, message: dict[str, object], timeout: float) -> dict[str, MeasuredTest]:
+        self._send(message)
+        return self._answer(str(message["turn"]), timeout)
+
+    def _send(self, message: dict[str, object]) -> None:
         label = str(message["turn"])
-        results = self.out / f"{label}.json"
         try:
-            self.channel.send({**message, "results": str(results)})
+            self.channel.send({**message, "results": str(self.out / f"{label}.json")})
         except ChannelClosed:
             raise ABError(f"{label}: the {self.name}'s pytest has ended ({self._ended()}; log: {self.log})") from None
+
+    def _answer(self, label: str, timeout: float) -> dict[str, MeasuredTest]:
         answer = self._receive(label, timeout)
         if answer.get("stopped"):
             raise ABError(f"{label}: pytest stopped: {answer['stopped']} (log: {self.log})")
+        results = self.out / f"{label}.json"
         return read_results(results) if results.is_file() else {}
 
     def _receive(self, label: str, timeout: float) -> dict[str, object]:
@@ -252,18 +258,41 @@ class WarmSide:
         self.channel.close()
 
 
+def hold_at_once(holds: Mapping[str, WarmSide], nodeid: str, timeout: float, repeat: int | None = None) -> None:
+    """Hold ``nodeid`` on each of ``holds`` (label -> side) at once, timings only: holds that are no round (their
+    runs are warm-ups), whose set-ups, compilations and warm-ups may overlap."""
+    for label, side in holds.items():
+        side._send({"turn": label, "hold": nodeid, "timings_only": True, "repeat": repeat})
+    for label, side in holds.items():
+        side._answer(label, timeout)
+
+
+def process_name(side: str, pair: int) -> str:
+    """The name of a side's process of pair ``pair`` (from 1): ``base``, ``base-2``; its log is ``NAME.log``."""
+    return side if pair == 1 else f"{side}-{pair}"
+
+
 @contextmanager
 def warm_sides(
-    folders: Mapping[str, Path], pytest_args: Sequence[str], out: Path, timeout: float, say: Callable[[str], object]
+    folders: Mapping[str, Path],
+    pytest_args: Sequence[str],
+    out: Path,
+    timeout: float,
+    say: Callable[[str], object],
+    processes: int = 1,
 ) -> Iterator[dict[str, Side]]:
-    """A warm pytest for each side (``{"base": folder, "head": folder}``), started at once and collected within
-    ``timeout`` each; told to finish on the way out, ended at once on an error or interrupt."""
+    """``processes`` warm pytests for each side (``{"base": folder, "head": folder}``; the later ones named by
+    :func:`process_name`), started at once and collected within ``timeout`` each; told to finish on the way out,
+    ended at once on an error or interrupt."""
     sides: dict[str, WarmSide] = {}
     try:
-        for name, folder in folders.items():
-            sides[name] = WarmSide(name, folder, pytest_args, out)
-        counts = ", ".join(f"{len(side.ready(timeout))} tests on the {name}" for name, side in sides.items())
-        say(f"syncguard ab: one pytest per side, kept warm across rounds ({counts})")
+        for pair in range(1, processes + 1):
+            for name, folder in folders.items():
+                sides[process_name(name, pair)] = WarmSide(process_name(name, pair), folder, pytest_args, out)
+        counts = {name: len(side.ready(timeout)) for name, side in sides.items()}
+        each = "one warm pytest per side" if processes == 1 else f"{processes} warm pytests per side"
+        collected = ", ".join(f"{counts[name]} tests on the {name}" for name in folders)
+        say(f"syncguard ab: {each}, kept warm across rounds ({collected})")
         yield dict(sides)
     except BaseException:
         for side in sides.values():

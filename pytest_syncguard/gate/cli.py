@@ -206,7 +206,7 @@ def _ab(args: argparse.Namespace) -> int:
         report = run(
             base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
             pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget,
-                                                      args.timed_runs, args.host_timings),
+                                                      args.timed_runs, args.host_timings, args.processes),
             out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
             progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged, head_first=head_first,
         )  # fmt: skip
@@ -526,6 +526,14 @@ def _timed_runs(text: str) -> int:
     return int(text)
 
 
+def _pairs(text: str) -> int:
+    from .ab import MAX_PROCESSES
+
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to {MAX_PROCESSES}, got {text!r}")
+    return int(text)
+
+
 def _rounds(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
         raise argparse.ArgumentTypeError(f"expected a number of rounds from 1 to 1000, got {text!r}")
@@ -674,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "against them is said above the fold")  # fmt: skip
     report.set_defaults(run=_report)
 
-    from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_ROUNDS
+    from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_PROCESSES, DEFAULT_ROUNDS
 
     ab = commands.add_parser(
         "ab", help="base and head of a change on this runner, in interleaved rounds: counts compared exactly, "
@@ -687,8 +695,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--base-dir", metavar="DIR", help="a checkout of the base, used as it is")
     ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"the most rounds of a test (default "
                     f"{DEFAULT_ROUNDS}); a test whose verdict more rounds cannot change is settled: held test by test, "
-                    "from its 3rd round (Student's t until the 6th, then the signed-rank interval), else from the "
-                    "6th (a 95%% signed-rank interval needs 6)")  # fmt: skip
+                    "from its 4th round with 2 pairs of processes (3rd with one: Student's t until a pair has 6, then "
+                    "the signed-rank interval), else from the 6th (a 95%% signed-rank interval needs 6)")  # fmt: skip
+    ab.add_argument("--processes", type=_pairs, default=DEFAULT_PROCESSES, metavar="N", help="warm pytests per "
+                    f"side for rounds held test by test (default {DEFAULT_PROCESSES}): the pairs run the rounds in "
+                    "turn and a timing is called a change only where every pair's interval calls it, so that a "
+                    "process's own offset is not read as one (1: one pair, as before)")  # fmt: skip
     ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
                     "would end later than this after the start, at what the last round took for the tests still "
                     "running")  # fmt: skip

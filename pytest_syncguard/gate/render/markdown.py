@@ -398,6 +398,7 @@ def ab_lines(report: ABReport) -> list[str]:
         f"{code(report.device) if report.device else 'no device'}: "
         f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank"
         + ("; Student's t below 6 rounds" if report.held else "")
+        + ("; the hull of each pair of processes' interval" if report.processes > 1 else "")
         + "); a "
         "regression or improvement lies wholly beyond "
         + (
