@@ -20,10 +20,18 @@ What it is told: ``{"turn": label, "skip": [node ids], "results": path, "timings
 null}`` (the turn measures timed runs only, as ``--syncguard-timings-only``; ``repeat`` of them per measure(), as
 ``--syncguard-repeat``); ``{"hold": node id, "turn": label, "results": path, "timings_only": bool, "repeat": n or
 null}``; ``{"replay": node id, "turn": label, "results": path, "timings_only": bool, "repeat": n or null}`` (of
-the test held); or ``{"stop": true}``; the A/B's end of the pipe closing stops it too."""
+the test held); or ``{"stop": true}``; the A/B's end of the pipe closing stops it too.
+
+Between its turns a held test's process gives its allocator's cached memory back (other warm sides run on the same
+GPU meanwhile: four processes each caching a test's working memory, 40 GB on an H200, ran it out), and SIGUSR2 makes
+it write every thread's Python stack to the file ``SYNCGUARD_AB_STACKS`` names (the A/B asks for it before it ends a
+side that did not end when told)."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +69,15 @@ class ABWorker:
         self.hold_message: dict[str, Any] = {}
         self.pending: dict[str, Any] | None = None
         """A message read while a test was held, for the run loop."""
+        self.stacks = None
+        if os.environ.get(STACKS_ENV):
+            self.stacks = open(os.environ[STACKS_ENV], "w", encoding="utf-8")  # noqa: SIM115 (open for the process)
+            faulthandler.register(signal.SIGUSR2, file=self.stacks, all_threads=True)
+
+    def pytest_unconfigure(self) -> None:
+        if self.stacks is not None:
+            faulthandler.unregister(signal.SIGUSR2)
+            self.stacks.close()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -144,6 +161,7 @@ class ABWorker:
         message = self.hold_message
         while True:
             measured = self.write([item], Path(str(message["results"])))
+            _give_back_cache()
             stopped = _stopped(item.session)
             self.channel.send({"done": message.get("turn", ""), "measured": measured, "stopped": stopped})
             if not measured or stopped:
@@ -175,6 +193,18 @@ class ABWorker:
 
         results_file.write(path, measured, torch.__version__)
         return len(measured)
+
+
+#: The environment variable naming the file a warm side writes its threads' stacks to on SIGUSR2.
+STACKS_ENV = "SYNCGUARD_AB_STACKS"
+
+
+def _give_back_cache() -> None:
+    """The allocator's cached segments back to the driver, while other processes take their turn on the GPU (the
+    next measurement settles the allocator first anyway: :func:`.probes.memory.settle_allocator`)."""
+    from .probes.memory import settle_allocator
+
+    settle_allocator()
 
 
 def _tear_down_to(session: pytest.Session, item: pytest.Item) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -166,3 +167,40 @@ def test_a_side_option_that_names_no_channel_is_a_usage_error_naming_it(
                            "no:cacheprovider"], cwd=checkout, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 4, done.stdout + done.stderr
     assert f"--syncguard-ab-worker {value!r}: {message}" in done.stderr
+
+
+STUCK = """
+import time
+
+import pytest
+
+
+@pytest.fixture
+def slow_to_leave():
+    yield
+    time.sleep(300)  # a teardown that never ends in time
+
+
+def test_stuck(syncguard, slow_to_leave):
+    syncguard.measure(lambda: None, tokens=1, repeat=1)
+"""
+
+
+def test_a_side_that_does_not_end_when_told_is_ended_with_its_stacks_written(checkout: Path, tmp_path: Path) -> None:
+    """Told to stop, a side whose teardown hangs is given until the deadline, then asked for every thread's Python
+    stack (SIGUSR2, its faulthandler) and ended: the A/B says so, naming the file, which shows where it hung."""
+    (checkout / "test_stuck.py").write_text(STUCK)
+    out = tmp_path / "out"
+    out.mkdir()
+    side = WarmSide("base-2", checkout, ["-q", "test_stuck.py"], out)
+    try:
+        side.ready(120)
+        side.hold("t1-round1-base-2", "test_stuck.py::test_stuck", 120)
+        side.tell_to_stop()
+        said = side.finish(time.monotonic() + 3)
+    finally:
+        side.end()
+    assert side.process.returncode is not None
+    assert said == f"the base-2's pytest did not end when told (its stacks: {out / 'base-2.stacks.txt'})"
+    stacks = (out / "base-2.stacks.txt").read_text()
+    assert 'test_stuck.py", line 10 in slow_to_leave' in stacks, stacks

@@ -12,12 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
 
 from ..ab_channel import WORKER_OPTION, Channel, ChannelClosed
+from ..ab_worker import STACKS_ENV
 from ..document import file as results_file
 from ..document.measured import MeasuredTest
 
@@ -25,8 +27,8 @@ from ..document.measured import MeasuredTest
 MEASURED_EXITS = (0, 1)
 #: How long a side's pytest gets to end after it is told to (SIGINT), before its process group is killed.
 STOP_GRACE_S = 10.0
-#: How long a warm side gets to tear its fixtures down and exit once the A/B is done with it.
-FINISH_S = 120.0
+#: How long the warm sides get, together, to tear their fixtures down and exit once the A/B is done with them.
+FINISH_S = 60.0
 
 
 class ABError(Exception):
@@ -80,12 +82,17 @@ def _pytest_command(directory: Path, pytest_args: Sequence[str], out: Path, *ext
     ]  # fmt: skip
 
 
-def _start(command: list[str], directory: Path, log: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+def _start(
+    command: list[str], directory: Path, log: Path, pass_fds: Sequence[int] = (), stacks: Path | None = None
+) -> subprocess.Popen[bytes]:
+    environment = side_environment(directory, os.environ)
+    if stacks is not None:
+        environment[STACKS_ENV] = str(stacks)
     with log.open("w", encoding="utf-8") as sink:
         # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this pytest
         # itself (end_group), instead of the pytest ending half-way while the A/B goes on.
-        return subprocess.Popen(command, cwd=directory, env=side_environment(directory, os.environ), stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds))  # fmt: skip
+        return subprocess.Popen(command, cwd=directory, env=environment, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True, pass_fds=tuple(pass_fds))  # fmt: skip
 
 
 def run_until_done(process: subprocess.Popen[bytes], timeout: float) -> int:
@@ -161,11 +168,12 @@ class WarmSide:
     def __init__(self, name: str, directory: Path, pytest_args: Sequence[str], out: Path) -> None:
         self.name, self.directory, self.out = name, directory, out
         self.log = out / f"{name}.log"
+        self.stacks = out / f"{name}.stacks.txt"
         to_worker, from_worker = os.pipe(), os.pipe()
         fds = f"{to_worker[0]},{from_worker[1]}"
         command = _pytest_command(directory, pytest_args, out, f"{WORKER_OPTION}={fds}")
         try:
-            self.process = _start(command, directory, self.log, pass_fds=(to_worker[0], from_worker[1]))
+            self.process = _start(command, directory, self.log, (to_worker[0], from_worker[1]), self.stacks)
         except BaseException:
             for fd in (*to_worker, *from_worker):
                 os.close(fd)
@@ -243,13 +251,27 @@ class WarmSide:
             return f"exited {self.process.wait(timeout=STOP_GRACE_S)}"
         return "stopped answering"
 
-    def finish(self) -> None:
-        """Tell it to stop, and give it :data:`FINISH_S` to tear down and exit before its group is ended."""
+    def tell_to_stop(self) -> None:
         with suppress(ChannelClosed):
             self.channel.send({"stop": True})
+
+    def finish(self, until: float | None = None) -> str:
+        """Once told to stop (here, without ``until``), give it until the monotonic time ``until`` (default
+        :data:`FINISH_S` from now) to tear down and exit, then end its group: "" where it ended by itself, else
+        that it did not, its threads' stacks written to :attr:`stacks`."""
+        if until is None:
+            self.tell_to_stop()
+            until = time.monotonic() + FINISH_S
         with suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=FINISH_S)
+            self.process.wait(timeout=max(until - time.monotonic(), 0.0))
+        late = ""
+        if self.process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGUSR2)
+            time.sleep(1.0)  # its stack dump, written from the signal handler
+            late = f"the {self.name}'s pytest did not end when told (its stacks: {self.stacks})"
         self.end()
+        return late
 
     def end(self) -> None:
         """End its process group now (what is left of it: end_group copes with a leader that has exited), and close
@@ -298,8 +320,12 @@ def warm_sides(
         for side in sides.values():
             side.end()
         raise
+    for side in sides.values():  # all at once: their teardowns overlap
+        side.tell_to_stop()
+    until = time.monotonic() + FINISH_S
     for side in sides.values():
-        side.finish()
+        if late := side.finish(until):
+            say(f"syncguard ab: {late}")
 
 
 @contextmanager
