@@ -1061,17 +1061,16 @@ def verdict_note(v: RatioVerdict, name: str = "") -> str:
     settle it: `` (6 rounds; host time not resolvable on this runner: ±9.8% after the most rounds, ...)``."""
     if v.reason:
         return f" ({v.reason})"
+    pairs = f", pairs {' and '.join(f'x{ratio:.3f}' for ratio in v.pairs)}" if v.pairs else ""
     if v.spread is not None:
         spec = metric(name)
         what = "host time" if spec is not None and spec.host else name or "it"
         effect = f"the minimum effect {v.min_effect:.0%}" if v.min_effect is not None else "the minimum effect"
         return (
-            f" ({v.rounds} rounds; {what} not resolvable on this runner: ±{v.spread:.1%} after the most rounds, "
-            f"wider than {effect})"
+            f" ({v.rounds} rounds{pairs}; {what} not resolvable on this runner: ±{v.spread:.1%} after the most "
+            f"rounds, wider than {effect})"
         )
-    how = ", t interval" if v.method == "t" else ""
-    if v.pairs:
-        how += f", pairs {' and '.join(f'x{ratio:.3f}' for ratio in v.pairs)}"
+    how = (", t interval" if v.method == "t" else "") + pairs
     if v.verdict != INCONCLUSIVE or v.resolvable is None:
         return f" ({v.rounds} rounds{how})"
     effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""
