@@ -817,7 +817,7 @@ def run_held(
             elif "head" in on:
                 ask("head", 1, nodeid, hold=True, timings_only=False, repeat=None)
             number = 1
-            if on == {"base", "head"} and not cut(nodeid) and not settled_now(nodeid):
+            if on == {"base", "head"} and plan.rounds > 1 and not cut(nodeid) and not settled_now(nodeid):
                 # The other pairs' processes set the test up and warm it, at once; so does the head's where the
                 # suite measured it (its device time, right after a warm-up, would pair with no base run).
                 others = [
@@ -891,7 +891,7 @@ def run(
         except ValueError as exc:
             raise ABError(f"--out: {exc}") from None
         for earlier in [*out.glob("round*-*.*"), *out.glob("t*-round*-*.*"), *out.glob("t*-hold-*.*"),
-                        *out.glob("base*.log"), *out.glob("head*.log")]:  # fmt: skip
+                        *out.glob("base*.log"), *out.glob("head*.log"), *out.glob("*.stacks.txt")]:  # fmt: skip
             earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
@@ -1074,7 +1074,17 @@ def verdict_note(v: RatioVerdict, name: str = "") -> str:
     if v.verdict != INCONCLUSIVE or v.resolvable is None:
         return f" ({v.rounds} rounds{how})"
     effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""
-    return f" ({v.rounds} rounds{how}, resolves ±{v.resolvable:.1%}{effect})"
+    return f" ({v.rounds} rounds{how}, resolves ±{v.resolvable:.1%}{effect}{_direction(v, name)})"
+
+
+def _direction(v: RatioVerdict, name: str) -> str:
+    """Of an inconclusive timing whose interval is clear of no change: which way it moved, by less than could be
+    told from the minimum effect."""
+    spec = metric(name)
+    if spec is None or v.low is None or v.high is None or v.low <= 1 <= v.high:
+        return ""
+    worse = (v.high < 1) if spec.higher_is_better else (v.low > 1)
+    return f"; {'slower' if worse else 'faster'}: its interval is clear of no change, not of the minimum effect"
 
 
 def ratio_text(v: RatioVerdict) -> str:
