@@ -12,6 +12,8 @@ from typing import Any
 
 #: The option that makes a pytest process a warm side: ``--syncguard-ab-worker=READ_FD,WRITE_FD``.
 WORKER_OPTION = "--syncguard-ab-worker"
+#: The environment variable naming the file a warm side writes its threads' stacks to on SIGUSR2.
+STACKS_ENV = "SYNCGUARD_AB_STACKS"
 
 
 class ChannelClosed(Exception):

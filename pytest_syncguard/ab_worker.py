@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from .ab_channel import Channel, ChannelClosed
+from .ab_channel import STACKS_ENV, Channel, ChannelClosed
 
 if TYPE_CHECKING:
     from .document.measured import MeasuredTest
@@ -193,10 +193,6 @@ class ABWorker:
 
         results_file.write(path, measured, torch.__version__)
         return len(measured)
-
-
-#: The environment variable naming the file a warm side writes its threads' stacks to on SIGUSR2.
-STACKS_ENV = "SYNCGUARD_AB_STACKS"
 
 
 def _give_back_cache() -> None:

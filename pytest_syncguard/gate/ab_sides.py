@@ -18,8 +18,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
 
-from ..ab_channel import WORKER_OPTION, Channel, ChannelClosed
-from ..ab_worker import STACKS_ENV
+from ..ab_channel import STACKS_ENV, WORKER_OPTION, Channel, ChannelClosed
 from ..document import file as results_file
 from ..document.measured import MeasuredTest
 
