@@ -372,7 +372,7 @@ def test_a_test_that_fails_on_the_head_is_the_ab_verdict_and_fails_the_run(tmp_p
     # Host timings are not judged: two rounds of a CPU loop's wall time on a loaded machine may read a regression.
     command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
                "--confidence", "0.5", "--json", "ab.json", "--markdown", "ab.md", "--fail-on-regression",
-               "--no-host-timings", "--", "test_loop.py", "-q"]  # fmt: skip
+               "--no-host-timings", "--processes", "1", "--", "test_loop.py", "-q"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env={**os.environ, "SYNCGUARD_NATIVE": "0"}, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
@@ -394,8 +394,8 @@ def test_a_side_that_cannot_start_says_why_and_a_rerun_keeps_no_earlier_rounds(t
     stale.parent.mkdir()
     stale.write_text("{}")
     (stale.parent / ".gitignore").write_text(IGNORE_ALL)  # as the earlier A/B left it
-    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD", "--rounds", "2", "--",
-               "nosuchfile.py"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD", "--rounds", "2",
+               "--processes", "1", "--", "nosuchfile.py"]  # fmt: skip
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "pytest exited 4: ERROR: file or directory not found: nosuchfile.py" in done.stderr
@@ -676,7 +676,7 @@ def test_the_ab_leaves_out_what_the_baseline_judged_and_says_so(tmp_path: Path) 
     assert {Path(f).name for f in judged.values()} == {"nvidia-h100-80gb-hbm3.json"}
 
     repo = _repository(tmp_path)
-    plan = Plan(2, None, 0.5, timed_runs=0, host_timings=False)  # as the GPU job runs it
+    plan = Plan(2, None, 0.5, timed_runs=0, host_timings=False, processes=1)  # as the GPU job runs it, one pair
     common = {"base_ref": "HEAD", "base_dir": None, "head": repo, "pytest_args": ["test_loop.py", "-q"], "plan": plan,
               "out": repo / "ab", "progress": lambda line: None}  # fmt: skip
     some = run(**common, judged={"test_loop.py::test_steady": "baselines/x.json", "elsewhere.py::t": "b.json"})
@@ -739,7 +739,7 @@ def test_the_suites_results_are_the_heads_first_round_and_the_time_budget_names_
         refused.stderr
     )
     # A budget spent by the first test: the second is not reached, and says so.
-    plan = Plan(2, None, 0.5, time_budget=0.001, timed_runs=0, host_timings=False)
+    plan = Plan(2, None, 0.5, time_budget=0.001, timed_runs=0, host_timings=False, processes=1)
     short = run(base_ref="HEAD~1", base_dir=None, head=repo, pytest_args=["test_loop.py", "-q"], plan=plan,
                 out=repo / "ab-short", progress=lambda line: None)  # fmt: skip
     assert short.unreached == ("test_loop.py::test_steady",) and "left no time for 1 tests" in short.stopped
@@ -842,7 +842,7 @@ def test_an_ab_run_from_a_subfolder_runs_the_base_from_the_same_subfolder_with_a
     )
     (repo / "tests" / "test_loop.py").write_text(skipped)
     _git(repo, "commit", "-qam", "head skips its test")
-    plan = Plan(1, None, 0.5, timed_runs=0, host_timings=False)
+    plan = Plan(1, None, 0.5, timed_runs=0, host_timings=False, processes=1)
     sub = repo / "tests"
     report = run(base_ref="HEAD~1", base_dir=None, head=sub, pytest_args=[str(sub / "test_loop.py"), "-q"], plan=plan,
                  out=tmp_path / "ab", progress=lambda line: None)  # fmt: skip

@@ -565,7 +565,7 @@ class Plan:
     """Timed runs per test in each round after the first, after its traced run (None: as each test asks)."""
     host_timings: bool = True
     """Judge host timings (time, tokens/s, gaps, busy fraction); False: counts and device-side metrics only."""
-    processes: int = 1
+    processes: int = DEFAULT_PROCESSES
     """Warm pytest processes per side for rounds held test by test: each round is one pair's (a base and a head
     process), the pairs in turn, and a timing's verdict needs every pair to agree (:func:`.analysis.ab_stats.judge`)."""
 
