@@ -46,7 +46,8 @@ def _planted_spin(us: float) -> None:
 
 
 def _steps(results: Path, names: Sequence[str]) -> dict[str, float]:
-    """Device time per step of the speed test of each of ``names`` in a results file of this runner."""
+    """Device time per step of the speed test of each strategy of ``names`` in a results file of this runner, by
+    strategy."""
     from pytest_syncguard.document import file
 
     measured = {t.nodeid: t.metrics.values for t in file.read(results)}
@@ -55,7 +56,7 @@ def _steps(results: Path, names: Sequence[str]) -> dict[str, float]:
         nodeid = f"examples/test_strategies.py::test_speed[{name}]"
         if "gpu_us_per_token" not in measured.get(nodeid, {}):
             raise SystemExit(f"{results}: no gpu_us_per_token of {nodeid}")
-        steps[SITES[name][1]] = measured[nodeid]["gpu_us_per_token"]
+        steps[name] = measured[nodeid]["gpu_us_per_token"]
     return steps
 
 
@@ -76,13 +77,13 @@ def plant(
         step = _steps(step_results, [name for name in SITES if percent and (not only or name in only)])
     else:
         baseline = json.loads((checkout / BASELINE).read_text(encoding="utf-8"))["tests"]
-        step = {test: baseline[test]["gpu_us_per_token"] for _, test in SITES.values()}
+        step = {name: baseline[test]["gpu_us_per_token"] for name, (_, test) in SITES.items()}
     planted = {}
-    for name, (line, test) in SITES.items():
+    for name, (line, _) in SITES.items():
         if text.count(line) != 1:
             raise SystemExit(f"{source}: the end of {name}'s step was not found once")
         share = percent if not only or name in only else 0.0
-        us = round(share / 100 * step[test], 2) if share else 0.0
+        us = round(share / 100 * step[name], 2) if share else 0.0
         indent = line[: len(line) - len(line.lstrip())]
         text = text.replace(line, f"{line}{indent}_planted_spin({us})\n")
         planted[name] = us

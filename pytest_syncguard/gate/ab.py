@@ -405,15 +405,15 @@ def _head_against_base(
         spec = metric(name)
         if spec is None or name in DERIVED or (spec.host and not host_timings):
             continue
-        both = [(x, y) for x, y in paired if name in x.metrics and name in y.metrics]
+        measured = [(x, y, n) for (x, y), n in zip(paired, numbers, strict=True)
+                    if name in x.metrics and name in y.metrics]  # fmt: skip
+        both = [(x, y) for x, y, _ in measured]
         if len(both) < len(paired) and not (spec.counted and both):  # a count is exact: one round that counted it
             unmeasured[name] = _unmeasured(name, paired, numbers, len(both))
         if not both:
             continue
         if spec.counted:
-            counted = [pair for pair, n in zip(paired, numbers, strict=True) if counted_rounds is None
-                       or n <= counted_rounds]  # fmt: skip
-            judged = [(x, y) for x, y in counted if name in x.metrics and name in y.metrics] or both
+            judged = [(x, y) for x, y, n in measured if counted_rounds is None or n <= counted_rounds] or both
             old = {x.metrics[name] for x, _ in judged}
             new = {y.metrics[name] for _, y in judged}
             if len(old) > 1 or len(new) > 1:
@@ -423,8 +423,7 @@ def _head_against_base(
                 counts.append(CountChange(name, was, now, count_status(name, was, now)))
         else:
             pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
-            blocks = [pair_of_round(n, processes) for (x, y), n in zip(paired, numbers, strict=True)
-                      if name in x.metrics and name in y.metrics]  # fmt: skip
+            blocks = [pair_of_round(n, processes) for _, _, n in measured]
             timings[name] = judge(pairs, higher_is_better=spec.higher_is_better, max_rounds=max_rounds,
                                   min_effect=min_effect_of(name, min_effect), confidence=confidence,
                                   early=early, blocks=blocks, processes=processes)  # fmt: skip
