@@ -3,9 +3,11 @@ way over a pipe of its own. POSIX only, as the A/B's process groups are."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
+import stat
 import time
 from contextlib import suppress
 from typing import Any
@@ -34,11 +36,19 @@ class Channel:
             read_fd, write_fd = (int(part) for part in value.split(","))
         except ValueError:
             raise ValueError(f"{WORKER_OPTION} {value!r}: give two file descriptors, READ,WRITE") from None
-        for fd in (read_fd, write_fd):
+        if read_fd == write_fd or min(read_fd, write_fd) <= 2:
+            raise ValueError(f"{WORKER_OPTION} {value!r}: two pipes' descriptors, not one twice nor stdin, stdout "
+                             "or stderr (syncguard ab passes them)")  # fmt: skip
+        for fd, mode in ((read_fd, os.O_WRONLY), (write_fd, os.O_RDONLY)):
             try:
-                os.fstat(fd)
+                found = os.fstat(fd)
+                access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
             except (OSError, OverflowError):  # OverflowError: no C int, so no descriptor
                 raise ValueError(f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not open") from None
+            if not stat.S_ISFIFO(found.st_mode) or access == mode:
+                way = "read" if mode == os.O_WRONLY else "written"
+                raise ValueError(f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not a pipe to be {way} "
+                                 "(syncguard ab passes them)")  # fmt: skip
         return cls(read_fd, write_fd)
 
     def send(self, message: dict[str, Any]) -> None:

@@ -42,11 +42,34 @@ def encode(value: object) -> Any:
     raise TypeError(f"{type(value).__name__} is not a record the codec writes")
 
 
+#: The most digits of a whole number a document may hold: a float holds up to about 1.8e308, and a number beyond it
+#: (``10**400``) is refused where it is read, never left to overflow where it is judged.
+MAX_DIGITS = 308
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits, more than a float holds")
+    return int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a document can hold")
+
+
+def loads(text: str | bytes, *, constants: bool = True) -> Any:
+    """JSON ``text`` as plain data, each whole number one a float holds (:class:`ValueError` otherwise); without
+    ``constants``, ``NaN`` and ``Infinity`` are refused too."""
+    if constants:
+        return json.loads(text, parse_int=_bounded_int)
+    return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+
+
 def read_document(path: Path, schema: str, newest: int, what: str) -> tuple[dict[str, Any], int]:
     """The JSON object of a schema-versioned file and its version (1 to ``newest``); :class:`CodecError` saying
     what is wrong (unreadable, another schema, a newer version) in terms of ``what`` the file should be."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, a number too long
         raise CodecError(f"not a readable {what} ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not isinstance(data, dict) or data.get("schema") != schema:

@@ -651,7 +651,7 @@ class SyncguardSession:
         from .environment import slug_for
 
         slug = slug_for("cuda" if torch.cuda.is_available() else "cpu")
-        return Launch(self.rank.rank, self.rank.world_size, finished, in_flight, slug)
+        return Launch(self.rank.rank, self.rank.world_size, finished, in_flight, slug, ranks.launch_id())
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = True

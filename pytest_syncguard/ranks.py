@@ -13,6 +13,7 @@ import faulthandler
 import os
 import re
 import signal
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,14 @@ class Rank:
 
     def describe(self) -> str:
         return f"rank {self.rank} of {self.world_size} (torchrun: RANK, WORLD_SIZE)"
+
+
+def launch_id() -> str:
+    """What the processes of one launch share and another launch's do not: torchrun's run id (``--rdzv-id``, a fresh
+    one under ``--standalone``) and its rendezvous address, as the launcher set them."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    where = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+    return f"{run}@{where}" if run or where != ":" else ""
 
 
 def current() -> Rank | None:
@@ -87,8 +96,16 @@ def stopped_at(results: Path) -> str | None:
     """Where the rank that wrote ``results`` was when SIGTERM stopped it, from its stop file: its innermost frame of
     the test's own code (``file:line in function``), else its innermost frame, said to be a library's; None where it
     was not stopped so (it finished, or died of another cause: SIGKILL, a crash)."""
+    path = stop_path(results)
     try:
-        with stop_path(results).open("rb") as stop:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):  # a FIFO would hang the reader, a link point anywhere on the runner
+        what = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
+        return f"a place not known (its stop file {path.name} is {what}: not read)"
+    try:
+        with path.open("rb") as stop:
             text = stop.read(MAX_STOP_BYTES).decode("utf-8", "replace")
     except OSError:
         return None

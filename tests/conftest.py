@@ -34,6 +34,21 @@ if not any(ep.value == "pytest_syncguard.plugin" for ep in entry_points(group="p
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
 
+@pytest.fixture
+def bare_remote(tmp_path: Path) -> Path:
+    """A bare git repository with a ``main`` of one commit: the remote a CI job's checkout pushes to and fetches."""
+    import subprocess
+
+    remote, seed = tmp_path / "remote.git", tmp_path / "seed"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    seed.mkdir()
+    (seed / "README.md").write_text("project\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@x", "commit",
+                 "-qm", "main"], ["push", "-q", str(remote), "main"]):  # fmt: skip
+        subprocess.run(["git", "-C", str(seed), *args], check=True, capture_output=True)
+    return remote
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -31,8 +31,8 @@ def _document(**overrides: object) -> str:
         (_document(schema_version=-7), "schema_version must be a whole number >= 1, got -7"),
         (_document(schema_version=True), "schema_version must be a whole number >= 1, got True"),
         (_document(schema_version=4), "baseline schema version 4, this syncguard reads up to 3"),
-        (_document().replace('"syncs": 2', '"syncs": NaN'), "NaN is not a number a baseline can hold"),
-        (_document().replace('"syncs": 2', '"syncs": -Infinity'), "-Infinity is not a number a baseline can hold"),
+        (_document().replace('"syncs": 2', '"syncs": NaN'), "NaN is not a number a document can hold"),
+        (_document().replace('"syncs": 2', '"syncs": -Infinity'), "-Infinity is not a number a document can hold"),
         # Read as valid before: -140.0% against a run, or a 309-digit improvement. Checked as a results file is.
         (_document().replace('"syncs": 2', '"syncs": -5'), "t::a: syncs = -5.0: a measurement cannot be negative"),
         (_document().replace('"syncs": 2', '"syncs": 1e308'), "t::a: syncs = 1e[+]308: past any measurement"),

@@ -122,3 +122,25 @@ def test_a_rank_killed_mid_test_fails_it_named_and_the_stopped_rank_says_where_i
     assert rank1.verdict == "missing" and rank1.said[0].startswith("rank 1 of 2 died during this test (no stop")
     assert rank0.said[0].startswith("rank 0 of 2 was stopped during this test by its launcher (SIGTERM")
     assert rank0.said[0].endswith("at /work/main/examples/test_tensor_parallel.py:96 in decode")
+
+
+@pytest.mark.parametrize("damage", ["tokens", "kernel", "joined-wait"])
+def test_collective_values_no_run_can_have_are_refused_naming_the_file(tmp_path: Path, damage: str) -> None:
+    """A negative token count, a kernel that ends before it starts, a joined wait below zero: the file is refused
+    by name (never a traceback, never rendered as measured)."""
+    import json
+
+    path, other = _documents(tmp_path, "unchanged")
+    data = json.loads(path.read_text())
+    record = data["tests"][0]
+    if damage == "tokens":
+        record["records"]["collectives"]["tokens"] = -32
+    elif damage == "kernel":
+        record["records"]["collectives"]["kernels"][0] = [10.0, 5.0]
+    else:
+        record["joined"] = {"collectives": {"matched": 4, "clock": STARTS, "wait_us": [-3435.0, 0.0],
+                                            "transfer_us": [1.0, 1.0], "ranks": [0, 1]}}  # fmt: skip
+    path.write_text(json.dumps(data))
+    with pytest.raises(results_file.ResultsError, match=f"{path}: tests\\[0\\]\\.(records|joined)\\.collectives: "):
+        results_file.read_all([path, other])
+    assert main(["report", str(path), str(other)]) == 2

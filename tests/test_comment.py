@@ -173,8 +173,18 @@ JUNIT = """<testsuites><testsuite name="pytest" tests="1"><testcase classname="t
 </testcase></testsuite></testsuites>"""
 
 
-def poster(tmp_path: Path, pr: str, *, head: str = SHA, fork: bool = True) -> tuple[FakeGitHub, Any]:
-    gh = FakeGitHub(tmp_path, [], login=None)
+def poster(tmp_path: Path, pr: str, *, head: str = SHA, fork: bool = True, slug: str = "nvidia-h100-80gb-hbm3",
+           results: dict[str, str] | None = None, origin: bool = True, plant: Any = None, **answers: Any,
+           ) -> tuple[FakeGitHub, Any]:  # fmt: skip
+    """The comment job run on an artifact (its JUnit file, or ``results`` files by name), in a checkout of the default
+    branch whose origin has no history branch yet (``origin`` False: a folder that is no git repository)."""
+    gh = FakeGitHub(tmp_path, [], login=None, **answers)
+    if origin:
+        subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "origin.git")], check=True)
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "remote", "add", "origin", str(tmp_path / "origin.git")], check=True
+        )
     state = json.loads(gh.state.read_text())
     state["pulls"] = {
         "12": {
@@ -186,8 +196,11 @@ def poster(tmp_path: Path, pr: str, *, head: str = SHA, fork: bool = True) -> tu
     artifact = tmp_path / "artifact"
     artifact.mkdir()
     (artifact / "pr-number").write_text(pr)
-    (artifact / "device-slug").write_text("nvidia-h100-80gb-hbm3\n")
-    (artifact / "junit-nvidia-h100-80gb-hbm3.xml").write_text(JUNIT)
+    (artifact / "device-slug").write_text(f"{slug}\n")
+    for name, text in (results or {"junit-nvidia-h100-80gb-hbm3.xml": JUNIT}).items():
+        (artifact / name).write_text(text)
+    if plant is not None:
+        plant(artifact)
     env = {**gh.env(), "GITHUB_ACTIONS": "true"}
     command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "post-artifact", str(artifact), "--repo",
                "acme/decoder", "--head-sha", SHA, "--work", str(tmp_path)]  # fmt: skip
@@ -205,6 +218,76 @@ def test_the_poster_comments_and_removes_the_forks_approval(tmp_path: Path) -> N
     assert created["body"].rstrip().endswith(MARK)
     labels = json.loads(gh.state.read_text())["pulls"]["12"]["labels"]
     assert labels == [{"name": "perf"}]
+    assert json.loads(gh.state.read_text())["statuses"] == [{"sha": SHA, "state": "success", "context":
+        "syncguard/nvidia-h100-80gb-hbm3", "description": "syncguard passed"}]  # fmt: skip
+
+
+def _state(gh: FakeGitHub) -> dict[str, Any]:
+    return dict(json.loads(gh.state.read_text()))
+
+
+def test_a_failed_budget_is_a_failed_status_the_prs_code_does_not_set(tmp_path: Path) -> None:
+    failing = JUNIT.replace('value="pass"', 'value="fail"').replace("</properties>", "</properties><failure/>")
+    gh, done = poster(tmp_path, "12", results={"junit-nvidia-h100-80gb-hbm3.xml": failing})
+    assert done.returncode == 0, done.stderr
+    (created,) = gh.comments
+    assert created["body"].startswith("**❌ syncguard:")
+    assert _state(gh)["statuses"][0]["state"] == "failure"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "oversize"])
+def test_a_results_file_left_out_is_named_and_nothing_passes(tmp_path: Path, kind: str) -> None:
+    """A results file that is a symbolic link, or over the size read, is named and nothing is posted (it was dropped
+    with its failed budget, and the rest posted as a pass); the fork's approval goes all the same."""
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+
+    def plant(artifact: Path) -> None:
+        target = artifact / "results-nvidia-h100-80gb-hbm3.json"
+        if kind == "symlink":
+            target.symlink_to(outside)
+        else:
+            with target.open("wb") as sparse:
+                sparse.truncate((50 << 20) + 1)
+
+    gh, done = poster(tmp_path, "12", plant=plant)
+    assert done.returncode == 1 and "results-nvidia-h100-80gb-hbm3.json: not a regular file" in done.stderr
+    assert not gh.comments and "statuses" not in _state(gh)
+    assert _state(gh)["pulls"]["12"]["labels"] == [{"name": "perf"}]
+
+
+def test_an_artifacts_slug_that_its_results_did_not_measure_is_refused(tmp_path: Path) -> None:
+    gh, done = poster(tmp_path, "12", slug="nvidia-a100-sxm4-80gb")
+    assert done.returncode == 1 and "device-slug 'nvidia-a100-sxm4-80gb' is not a GPU model its results" in done.stderr
+    assert not gh.comments
+
+
+def test_a_history_that_cannot_be_fetched_is_said_never_a_pass(tmp_path: Path) -> None:
+    gh, done = poster(tmp_path, "12", origin=False)
+    assert done.returncode == 0, done.stderr
+    (created,) = gh.comments
+    assert created["body"].startswith("**⚠️ syncguard: no regressions: 1 test passed; the default branch's history "
+                                      "could not be read**")  # fmt: skip
+    assert "⚠️ The default branch's history could not be read (`git ls-remote" in created["body"]
+
+
+@pytest.mark.parametrize("answer", ["<html><body>502 Bad Gateway</body></html>", '{"message": "Not Found"}', "[]"])
+def test_a_gh_that_answers_no_pull_request_is_an_error_not_a_traceback(tmp_path: Path, answer: str) -> None:
+    gh, done = poster(tmp_path, "12", pull_answer=answer)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "did not answer JSON" in done.stderr or "answered no pull request" in done.stderr
+    assert not gh.comments
+
+
+def test_a_missing_gh_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "pr-number").write_text("12")
+    (artifact / "device-slug").write_text("nvidia-h100-80gb-hbm3")
+    env = {**os.environ, "PATH": str(tmp_path / "empty")}
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "post-artifact", str(artifact),
+                           "--repo", "acme/decoder", "--head-sha", SHA], env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1 and "`gh` is not on PATH" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("pr", ["12; rm -rf /", "$(id)", "0", "", "12\n13"])

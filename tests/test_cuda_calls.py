@@ -214,3 +214,84 @@ def test_a_copys_direction_and_size_are_read_from_its_parameters() -> None:
     assert _moved(DRIVER, "cuMemcpyDtoHAsync", _params(_DtoHAsync, dstHost=PINNED, srcDevice=DEVICE, ByteCount=9)) \
         == ("d2h", 9)  # fmt: skip
     assert _moved(DRIVER, "cuCtxSynchronize", copy[HOST_TO_DEVICE]) is None
+
+
+class _Memcpy2DAsync(ctypes.Structure):  # cudaMemcpy2DAsync_v3020_params
+    _fields_ = (*_Memcpy2D._fields_, ("stream", ctypes.c_void_p))
+
+
+class _CuMemcpyAsync(ctypes.Structure):  # cuMemcpyAsync_params
+    _fields_ = (("dst", ctypes.c_uint64), ("src", ctypes.c_uint64), ("ByteCount", ctypes.c_size_t),
+                ("hStream", ctypes.c_void_p))  # fmt: skip
+
+
+class _CuMemcpy2DAsync(ctypes.Structure):  # cuMemcpy2DAsync_v2_params (cuMemcpy2D_v2_params: pCopy alone)
+    _fields_ = (("pCopy", ctypes.c_void_p), ("hStream", ctypes.c_void_p))
+
+
+def _moved(domain: int, function: str, params: ctypes.Structure) -> tuple[str, int] | None:
+    return transfer(BLOCKING[domain][function], ctypes.addressof(params), KINDS.__getitem__)
+
+
+@pytest.mark.parametrize(("kind", "dst", "src", "blocking", "moved"), [
+    (DEVICE_TO_HOST, PAGEABLE, DEVICE, True, ("d2h", 6 * 4)),
+    (DEVICE_TO_HOST, PINNED, DEVICE, False, ("d2h", 6 * 4)),
+    (HOST_TO_DEVICE, DEVICE, PINNED, False, ("h2d", 6 * 4)),
+    (DEFAULT, DEVICE, PAGEABLE, True, ("h2d", 6 * 4)),
+    (DEVICE_TO_DEVICE, DEVICE, DEVICE, False, None),
+])  # fmt: skip
+def test_the_runtimes_2d_asynchronous_copy_is_read_as_its_synchronous_one(
+    kind: int, dst: int, src: int, blocking: bool, moved: tuple[str, int] | None
+) -> None:
+    params = _params(_Memcpy2DAsync, dst=dst, src=src, dpitch=64, spitch=64, width=6, height=4, kind=kind, stream=0)
+    assert _blocks(RUNTIME, "cudaMemcpy2DAsync", params) is blocking
+    assert _moved(RUNTIME, "cudaMemcpy2DAsync", params) == moved
+
+
+def test_the_drivers_unified_copy_is_read_by_its_pointers() -> None:
+    for dst, src, blocking, moved in [(PAGEABLE, DEVICE, True, ("d2h", 512)), (DEVICE, PINNED, False, ("h2d", 512)),
+                                      (DEVICE, DEVICE, False, None)]:  # fmt: skip
+        params = _params(_CuMemcpyAsync, dst=dst, src=src, ByteCount=512, hStream=0)
+        assert _blocks(DRIVER, "cuMemcpyAsync", params) is blocking
+        assert _moved(DRIVER, "cuMemcpyAsync", params) == moved
+
+
+@pytest.mark.parametrize(("function", "src_type", "src", "dst_type", "dst", "blocking", "moved"), [
+    ("cuMemcpy2D", 2, DEVICE, 1, PINNED, True, ("d2h", 48 * 3)),  # synchronous: any host side blocks
+    ("cuMemcpy2DAsync", 2, DEVICE, 1, PINNED, False, ("d2h", 48 * 3)),
+    ("cuMemcpy2DAsync", 1, PAGEABLE, 2, DEVICE, True, ("h2d", 48 * 3)),
+    ("cuMemcpy2DAsync", 4, PAGEABLE, 4, DEVICE, True, ("h2d", 48 * 3)),  # unified: the pointers tell
+    ("cuMemcpy2DAsync", 3, 0, 2, DEVICE, False, None),  # an array to the device: no transfer
+])  # fmt: skip
+def test_the_drivers_2d_copies_are_read_from_their_descriptor(
+    function: str, src_type: int, src: int, dst_type: int, dst: int, blocking: bool, moved: tuple[str, int] | None
+) -> None:
+    from pytest_syncguard.probes.cuda_calls import Memcpy2D
+
+    copy = Memcpy2D.of((src_type, src), (dst_type, dst), 48, 3, 64)
+    params = _params(_CuMemcpy2DAsync, pCopy=ctypes.addressof(copy), hStream=0)
+    assert _blocks(DRIVER, function, params) is blocking
+    assert _moved(DRIVER, function, params) == moved
+
+
+def test_every_copy_function_is_read_or_named_as_not_read() -> None:
+    """The catalogue and the list of copy functions not read cover every copy function of the runtime and driver
+    APIs that can cross the host's bus (cuda_runtime_api.h and cuda.h of CUDA 12/13)."""
+    from pytest_syncguard.probes.cuda_calls import NOT_READ
+
+    crossing = {
+        RUNTIME: {"cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpy2D", "cudaMemcpy2DAsync", "cudaMemcpy3D",
+                  "cudaMemcpy3DAsync", "cudaMemcpyToArray", "cudaMemcpyFromArray", "cudaMemcpyToArrayAsync",
+                  "cudaMemcpyFromArrayAsync", "cudaMemcpy2DToArray", "cudaMemcpy2DFromArray",
+                  "cudaMemcpy2DToArrayAsync", "cudaMemcpy2DFromArrayAsync", "cudaMemcpyToSymbol",
+                  "cudaMemcpyFromSymbol", "cudaMemcpyToSymbolAsync", "cudaMemcpyFromSymbolAsync",
+                  "cudaMemcpyBatchAsync", "cudaMemcpy3DBatchAsync"},
+        DRIVER: {"cuMemcpy", "cuMemcpyAsync", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync",
+                 "cuMemcpyDtoHAsync", "cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned", "cuMemcpy3D",
+                 "cuMemcpy3DAsync", "cuMemcpyHtoA", "cuMemcpyAtoH", "cuMemcpyHtoAAsync", "cuMemcpyAtoHAsync",
+                 "cuMemcpyBatchAsync", "cuMemcpy3DBatchAsync"},
+    }  # fmt: skip
+    for domain, names in crossing.items():
+        read = {n for n, call in BLOCKING[domain].items() if call.size is not None or call.descriptor}
+        assert names == read | NOT_READ[domain], names ^ (read | NOT_READ[domain])
+        assert not read & NOT_READ[domain]

@@ -134,15 +134,27 @@ def test_an_update_appends_to_the_history_restarts_it_when_the_value_moved_and_k
                                                       Recording(1998.0, "cccc"))}  # fmt: skip
     spread = baseline.spreads("t::a")[DEVICE_TIME]
     assert (spread.recordings, spread.hosts) == (3, 3)
-    # 6% more, once: beyond the history's tolerance, but one run's noise until the next says otherwise.
+    # 6% more, once: beyond the level's tolerance, an outlier kept aside and out of its statistics.
     written = update(path, H100, {"t::a": {"syncs": 1, DEVICE_TIME: 2120.0}}, fingerprint, host="aaaa")
-    assert written.restarted == [] and len(read(path).history["t::a"][DEVICE_TIME]) == 4  # type: ignore[union-attr]
-    # A second run beyond, on the same side: the code changed; the two start a new history.
+    baseline = read(path)
+    assert written.restarted == [] and baseline is not None and len(baseline.history["t::a"][DEVICE_TIME]) == 4
+    assert baseline.tests["t::a"][DEVICE_TIME] == 2000.0 and baseline.spreads("t::a")[DEVICE_TIME].recordings == 3
+    # A second run beyond, on the same side: still outliers (two glitches in a row start no level).
     written = update(path, H100, {"t::a": {"syncs": 1, DEVICE_TIME: 2118.0}}, fingerprint, host="bbbb")
+    assert written.restarted == []
+    # A third: the code changed; the three start a new level.
+    written = update(path, H100, {"t::a": {"syncs": 1, DEVICE_TIME: 2121.0}}, fingerprint, host="cccc")
     assert written.restarted == [f"t::a: {DEVICE_TIME}"]
     baseline = read(path)
     assert baseline is not None
-    assert baseline.history["t::a"][DEVICE_TIME] == (Recording(2120.0, "aaaa"), Recording(2118.0, "bbbb"))
+    assert baseline.history["t::a"][DEVICE_TIME] == (Recording(2120.0, "aaaa"), Recording(2118.0, "bbbb"),
+                                                     Recording(2121.0, "cccc"))  # fmt: skip
+    # A run back within the old level after two outliers drops them: the level is as it was.
+    for value in (2300.0, 2310.0, 2119.0):
+        update(path, H100, {"t::a": {"syncs": 1, DEVICE_TIME: value}}, fingerprint, host="dddd")
+    baseline = read(path)
+    assert baseline is not None and len(baseline.history["t::a"][DEVICE_TIME]) == 4
+    assert baseline.tests["t::a"][DEVICE_TIME] == 2119.5
     for i in range(HISTORY_LIMIT + 2):
         update(path, H100, {"t::a": {"syncs": 1, DEVICE_TIME: 2120.0 + i % 3}}, fingerprint, host="dddd")
     baseline = read(path)

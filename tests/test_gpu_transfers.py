@@ -176,3 +176,83 @@ def test_budgets_fail_the_loops_that_move_data_each_step_and_agree_with_the_devi
         assert found["test_cupy[cupy_on_device]"]["transfer_bytes"] == 0
         assert [tests[f"test_cupy[{n}]"]["verdict"] for n in ("cupy_to_host", "cupy_from_host", "cupy_on_device")] \
             == ["fail", "fail", "pass"]  # fmt: skip
+
+
+COPY_FUNCTIONS = r"""
+import ctypes
+
+import pytest
+import torch
+
+from pytest_syncguard.probes.cuda_calls import Memcpy2D
+
+STEPS = 8
+ROWS, WIDTH, PITCH = 32, 512, 1024  # a 2D copy of 32 rows of 512 B out of rows of 1024 B
+FLAT = 4096
+
+
+def _runtime():
+    with open("/proc/self/maps") as maps:
+        return ctypes.CDLL(sorted({line.split()[-1] for line in maps if "/libcudart" in line})[0])
+
+
+@pytest.fixture(scope="module")
+def buffers():
+    torch.cuda.init()
+    device = torch.zeros(ROWS * PITCH, dtype=torch.uint8, device="cuda")
+    pinned = torch.zeros(ROWS * PITCH, dtype=torch.uint8).pin_memory()
+    pageable = torch.zeros(ROWS * PITCH, dtype=torch.uint8)
+    return device, pinned, pageable
+
+
+def _copies(device, pinned, pageable, which):
+    runtime, driver = _runtime(), ctypes.CDLL("libcuda.so.1")
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    d, p, h = device.data_ptr(), pinned.data_ptr(), pageable.data_ptr()
+    for _ in range(STEPS):
+        if which == "cudaMemcpy2DAsync":  # pageable host -> device: 16 kB a step
+            rc = runtime.cudaMemcpy2DAsync(ctypes.c_void_p(d), ctypes.c_size_t(PITCH), ctypes.c_void_p(h),
+                                           ctypes.c_size_t(PITCH), ctypes.c_size_t(WIDTH), ctypes.c_size_t(ROWS),
+                                           ctypes.c_int(1), stream)
+        elif which == "cuMemcpyAsync":  # device -> page-locked host, unified addressing: 4 kB a step
+            rc = driver.cuMemcpyAsync(ctypes.c_uint64(p), ctypes.c_uint64(d), ctypes.c_size_t(FLAT), stream)
+        elif which == "cuMemcpy2D":  # device -> pageable host, synchronous
+            copy = Memcpy2D.of((2, d), (1, h), WIDTH, ROWS, PITCH)
+            rc = driver.cuMemcpy2D_v2(ctypes.byref(copy))
+        else:  # page-locked host -> device, asynchronous
+            copy = Memcpy2D.of((1, p), (2, d), WIDTH, ROWS, PITCH)
+            rc = driver.cuMemcpy2DAsync_v2(ctypes.byref(copy), stream)
+        assert rc == 0, (which, rc)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.max_transfer_bytes_per_token(0)
+@pytest.mark.parametrize("which", ["cudaMemcpy2DAsync", "cuMemcpyAsync", "cuMemcpy2D", "cuMemcpy2DAsync"])
+def test_copy(syncguard, buffers, which):
+    syncguard.measure(lambda: _copies(*buffers, which), tokens=STEPS, repeat=2)
+"""
+
+
+def test_the_runtimes_and_drivers_other_copy_functions_count_their_bytes_as_the_device_records_them(
+    pytester: pytest.Pytester,
+) -> None:
+    """cudaMemcpy2DAsync, cuMemcpyAsync, cuMemcpy2D and cuMemcpy2DAsync, called through ctypes: each step's bytes
+    counted at the API equal the device's memcpy records of the same loop (the traced counting run), each direction,
+    and a budget of 0 bytes fails every one of them with its function named."""
+    pytester.makepyfile(test_copies=COPY_FUNCTIONS)
+    result = pytester.runpytest_subprocess("--syncguard", "--syncguard-json=out.json", "-v", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    print(out)
+    tests = {
+        t["nodeid"].split("[")[1].rstrip("]"): t for t in json.loads((pytester.path / "out.json").read_text())["tests"]
+    }
+    expected = {"cudaMemcpy2DAsync": ("h2d", 32 * 512), "cuMemcpyAsync": ("d2h", 4096), "cuMemcpy2D": ("d2h", 32 * 512),
+                "cuMemcpy2DAsync": ("h2d", 32 * 512)}  # fmt: skip
+    for which, (way, size) in expected.items():
+        values = tests[which]["metrics"]["values"]
+        print(which, {k: v for k, v in values.items() if "cop" in k or "transfer" in k})
+        assert values[f"transfer_bytes_{way}"] == 8 * size, (which, values)
+        assert values[f"transfers_{way}"] == values[f"copies_{way}"] == 8, (which, values)
+        assert values[f"transfer_bytes_{way}"] == values[f"copy_bytes_{way}"], (which, values)
+        assert tests[which]["verdict"] == "fail", which
+        assert f"in _copies: {which}" in out, which

@@ -8,6 +8,7 @@ spread recorded between H100 hosts; the branch is pushed to a real bare reposito
 from __future__ import annotations
 
 import gzip
+import itertools
 import random
 import shutil
 import subprocess
@@ -135,19 +136,11 @@ def _clone(remote: Path, into: Path) -> Path:
 
 
 def test_the_history_branch_takes_two_pushes_at_once_and_a_first_gpu_model(
-    tmp_path: Path, suite: list[MeasuredTest]
+    tmp_path: Path, suite: list[MeasuredTest], bare_remote: Path
 ) -> None:
     """A bare repository as the remote, two clones as two runners pushing at the same moment: both runs land (the
     rejected one again on the new tip); the branch is made the first time; a PR job fetches it and is judged."""
-    remote = tmp_path / "remote.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
-    seed = tmp_path / "seed"
-    seed.mkdir()
-    _git(seed, "init", "-q", "-b", "main")
-    (seed / "README.md").write_text("project\n")
-    _git(seed, "add", ".")
-    _git(seed, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "main")
-    _git(seed, "push", "-q", str(remote), "main")
+    remote = bare_remote
     runners = [_clone(remote, tmp_path / f"runner{i}") for i in range(2)]
     rng = random.Random(4)
     history_branch.push(runners[0], moved(suite, 1.0, rng, HOSTS[0]), "a" * 40, say=lambda line: None)
@@ -168,7 +161,7 @@ def test_the_history_branch_takes_two_pushes_at_once_and_a_first_gpu_model(
     assert len(log) == 3 and all(line.startswith("syncguard history: ") for line in log), log
     assert _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).split() == [
         "nvidia-h100-80gb-hbm3.details.json", "nvidia-h100-80gb-hbm3.jsonl"]  # fmt: skip
-    assert _git(remote, "rev-parse", "main").strip() == _git(seed, "rev-parse", "HEAD").strip()  # main untouched
+    assert _git(remote, "rev-parse", "main").strip() == _git(tmp_path / "seed", "rev-parse", "HEAD").strip()
     pr = _clone(remote, tmp_path / "pr")
     assert history_branch.fetch(pr, pr / "history")
     found = history.read(pr / "history", "nvidia-h100-80gb-hbm3")
@@ -244,9 +237,10 @@ def test_a_run_is_judged_against_its_own_hosts_runs_where_the_history_allows(
     by_host: dict[str, list[float]] = {}
     for run, value in found.series(GRAPH, DEVICE_TIME):
         by_host.setdefault(run.host, []).append(value)
-    pooled = statistics.fmean((v - statistics.fmean(vs)) ** 2 for vs in by_host.values() for v in vs) * 12 / 9
+    # The spread within hosts: each host's successive runs' differences (a creep adds its step, not its run).
+    squares = sum((b - a) ** 2 for vs in by_host.values() for a, b in itertools.pairwise(vs)) / 2
     middle = statistics.median(v for vs in by_host.values() for v in vs)
-    assert spread.on_host == 4 and spread.relative_sd == pytest.approx(pooled**0.5 / middle, rel=1e-9)
+    assert spread.on_host == 4 and spread.relative_sd == pytest.approx((squares / 9) ** 0.5 / middle, rel=1e-9)
     assert entry[DEVICE_TIME] == pytest.approx(statistics.fmean(by_host["a9dc0a68"]), abs=0.01)  # rounded
     assert "within 3 hosts over 12 recordings, 4 on this host" in spread.describe()
 

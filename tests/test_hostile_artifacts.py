@@ -165,3 +165,13 @@ def test_a_junit_file_whose_device_is_no_slug_is_refused_naming_it(artifact: Pat
     (tmp_path / "slug.xml").write_text(text.replace('value="cpu"', 'value="../../etc/x"', 1))
     done = report(tmp_path, "slug.xml")
     assert done.returncode == 2 and "slug.xml: " in done.stderr and "is not one" in done.stderr and not done.stdout
+
+
+def test_the_ab_reports_stop_is_inert_in_a_collapsed_summary() -> None:
+    """A <summary> is raw HTML, where a code span is none: the A/B's ``stopped`` text never goes there as it is."""
+    from pytest_syncguard.gate.render.markdown import ab_lines
+
+    report = replace(hostile(ab.ABReport), tests=(), failed_in={}, only_in={}, unreached=(), judged_by_baseline={})
+    markdown = "\n".join(ab_lines(report))
+    assert "<summary>A/B on one runner: stopped, see below</summary>" in markdown and "Stopped: `" in markdown
+    assert_inert(rendered(markdown))

@@ -84,7 +84,7 @@ def test_a_site_whose_path_no_file_system_can_hold_is_shown_unlinked(tmp_path: P
     assert links.url(Site("x" * 5000 + "/y.py", 3)) is None and links.url(Site("a\0b.py", 3)) is None
 
 
-@pytest.mark.parametrize("value", ["99999999999999999999,1", "-1,-2", "1,2,3"])
+@pytest.mark.parametrize("value", ["99999999999999999999,1", "-1,-2", "1,2,3", "0,1", "3,4", "5,5"])
 def test_a_bad_ab_worker_option_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
     pytester.makepyfile(test_loop=TEST)
     done = pytester.runpytest_subprocess(f"--syncguard-ab-worker={value}")

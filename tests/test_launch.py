@@ -105,3 +105,59 @@ def test_a_launchs_device_slug_that_is_a_path_is_refused_naming_the_file(tmp_pat
     path = _write(tmp_path / "r.json", _tests()[:1], Launch(0, 2, device_slug="../../etc/passwd"))
     with pytest.raises(results_file.ResultsError, match=f"{path}: launch.device_slug: '../../etc/passwd' is no"):
         results_file.read_all([path])
+
+
+def test_a_rank_that_skipped_hides_neither_the_others_regression_nor_their_error(tmp_path: Path) -> None:
+    """Rank 0 skipped the test; rank 1 measured 40 syncs against a baseline of 4: the joined test is judged on rank
+    1's numbers (a regression), its ranks said; rank 1's error fails it."""
+    tests = _tests()
+    graphs = next(t for t in tests if t.nodeid == GRAPHS)
+    skipped = replace(graphs, outcome="skipped")
+    values = {**graphs.metrics.values, "syncs": 40.0}
+    noisy = replace(graphs, metrics=Metrics(values, graphs.metrics.runs))
+    rank0 = _write(tmp_path / "r.rank0.json", [skipped], Launch(0, 2))
+    rank1 = _write(tmp_path / "r.rank1.json", [noisy], Launch(1, 2))
+    baselines = tmp_path / "b"
+    baselines.mkdir()
+    (baselines / f"{graphs.device_slug}.json").write_text(json.dumps({
+        "schema": "pytest-syncguard/baselines", "schema_version": 3, "device": graphs.device_slug,
+        "tests": {GRAPHS: {**graphs.metrics.values, "syncs": 4.0}}}))  # fmt: skip
+    (case,) = compare_run([rank0, rank1], baselines).cases
+    assert case.case.outcome == "passed" and case.comparison.status == "regression"
+    assert [r.verdict for r in case.case.ranks] == ["skipped", graphs.verdict]
+    assert main(["report", str(rank0), str(rank1), "--baselines", str(baselines), "--fail-on-regression"]) == 1
+    errored = _write(tmp_path / "r.rank1.json", [replace(graphs, error="CUDA error: an illegal memory access")],
+                     Launch(1, 2))  # fmt: skip
+    (case,) = compare_run([rank0, errored], None).cases
+    assert case.case.outcome == "error" and "rank 1: CUDA error" in (case.case.error or "")
+
+
+def test_documents_of_two_launches_are_refused_naming_both(tmp_path: Path) -> None:
+    rank0 = _write(tmp_path / "r.rank0.json", _tests()[:1], Launch(0, 2, launch_id="run-a@10.0.0.1:29500"))
+    rank1 = _write(tmp_path / "r.rank1.json", _tests()[:1], Launch(1, 2, launch_id="run-b@10.0.0.1:29500"))
+    with pytest.raises(results_file.ResultsError, match="are not one launch's: launch 'run-a@"):
+        results_file.read_all([rank0, rank1])
+    other = tmp_path / "old.rank1.json"
+    document = results_file.document(_tests()[:1], "2.10.0", Launch(1, 2))
+    other.write_text(json.dumps({**document, "syncguard": "0.0.9"}))
+    with pytest.raises(results_file.ResultsError, match=r"are not one launch's: syncguard .* against 0\.0\.9"):
+        results_file.read_all([_write(tmp_path / "r.rank0.json", _tests()[:1], Launch(0, 2)), other])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_stop_file_that_is_no_regular_file_is_named_and_never_read(tmp_path: Path, kind: str) -> None:
+    import os
+
+    graphs = next(t for t in _tests() if t.nodeid == GRAPHS)
+    rank0 = _write(tmp_path / "r.rank0.json", [graphs], Launch(0, 2))
+    rank1 = _write(tmp_path / "r.rank1.json", [], Launch(1, 2, finished=False, in_flight=GRAPHS))
+    secret = tmp_path / "secret.txt"
+    secret.write_text('  File "/home/runner/.ssh/id_rsa", line 1 in leaked\n')
+    stop = tmp_path / "r.rank1.stopped.txt"
+    if kind == "fifo":
+        os.mkfifo(stop)
+    else:
+        stop.symlink_to(secret)
+    (case,) = compare_run([rank0, rank1], None).cases  # a FIFO read would block here
+    assert "its stop file r.rank1.stopped.txt is" in (case.case.error or "") and "not read" in (case.case.error or "")
+    assert "id_rsa" not in (case.case.error or "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,9 +51,11 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "j.xml").exists()
+    launch_ids = set()
     for rank in (0, 1):
         assert (tmp_path / f"j.rank{rank}.xml").is_file()
         document = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
+        launch_ids.add(document["launch"].pop("launch_id"))
         assert document["launch"] == {
             "rank": rank,
             "world_size": 2,
@@ -64,6 +67,8 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
         (test,) = document["tests"]
         assert f"syncguard: measured by rank {rank} of 2 (torchrun: RANK, WORLD_SIZE)" in test["notes"]
         assert f"syncguard results written to r.rank{rank}.json" in done.stdout
+    (launch_id,) = launch_ids  # one launch: torchrun's run id and rendezvous, shared by its ranks
+    assert re.fullmatch(r"[0-9a-f-]{36}@localhost:\d+", launch_id), launch_id
 
 
 @pytest.mark.parametrize(
@@ -158,6 +163,7 @@ def test_the_report_judges_a_launch_as_one_run_and_names_the_rank_killed_mid_tes
     done = _torchrun(tmp_path, kill=True)
     assert done.returncode != 0
     killed = json.loads((tmp_path / "r.rank1.json").read_text())
+    assert killed["launch"].pop("launch_id")
     assert killed["launch"] == {
         "rank": 1,
         "world_size": 2,

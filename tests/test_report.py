@@ -335,6 +335,7 @@ def test_a_real_unchanged_h100_job_reads_in_a_dozen_lines(tmp_path: Path) -> Non
     )
     assert len(visible(text)) <= 12 and not any("::" in line for line in shown)
     assert "A/B on one runner: every test it selects (7) was judged against the baseline: no round run" in text
+    assert "`: no round run." in text and "intervals" not in text  # no rounds: nothing said of how they would be judged
     rendered = html(text)
     assert rendered.count("<details>") == rendered.count("</details>") == 2
     assert "<td><code>examples/test_strategies.py::test_timeline[no_cache]</code></td>" in rendered

@@ -3,6 +3,7 @@ from PyPI) and by reading the YAML for the rules this project relies on."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -67,12 +68,12 @@ def test_the_comment_job_has_only_comment_rights_and_checks_out_no_pr_code() -> 
     assert workflow["on"]["workflow_run"]["workflows"] == ["GPU suite"] == [load("gpu.yml")["name"]]
     assert workflow["permissions"] == {}
     (job,) = workflow["jobs"].values()
-    assert job["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert job["permissions"] == {"actions": "read", "contents": "read", "pull-requests": "write", "statuses": "write"}
     assert not str(job["runs-on"]).startswith("self-hosted")
     checkout = next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
     assert "ref" not in checkout.get("with", {}) and "repository" not in checkout.get("with", {})
     post = job["steps"][-1]
-    assert post["run"] == 'syncguard post-artifact "$ARTIFACT" --repo "$REPO" --head-sha "$HEAD_SHA"'
+    assert post["run"].rstrip().endswith('syncguard post-artifact "$ARTIFACT" --repo "$REPO" --head-sha "$HEAD_SHA"')
     assert post["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
 
 
@@ -90,7 +91,15 @@ def test_only_the_history_job_writes_and_only_for_the_default_branchs_own_runs()
     assert "--push origin" in job["steps"][-1]["run"] and '--commit "$HEAD_SHA"' in job["steps"][-1]["run"]
     for name in ("cpu.yml", "gpu.yml", "gpu-comment.yml"):
         jobs = load(name)["jobs"].values()
-        assert all("write" not in str(j.get("permissions", {})).replace("pull-requests': 'write", "") for j in jobs)
+        # The comment job writes comments and the commit status it judges, nothing of the repository's contents.
+        kept = ("pull-requests': 'write", "statuses': 'write")
+        assert all("write" not in _without(str(j.get("permissions", {})), kept) for j in jobs)
+
+
+def _without(text: str, parts: tuple[str, ...]) -> str:
+    for part in parts:
+        text = text.replace(part, "")
+    return text
 
 
 def test_the_action_takes_its_inputs_through_the_environment_and_the_gpu_workflow_runs_it() -> None:
@@ -202,3 +211,36 @@ def test_the_readmes_snippet_runs_through_the_action_in_a_scratch_repository(tmp
     assert "run_action: skipped: Post the report on the pull request" in log
     assert "results-*.json: not a readable syncguard results file" in log  # the history step ran, and said why not
     assert "skipped: Keep the results, report and traces (uses actions/upload-artifact" in log
+
+
+@pytest.mark.parametrize("name", ["gpu-comment.yml", "gpu-history.yml"])
+def test_a_job_that_holds_a_write_token_installs_nothing_unpinned(name: str) -> None:
+    """Every package those jobs install is pinned to a version and its hash; syncguard itself is built from the
+    default branch's checkout with the pinned build backend (no build isolation, which would fetch one unpinned)."""
+    (job,) = load(name)["jobs"].values()
+    installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
+    assert installs == ["python -m pip install --require-hashes --no-deps -r ci/report-requirements.txt && "
+                        "python -m pip install --no-deps --no-build-isolation ."]  # fmt: skip
+    requirements = (ROOT / "ci" / "report-requirements.txt").read_text()
+    pinned = re.findall(r"^([A-Za-z0-9_.-]+)==[0-9][^ ]* \\\n    --hash=sha256:[0-9a-f]{64}$", requirements, re.M)
+    assert sorted(pinned) == ["filelock", "junitparser", "setuptools"]
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = {re.split(r"[<>=]", d)[0] for d in project["project"]["dependencies"]} - {"torch", "pytest", "ninja",
+                                                                                          "orjson"}  # fmt: skip
+    assert needed <= set(pinned)
+
+
+def test_the_history_branchs_ruleset_lets_only_github_actions_write_it() -> None:
+    """The ruleset docs/howto/history.md applies (``gh api -X POST repos/OWNER/NAME/rulesets --input
+    ci/history-ruleset.json``): the history branch by its exact name, creation, update, deletion and force-push
+    restricted, and the GitHub Actions app (the history workflow's token) the one actor that bypasses it."""
+    from pytest_syncguard.gate.history_branch import BRANCH
+
+    ruleset = json.loads((ROOT / "ci" / "history-ruleset.json").read_text())
+    assert ruleset["target"] == "branch" and ruleset["enforcement"] == "active"
+    assert ruleset["conditions"]["ref_name"] == {"include": [f"refs/heads/{BRANCH}"], "exclude": []}
+    assert {r["type"] for r in ruleset["rules"]} == {"creation", "update", "deletion", "non_fast_forward"}
+    assert ruleset["bypass_actors"] == [{"actor_id": 15368, "actor_type": "Integration", "bypass_mode": "always"}]
+    assert "ci/history-ruleset.json" in (ROOT / "docs" / "howto" / "history.md").read_text()

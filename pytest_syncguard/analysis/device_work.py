@@ -78,9 +78,15 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
     for op in trace.gpu_ops:
         launch = inside.get(op.correlation) if op.correlation is not None else None
         if launch is None and op.correlation not in recorded and start <= op.start <= end:
+            # Work whose host call the trace does not hold (the driver API's: the profiler records the runtime's
+            # calls only) counts where the device ran it, inside the window.
             if op.category == "kernel" and op.correlation is not None:
                 unrecorded.add(op.correlation)
                 kernels[op.name] += 1
+            elif (direction := _direction(op.name)) is not None:
+                values[f"copies_{direction}"] += 1
+                values[f"copy_bytes_{direction}"] += op.bytes
+                items[f"copies_{direction}"][_sized(op.name, op.bytes)] += 1
             continue
         if launch is None:
             continue

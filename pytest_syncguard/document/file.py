@@ -68,6 +68,8 @@ def _with_signal_records(result: MeasuredTest, where: str) -> MeasuredTest:
         kept = BY_NAME[name].kept if name in BY_NAME else None
         if kept is not None and kept.joined is not None:
             joined[name] = decode(kept.joined, data, f"{where}.joined.{name}")
+            if (problem := kept.joined_problem(joined[name])) is not None:
+                raise CodecError(f"{where}.joined.{name}: {problem}")
     return replace(result, records=records, joined=joined)
 
 
@@ -100,7 +102,7 @@ def read(path: Path) -> list[MeasuredTest]:
 
 def read_with_unknown(path: Path) -> tuple[list[MeasuredTest], list[str]]:
     """Every test of the results file at ``path``, and what in it this version does not know (:func:`unknown`)."""
-    tests, strange, _ = _read(path)
+    tests, strange, _, _ = _read(path)
     return tests, strange
 
 
@@ -111,20 +113,22 @@ def read_all(paths: Iterable[Path], unknown: dict[str, list[str]] | None = None)
     alone: list[MeasuredTest] = []
     ranked: list[RankDocument] = []
     for path in paths:
-        tests, strange, launch = _read(path)
+        tests, strange, launch, data = _read(path)
         if strange and unknown is not None:
             unknown[str(path)] = strange
         if launch is None:
             alone.extend(tests)
         else:
-            ranked.append(RankDocument(str(path), launch, tests, stopped_at(path) if not launch.finished else None))
+            versions = (str(data.get("syncguard") or ""), str(data.get("torch") or ""))
+            stopped = stopped_at(path) if not launch.finished else None
+            ranked.append(RankDocument(str(path), launch, tests, stopped, versions))
     try:
         return alone + join(ranked)
     except LaunchError as exc:
         raise ResultsError(str(exc)) from exc
 
 
-def _read(path: Path) -> tuple[list[MeasuredTest], list[str], Launch | None]:
+def _read(path: Path) -> tuple[list[MeasuredTest], list[str], Launch | None, dict[str, Any]]:
     try:
         data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard results file")
         launch = _launch(data.get("launch"))
@@ -137,7 +141,7 @@ def _read(path: Path) -> tuple[list[MeasuredTest], list[str], Launch | None]:
             if result.nodeid in seen:
                 raise CodecError(f"tests[{i}]: test {result.nodeid!r} is in the file twice")
             seen.add(result.nodeid)
-        return results, unknown(tests), launch
+        return results, unknown(tests), launch, data
     except CodecError as exc:
         raise ResultsError(f"{path}: {exc}") from exc
 

@@ -41,6 +41,9 @@ class Launch:
     device_slug: str = ""
     """The slug its tests on its GPU are filed under (:func:`..environment.slug_for`): that of a test no rank
     finished."""
+    launch_id: str = ""
+    """What the processes of its launch share (:func:`..ranks.launch_id`); "": not known (an older version wrote
+    it)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class RankDocument:
     stopped_at: str | None = None
     """Where its process was when its launcher stopped it (SIGTERM, :func:`..ranks.stopped_at`); None: it was not
     stopped so."""
+    versions: tuple[str, str] = ("", "")
+    """The syncguard and torch versions that wrote it: the ranks of one launch run one of each."""
 
 
 def _no_result(rank: int, world: int, document: RankDocument | None, nodeid: str) -> str:
@@ -132,7 +137,8 @@ def _joined(
         why = "; ".join(missing[r] for r in sorted(missing))
         return MeasuredTest(key[1], "", None, 0, Metrics({}, {}), 0, {}, (), error=why, device_slug=key[0],
                             world_size=world, ranks=ranks)  # fmt: skip
-    first = present[min(present)]
+    measured = [r for r in sorted(present) if present[r].outcome is None]
+    first = present[measured[0] if measured else min(present)]  # a rank that skipped says nothing of the others
     tests = [present[r] for r in sorted(present)]
     checks = tuple(
         replace(c, text=f"rank {r}: {c.text}") for r in sorted(present) for c in present[r].checks if c.held is False
@@ -141,6 +147,7 @@ def _joined(
     checks += tuple(c for c in first.checks if c.held is not False and c.budget not in broke)
     errors = [f"rank {r}: {present[r].error}" for r in sorted(present) if present[r].error]
     errors += [missing[r] for r in sorted(missing)]
+
     outcomes = [t.outcome for t in tests if t.outcome is not None]
     compared = [t.comparison for t in tests if t.comparison is not None]
     comparison = max(compared, key=lambda c: _WORSE.get(c.status, 2)) if compared else None
@@ -152,7 +159,7 @@ def _joined(
         metrics=metrics,
         checks=checks,
         error="; ".join(errors) or None,
-        outcome="failed" if "failed" in outcomes else outcomes[0] if outcomes else None,
+        outcome="failed" if "failed" in outcomes else None if measured else outcomes[0] if outcomes else None,
         comparison=comparison,
         sites=syncing.sites,
         counted_top=_counted_top(tests),
@@ -162,6 +169,17 @@ def _joined(
         ranks=ranks,
         joined=joined,
     )
+
+
+def _other_launch(one: RankDocument, other: RankDocument) -> str | None:
+    """Why two rank documents of one world size are not of one launch, if they say so."""
+    ids = one.launch.launch_id, other.launch.launch_id
+    if all(ids) and ids[0] != ids[1]:
+        return f"launch {ids[0]!r} against {ids[1]!r}"
+    for name, mine, theirs in zip(("syncguard", "torch"), one.versions, other.versions, strict=True):
+        if mine and theirs and mine != theirs:
+            return f"{name} {mine} against {theirs}"
+    return None
 
 
 def join(documents: Sequence[RankDocument]) -> list[MeasuredTest]:
@@ -174,6 +192,10 @@ def join(documents: Sequence[RankDocument]) -> list[MeasuredTest]:
         if other is not None:
             raise LaunchError(f"{other.path} and {document.path} are both rank {rank} of {world}: give the report one "
                               "launch's files at a time")  # fmt: skip
+        for peer in launches[world].values():
+            if (problem := _other_launch(peer, document)) is not None:
+                raise LaunchError(f"{peer.path} and {document.path} are not one launch's: {problem}; give the report "
+                                  "one launch's files at a time")  # fmt: skip
         launches[world][rank] = document
     joined: list[MeasuredTest] = []
     for world, by_rank in sorted(launches.items()):

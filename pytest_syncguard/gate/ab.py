@@ -17,6 +17,7 @@ No torch here: the sides are pytest processes of their own."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,11 @@ def stopping_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+#: The verdicts of a count or a timing this version knows; any other word (another version wrote it) is read as a
+#: regression, never as a pass.
+KNOWN_VERDICTS = frozenset({"regression", "improvement", "unchanged", "varies", INCONCLUSIVE})
+
+
 @dataclass(frozen=True)
 class CountChange:
     metric: str
@@ -147,12 +153,14 @@ class HeadAgainstBase:
     def verdict(self) -> str:
         """The worst of its verdicts; a host timing that this runner cannot resolve (inconclusive past settling)
         gives way to a device-side timing judged conclusively: the test reads as its device verdict, with the host
-        timing's note beside it."""
+        timing's note beside it. A verdict word this version does not know reads as a regression."""
         judged = {n for n, v in self.timings.items() if not _is_host(n) and v.verdict != INCONCLUSIVE}
         statuses = {c.status for c in self.counts} | {
             v.verdict for n, v in self.timings.items()
             if not (judged and _is_host(n) and v.verdict == INCONCLUSIVE and not v.undecided)
         }  # fmt: skip
+        if statuses - KNOWN_VERDICTS:  # a word of another version this one does not know: never a pass
+            return "regression"
         for status in ("regression", "varies", "improvement", INCONCLUSIVE):
             if status in statuses:
                 return status
@@ -247,9 +255,29 @@ def read_report(path: Path) -> ABReport:
         f"processes {report.processes}: not a number of pairs of processes (1 to {MAX_PROCESSES})"
         if not 1 <= report.processes <= MAX_PROCESSES else "",
     ]  # fmt: skip
+    problems += [f"{test.nodeid}: {problem}" for test in report.tests if (problem := _impossible(test)) is not None]
     if any(problems):
         raise ValueError(f"A/B report is malformed: {'; '.join(p for p in problems if p)}")
     return report
+
+
+def _impossible(test: HeadAgainstBase) -> str | None:
+    """What in a test's A/B no rounds can give (a ratio below zero or not finite, an interval that ends before it
+    starts or misses its estimate, rounds below zero, a count below zero), if anything."""
+    for change in test.counts:
+        if not all(math.isfinite(v) and v >= 0 for v in (change.base, change.head)):
+            return f"{change.metric}: {change.base} -> {change.head}: no count"
+    for name, timing in test.timings.items():
+        numbers = [v for v in (timing.ratio, timing.low, timing.high, timing.resolvable, timing.spread,
+                               *timing.pairs) if v is not None]  # fmt: skip
+        if timing.rounds < 0 or not all(math.isfinite(v) and v >= 0 for v in numbers):
+            return f"{name}: a ratio, an interval or rounds no A/B can give"
+        if timing.low is not None and timing.high is not None and timing.low > timing.high:
+            return f"{name}: its interval [{timing.low}, {timing.high}] ends before it starts"
+        ratio, low, high = timing.ratio, timing.low, timing.high
+        if ratio is not None and low is not None and high is not None and not low <= ratio <= high:
+            return f"{name}: its estimate x{timing.ratio} lies outside its interval"
+    return None
 
 
 # -- comparing the two sides --------------------------------------------------------------------------------------

@@ -3,27 +3,33 @@ code produced it): what a ``workflow_run`` job of the default branch runs (``syn
 repository's .github/workflows/gpu-comment.yml, which another repository copies as it is).
 
 The artifact is never executed and none of it reaches a shell: the PR number and device slug must match strict
-patterns, the PR's current head must be the commit the GPU run tested, only the ``results-*.json`` files of bounded
-size are read (``junit-*.xml`` of runs that wrote none), by ``syncguard report``, which checks every value against
-the results document's types and escapes everything it renders, as is the A/B report ``ab-<slug>.json`` where there
-is one. The report judges against the default branch's history of the GPU model (its syncguard-history branch)
-where it has one, else against the default branch's baselines folder. After posting, the approval label is removed
-from a fork's PR, so that its next push needs a maintainer again."""
+patterns, the PR's current head must be the commit the GPU run tested, and every ``results-*.json`` file
+(``junit-*.xml`` of runs that wrote none) must be a regular file of bounded size (one that is not is named and
+nothing is posted); ``syncguard report`` reads them, checks every value against the results document's types and
+escapes everything it renders, as it does the A/B report ``ab-<slug>.json`` where there is one. The device slug the
+artifact names must be one its results measured. The report judges each GPU model against the default branch's
+history (its syncguard-history branch) where it has one, else against the default branch's baselines folder; a
+history that cannot be fetched is said in the comment (⚠️), never passed over.
+
+The verdict is trusted code's: the report is judged here, from the default branch, and set as the commit status
+``syncguard/<slug>`` of the PR's head (success or failure), the check a branch protection requires; the PR's own
+code produces the data, never the verdict. The approval label is removed from a fork's PR whatever happened, so
+that its next push needs a maintainer again."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..files import small_regular_file
 
 #: The largest artifact file read.
 MAX_FILE_BYTES = 50 << 20
-REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+#: The commit status this job sets on the PR's head, per GPU model: the check a branch protection requires.
+STATUS_CONTEXT = "syncguard/{slug}"
 
 
 class ArtifactError(Exception):
@@ -41,49 +47,116 @@ def read_field(folder: Path, name: str, pattern: str) -> str:
     return value
 
 
-def _gh(*args: str) -> str:
-    done = subprocess.run(["gh", *args], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise ArtifactError(f"gh {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
-    return done.stdout
+def results_files(folder: Path) -> list[Path]:
+    """The artifact's ``results-*.json`` files, else its ``junit-*.xml``; :class:`ArtifactError` naming any that is
+    not a regular file of at most :data:`MAX_FILE_BYTES` (a link, a FIFO, a file too large): never left out unsaid,
+    which would post a pass without its failed budgets."""
+    for pattern in ("results-*.json", "junit-*.xml"):
+        found = sorted(folder.glob(pattern))
+        bad = [p.name for p in found if not small_regular_file(p, MAX_FILE_BYTES)]
+        if bad:
+            raise ArtifactError(f"artifact file {', '.join(bad)}: not a regular file of at most "
+                                f"{MAX_FILE_BYTES >> 20} MB; nothing posted")  # fmt: skip
+        if found:
+            return found
+    raise ArtifactError("artifact has no results-*.json or junit-*.xml file")
 
 
-def _history(folder: Path, slug: str) -> list[str]:
-    """``--history DIR`` where the default branch's history of this GPU model can be fetched (written only by the
-    push job): what the pull request is judged against; else nothing."""
-    from .cli import main
+def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
+    """The PR's head commit, whether it comes from a fork, and its labels; :class:`ArtifactError` where GitHub's
+    answer is not a pull request's."""
+    from .comment import CommentError
 
-    if main(["history", "fetch", "--into", str(folder)]) != 0 or not (folder / f"{slug}.jsonl").is_file():
-        print(f"syncguard post-artifact: no history of {slug}: judged against the baselines folder", file=sys.stderr)
-        return []
-    return ["--history", str(folder)]
+    try:
+        pull = github.api(f"repos/{repo}/pulls/{pr}")
+    except CommentError as exc:
+        raise ArtifactError(str(exc)) from exc
+    head = pull.get("head") if isinstance(pull, dict) else None
+    sha = head.get("sha") if isinstance(head, dict) else None
+    if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
+        raise ArtifactError(f"gh api repos/{repo}/pulls/{pr} answered no pull request ({str(pull)[:200]!r})")
+    source = head.get("repo") if isinstance(head, dict) else None
+    fork = not isinstance(source, dict) or source.get("full_name") != repo
+    labels = [str(x.get("name")) for x in (pull.get("labels") or []) if isinstance(x, dict)]
+    return sha, fork, labels
+
+
+def _history(folder: Path) -> tuple[list[str], str | None]:
+    """``--history DIR`` where the default branch's history branch could be fetched (written only by the push job;
+    each GPU model is judged against its own history where it has one), and why it could not, if so."""
+    from .history_branch import BranchError, fetch
+
+    try:
+        found = fetch(Path.cwd(), folder)
+    except BranchError as exc:
+        return [], str(exc)
+    return (["--history", str(folder)] if found else []), None
+
+
+def device_slugs(results: list[Path]) -> set[str]:
+    """The GPU models the results measured (:class:`ArtifactError` where they cannot be read)."""
+    from ..document.file import ResultsError
+    from .render.junit import JUnitError
+    from .run import merge_cases
+
+    try:
+        return {case.device_slug for case in merge_cases(results)}
+    except (ResultsError, JUnitError) as exc:
+        raise ArtifactError(f"artifact results not readable: {exc}") from exc
 
 
 def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, work: Path, approval_label: str) -> None:
-    """Validate the artifact in ``folder``, render its report into ``work`` and post it on the pull request it
-    names in ``repo``, if that pull request is still at ``head_sha``; raises :class:`ArtifactError` saying why not."""
-    from .cli import main
+    """Validate the artifact in ``folder``, render its report into ``work``, post it on the pull request it names in
+    ``repo`` and set its verdict as the head's commit status, if that pull request is still at ``head_sha``; raises
+    :class:`ArtifactError` saying why not."""
+    from .comment import CommentError, GitHub, is_repository
 
-    if not REPOSITORY.fullmatch(repo) or not COMMIT.fullmatch(head_sha):
+    if not is_repository(repo) or not COMMIT.fullmatch(head_sha):
         raise ArtifactError("the repository or the head commit is malformed")
     pr = read_field(folder, "pr-number", r"[1-9][0-9]{0,6}")
     slug = read_field(folder, "device-slug", r"[a-z0-9][a-z0-9-]{0,99}")
-    pull = json.loads(_gh("api", f"repos/{repo}/pulls/{pr}"))
-    if pull["head"]["sha"] != head_sha:
-        raise ArtifactError(f"PR {pr} is at {pull['head']['sha']}, the GPU run tested {head_sha}: not posting")
-    results = [p for p in sorted(folder.glob("results-*.json")) if small_regular_file(p, MAX_FILE_BYTES)]
-    results = results or [p for p in sorted(folder.glob("junit-*.xml")) if small_regular_file(p, MAX_FILE_BYTES)]
-    if not results:
-        raise ArtifactError("artifact has no results-*.json or junit-*.xml file")
+    try:
+        github = GitHub()
+    except CommentError as exc:
+        raise ArtifactError(str(exc)) from exc
+    sha, fork, labels = _pull(github, repo, pr)
+    if sha != head_sha:
+        raise ArtifactError(f"PR {pr} is at {sha}, the GPU run tested {head_sha}: not posting")
+    try:
+        _post(github, folder, repo, pr, slug, head_sha, baselines=baselines, work=work)
+    finally:
+        if approval_label and fork and approval_label in labels:
+            try:
+                github.api("-X", "DELETE", f"repos/{repo}/issues/{pr}/labels/{approval_label}")
+            except CommentError as exc:
+                print(f"syncguard post-artifact: the approval label {approval_label!r} could not be removed: {exc}",
+                      file=sys.stderr)  # fmt: skip
+
+
+def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
+    from .cli import main
+    from .comment import CommentError
+
+    results = results_files(folder)
+    measured = device_slugs(results)
+    if slug not in measured:
+        raise ArtifactError(f"artifact device-slug {slug!r} is not a GPU model its results measured "
+                            f"({', '.join(sorted(measured)) or 'none'})")  # fmt: skip
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
     with_ab = ["--ab", str(ab)] if small_regular_file(ab, MAX_FILE_BYTES) else []
-    report = [*map(str, results), "--baselines", str(baselines), *_history(work / "history", slug), *with_ab,
-              "--markdown", str(body)]  # fmt: skip
-    if main(["report", *report]) != 0:
+    history, unread = _history(work / "history")
+    unavailable = ["--history-unavailable", unread] if unread else []
+    report = [*map(str, results), "--baselines", str(baselines), *history, *unavailable, *with_ab,
+              "--markdown", str(body), "--fail-on-regression"]  # fmt: skip
+    verdict = main(["report", *report])
+    if verdict not in (0, 1):
         raise ArtifactError("syncguard report failed")
     if main(["comment", "--pr", pr, "--body-file", str(body), "--repo", repo, "--key", slug]) != 0:
         raise ArtifactError("syncguard comment failed")
-    fork = pull["head"]["repo"] is None or pull["head"]["repo"]["full_name"] != repo
-    if approval_label and fork and any(label["name"] == approval_label for label in pull.get("labels", [])):
-        _gh("api", "-X", "DELETE", f"repos/{repo}/issues/{pr}/labels/{approval_label}")
+    state, said = ("failure", "failed: see the PR comment") if verdict else ("success", "passed")
+    try:
+        github.api("-X", "POST", f"repos/{repo}/statuses/{sha}", "-f", f"state={state}", "-f",
+                   f"context={STATUS_CONTEXT.format(slug=slug)}", "-f", f"description=syncguard {said}")  # fmt: skip
+    except CommentError as exc:
+        raise ArtifactError(f"the commit status could not be set: {exc}") from exc

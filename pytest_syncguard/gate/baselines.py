@@ -1,13 +1,14 @@
 """Baselines per device model: ``<dir>/<device-slug>.json``, one entry per test node id, and the comparison
 of a test's metrics with its entry. Beside the metrics, a file keeps each test's details (sync sites, largest
 contributors to the itemized counters), which explain a change of its counts, and the history of its calibrated
-metrics (device time per token): the last :data:`HISTORY_LIMIT` recorded values, each with the GPU it was measured
-on, whose median is the entry's value and whose spread sets the tolerance it is judged within (schema version 3;
-files of versions 1 and 2, without details or history, are read as they are).
+metrics (device time per token): the recordings of its current level, each with the GPU it was measured on, whose
+median is the entry's value and whose spread sets the tolerance it is judged within (schema version 3; files of
+versions 1 and 2, without details or history, are read as they are).
 
-An update appends a test's new value of a calibrated metric to its history; a value beyond the tolerance the
-history calibrates (the code or the environment changed it) starts a new history instead, which the update's
-notes name. ``syncguard baselines FILE --reset-history`` empties the histories.
+An update judges a test's new value of a calibrated metric against its level (:func:`level_after`): within it, it
+joins the level while the level still takes runs; beyond it, it is an outlier kept aside, and :data:`CONFIRM` in a
+row on one side (the code or the environment changed it) start a new level, which the update's notes name. ``syncguard
+baselines FILE --reset-history`` empties the histories.
 
 A baseline file is only written by :func:`update` (``--syncguard-update-baselines``): under a file lock, read,
 merged with the tests that ran (others untouched), written to a temporary file and renamed over the old one,
@@ -17,6 +18,7 @@ a baseline of this schema is an error naming it, and is never overwritten.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock, Timeout
 
 from ..analysis.explain import Details
-from ..codec import CodecError, decode, encode
+from ..codec import CodecError, decode, encode, loads
 from ..document import upgrades
 from ..document.comparison import Comparison, Spread
 from ..files import lock_path, write_atomically
@@ -74,31 +76,41 @@ SAME_HOST_RECORDINGS = 10
 SAME_HOST_DEGREES = 6
 
 
+def _successive_sd(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """The standard deviation of values from their successive differences within each group, in recording order
+    (``sqrt(sum(d**2) / 2 / degrees)``, von Neumann's estimate): a slow creep of the values adds its step, not its
+    whole run, and a host's offset stays out where each group is one host's. Also its degrees of freedom."""
+    squares, degrees = 0.0, 0
+    for values in groups:
+        squares += sum((b - a) ** 2 for a, b in itertools.pairwise(values)) / 2
+        degrees += max(len(values) - 1, 0)
+    return ((squares / degrees) ** 0.5 if degrees else 0.0), degrees
+
+
 def spread_of(recordings: Sequence[Recording]) -> Spread:
-    """How far a metric's recordings lie apart: their standard deviation relative to their median."""
+    """How far a metric's recordings lie apart: the standard deviation of successive recordings
+    (:func:`_successive_sd`) relative to their median."""
     values = [r.value for r in recordings]
     middle = statistics.median(values)
-    relative = [v / middle - 1 for v in values] if middle else [0.0 for _ in values]
-    sd = statistics.stdev(relative) if len(values) >= 2 else None
-    return Spread(len(values), len({r.host for r in recordings if r.host}), sd)
+    sd = _successive_sd([values])[0] / abs(middle) if middle else 0.0
+    return Spread(len(values), len({r.host for r in recordings if r.host}), sd if len(values) >= 2 else None)
 
 
 def reference_of(recordings: Sequence[Recording], host: str = "") -> tuple[float, Spread]:
     """The value a new recording made on ``host`` is judged against, and the spread that calibrates its tolerance:
-    the mean of that host's recordings and the spread within hosts, where the recordings allow it
-    (:data:`SAME_HOST_RECORDINGS`, :data:`SAME_HOST_DEGREES`) and ``host`` made some; else all recordings' median
-    and their spread."""
+    the mean of that host's recordings and the spread within hosts (successive recordings of each host), where the
+    recordings allow it (:data:`SAME_HOST_RECORDINGS`, :data:`SAME_HOST_DEGREES`) and ``host`` made some; else all
+    recordings' median and their spread."""
     middle = statistics.median(r.value for r in recordings)
     overall = middle, spread_of(recordings)
     groups: dict[str, list[float]] = {}
     for recording in recordings:
         if recording.host:
             groups.setdefault(recording.host, []).append(recording.value)
-    degrees = sum(len(values) - 1 for values in groups.values())
+    sd, degrees = _successive_sd(groups.values())
     if not middle or len(recordings) < SAME_HOST_RECORDINGS or degrees < SAME_HOST_DEGREES:
         return overall
-    squares = sum((v - statistics.fmean(values)) ** 2 for values in groups.values() for v in values)
-    within = (squares / degrees) ** 0.5 / abs(middle)
+    within = sd / abs(middle)
     if host and host in groups:
         mine = groups[host]
         return statistics.fmean(mine), Spread(len(recordings), len(groups), within, on_host=len(mine))
@@ -126,8 +138,8 @@ class Baseline:
     """Per node id: the recordings of its calibrated metrics (absent before version 3)."""
 
     def spreads(self, nodeid: str) -> dict[str, Spread]:
-        """The spread of each calibrated metric of a test that has recordings."""
-        return {name: spread_of(kept) for name, kept in self.history.get(nodeid, {}).items() if kept}
+        """The spread of each calibrated metric's level (its outliers out) of a test that has recordings."""
+        return {name: spread_of(split(name, kept)[0]) for name, kept in self.history.get(nodeid, {}).items() if kept}
 
     def reference(self, nodeid: str, host: str = "") -> tuple[dict[str, float] | None, dict[str, Spread]]:
         """A test's entry as a run on ``host`` is judged against it, and the spread of each calibrated metric: a
@@ -140,7 +152,7 @@ class Baseline:
         entry, spreads = dict(entry), {}
         for name, kept in self.history.get(nodeid, {}).items():
             if kept:
-                value, spreads[name] = reference_of(kept, host)
+                value, spreads[name] = reference_of(split(name, kept)[0], host)
                 if spreads[name].on_host and name in entry:
                     entry[name] = rounded(value)
         return entry, spreads
@@ -186,7 +198,7 @@ def parse(text: str, path: Path) -> Baseline:
     """The baseline that ``text`` (the content of ``path``, a file or a commit's blob) holds; :class:`BaselineError`
     names ``path`` and what is wrong."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = loads(text, constants=False)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise BaselineError(f"{path}: not valid JSON ({exc}); fix or delete it, it was left as it is") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -235,10 +247,6 @@ def of_device(baseline: Baseline | None, slug: str) -> Baseline | None:
         raise BaselineError(f"{baseline.path}: recorded on {baseline.device!r}, not {slug!r} as its name says: a "
                             "baseline file is named by the slug of its device (syncguard device)")  # fmt: skip
     return baseline
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number a baseline can hold")
 
 
 def document(
@@ -330,28 +338,83 @@ def update(
 def recorded(
     metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str, limit: int = HISTORY_LIMIT
 ) -> tuple[dict[str, float], dict[str, tuple[Recording, ...]], list[str]]:
-    """A test's new entry, the history of its calibrated metrics and which of them started again: each new value
-    joins its metric's history (the last ``limit``), unless it and the value before it both lie beyond the tolerance
-    the history before them calibrates, on one side (each judged as a run on its host is,
-    :func:`reference_of`): then the two start a new history, the level a change made on purpose set. One value
-    beyond is kept (a run's noise, until the next one says otherwise); a single recording calibrates none. The
-    entry's value is the history's median."""
+    """A test's new entry, the recordings of its calibrated metrics and which of them started a new level: each new
+    value joins its metric's level by :func:`level_after`. The entry's value is the level's median; a calibrated
+    metric this run did not measure keeps its recordings and its value."""
     from ..metrics import rounded
 
     entry = dict(metrics)
-    history: dict[str, tuple[Recording, ...]] = {}
+    history = {name: kept for name, kept in earlier.items() if name not in metrics}
     restarted: list[str] = []
     for name, value in metrics.items():
         if not _calibrated(name):
             continue
-        kept = earlier.get(name, ())
-        before = kept[:-1]  # the history before the last value, which may lie beyond it
-        side = _beyond(name, before, kept[-1].value, kept[-1].host) if before else 0
-        if side and _beyond(name, before, value, host) == side:
-            kept, restarted = kept[-1:], [*restarted, name]
-        history[name] = (*kept, Recording(value, host))[-limit:]
-        entry[name] = rounded(statistics.median(r.value for r in history[name]))
+        history[name], started = level_after(name, earlier.get(name, ()), Recording(value, host), limit)
+        restarted += [name] if started else []
+        level, _ = split(name, history[name])
+        entry[name] = rounded(statistics.median(r.value for r in level))
     return entry, history, restarted
+
+
+#: Recordings beyond a level's tolerance, on one side, in a row, that start a new level (a change merged on purpose);
+#: fewer are outliers (a glitch, a busy host, a run of another length): kept aside, out of the level's statistics,
+#: and dropped by the next run within it.
+CONFIRM = 3
+#: The first runs of a host that joins a level after its first :data:`HISTORY_LIMIT` (or the history's window)
+#: that the level takes, so that the host is judged on its own runs too.
+HOST_RUNS = 5
+#: A level holds at most this many windows' recordings, whatever the number of hosts.
+MAX_WINDOWS = 4
+
+
+def level_after(
+    name: str, kept: tuple[Recording, ...], new: Recording, limit: int = HISTORY_LIMIT
+) -> tuple[tuple[Recording, ...], bool]:
+    """A calibrated metric's recordings after ``new``, and whether it started a new level.
+
+    The recordings are a level, then the outliers beyond it since (:func:`split`). A level is fixed by its first
+    runs: its first ``limit`` recordings, and the first :data:`HOST_RUNS` of each host that joins later; a run after
+    them is judged against it and not added, so that neither a creep of small steps nor one run far off moves it
+    (its spread comes from successive recordings, :func:`spread_of`). A run beyond the level's tolerance (judged as a
+    pull request on its host is, :func:`reference_of`) is an outlier; :data:`CONFIRM` in a row on one side start a
+    new level of those of them that agree (within the metric's ``min_tolerance`` of their median); a run within the
+    level drops the outliers before it."""
+    level, outliers = split(name, kept)
+    if not level:
+        return (new,), False
+    side = _beyond(name, level, new.value, new.host)
+    if side == 0:
+        hosts = [r.host for r in level]
+        room = len(level) < limit or (hosts.count(new.host) < HOST_RUNS and len(level) < MAX_WINDOWS * limit)
+        return ((*level, new) if room else level), False
+    outliers = (*outliers, new) if outliers and _beyond(name, level, outliers[0].value, outliers[0].host) == side else (
+        new,)  # fmt: skip
+    if len(outliers) < CONFIRM:
+        return (*level, *outliers), False
+    return _agreeing(name, outliers), True
+
+
+def split(name: str, kept: Sequence[Recording]) -> tuple[tuple[Recording, ...], tuple[Recording, ...]]:
+    """A metric's recordings as :func:`level_after` keeps them: its level, and the outliers recorded since (at most
+    :data:`CONFIRM` - 1, each beyond the level on one side: the rule that kept them finds them again)."""
+    kept = tuple(kept)
+    for count in range(min(CONFIRM - 1, len(kept) - 1), 0, -1):
+        level, outliers = kept[:-count], kept[-count:]
+        sides = {_beyond(name, level, r.value, r.host) for r in outliers}
+        if len(sides) == 1 and 0 not in sides:
+            return level, outliers
+    return kept, ()
+
+
+def _agreeing(name: str, recordings: Sequence[Recording]) -> tuple[Recording, ...]:
+    """The recordings that lie within the metric's ``min_tolerance`` of their median (all, where none would)."""
+    from ..metrics import metric
+
+    spec = metric(name)
+    middle = statistics.median(r.value for r in recordings)
+    within = (spec.min_tolerance or 0.0) if spec is not None else 0.0
+    agreeing = tuple(r for r in recordings if abs(r.value - middle) <= within * abs(middle))
+    return agreeing or tuple(recordings)
 
 
 def _calibrated(name: str) -> bool:

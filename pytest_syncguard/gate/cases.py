@@ -16,6 +16,14 @@ from ..metrics import Metrics
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
 _OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}
+#: The verdicts of a test that passed: its budgets held, it measured what it could, an expected failure.
+_PASSING = frozenset({"pass", "measured", "not measured", "xfailed"})
+
+
+def outcome_of(verdict: str, passed: str = "passed") -> str:
+    """pytest's outcome of a test of ``verdict``: ``passed`` where the verdict is a pass; a word this version does not
+    know (``timeout``, ``crashed``: another version wrote it) is a failure, never read as a pass."""
+    return _OUTCOMES.get(verdict) or (passed if verdict in _PASSING else "failed")
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class RunCase:
         expected = result.expected_failure is not None  # XFAIL: what its mark expects fails no run
         return cls(
             nodeid=result.nodeid,
-            outcome="skipped" if expected else _OUTCOMES.get(result.verdict, "passed"),
+            outcome="skipped" if expected else outcome_of(result.verdict),
             verdict="xfailed" if expected else result.verdict,
             device_slug=result.device_slug,
             budgets="; ".join(c.budget.describe() for c in result.checks) or None,

@@ -165,15 +165,29 @@ def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) 
 
 def _clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
               inputs: Sequence[tuple[str, str | None]]) -> str | None:  # fmt: skip
-    """Why an output path would overwrite one of the command's inputs (the same file, by any name), if so."""
-    for option, value, _ in outputs:
-        if not value or not Path(value).exists():
+    """Why an output path would overwrite one of the command's inputs, or another of its outputs (the same file, by
+    any name), if so."""
+    for index, (option, value, _) in enumerate(outputs):
+        if not value:
+            continue
+        for other, given, _ in outputs[index + 1 :]:
+            if given and (Path(value).resolve() == Path(given).resolve() or _same_file(value, given)):
+                return (f"syncguard {command}: {option} {value} and {other} {given} are one file: one would replace "
+                        "the other")  # fmt: skip
+        if not Path(value).exists():
             continue
         for source, given in inputs:
-            if given and Path(given).exists() and os.path.samefile(value, given):
+            if given and _same_file(value, given):
                 name = given if source == "RESULTS" else f"{source} {given}"
                 return f"syncguard {command}: {option} {value} would overwrite the input {name}: write it elsewhere"
     return None
+
+
+def _same_file(one: str, other: str) -> bool:
+    try:
+        return Path(one).exists() and Path(other).exists() and os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def _ab(args: argparse.Namespace) -> int:
@@ -258,7 +272,8 @@ def _report(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
-    outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--markdown", full, "file")]
+    outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"),
+               ("--markdown's full report", full, "file")]  # fmt: skip
     inputs = [*(("RESULTS", p) for p in args.files), ("--ab", args.ab)]
     if args.baselines:
         inputs += [("--baselines", str(p)) for p in Path(args.baselines).glob("*.json")]
@@ -287,6 +302,7 @@ def _report(args: argparse.Namespace) -> int:
             paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings,
             base_ref=args.base_ref, history=Path(args.history) if args.history else None,
         )  # fmt: skip
+        run.history_unavailable = args.history_unavailable
     except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
@@ -605,7 +621,8 @@ def _history(args: argparse.Namespace) -> int:
             results = read_all(Path(path) for path in args.results)
             if args.into:
                 held = history.record(Path(args.into), results, args.commit, history.now())
-                print("syncguard history: " + ", ".join(f"{slug}: {plural(n, 'run')}" for slug, n in held.items()))
+                for slug, recorded in held.items():
+                    print(f"syncguard history: {recorded.describe(slug)}")
             else:
                 history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
             return 0
@@ -628,6 +645,11 @@ def _history(args: argparse.Namespace) -> int:
         from .render.charts import page
         from .render.markdown import SiteLinks
 
+        inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
+        if (problem := _clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
+            print(problem, file=sys.stderr)
+            return 2
+
         if args.repository and (wrong := SiteLinks.problem(args.repository, "0" * 40)) is not None:
             print(f"syncguard history: {wrong}", file=sys.stderr)
             return 2
@@ -641,9 +663,14 @@ def _history(args: argparse.Namespace) -> int:
 
 def _histories(folder: Path) -> list[History]:
     """Every GPU model's history in ``folder``."""
+    from ..environment import is_slug
     from . import history
 
-    return [found for path in sorted(folder.glob("*.jsonl")) if (found := history.read(folder, path.stem)) is not None]
+    slugs = [path.stem for path in sorted(folder.glob("*.jsonl"))]
+    for other in (s for s in slugs if not is_slug(s)):
+        print(f"syncguard history: {folder / other}.jsonl: not a GPU model's history (its name is no device slug): "
+              "left out", file=sys.stderr)  # fmt: skip
+    return [found for slug in slugs if is_slug(slug) and (found := history.read(folder, slug)) is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -677,6 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="judge each GPU model against the default branch's history "
         "in DIR (syncguard history fetch) where it has one; --baselines stands in for the others",
     )
+    report.add_argument("--history-unavailable", metavar="WHY", help="say that the default branch's history could not "
+                        "be read, and why: the report judges against --baselines and reads ⚠️ at best")  # fmt: skip
     report.add_argument("--base-ref", metavar="REF", help="judge against this commit's files of --baselines (a pull "
                         "request's base): a change cannot loosen its own gate; what the working tree's files loosen "
                         "against them is said above the fold")  # fmt: skip

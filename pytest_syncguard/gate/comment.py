@@ -24,7 +24,13 @@ BODY_LIMIT = 65_536
 #: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
 GH_TIMEOUT_S = 60.0
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
-_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def is_repository(name: str) -> bool:
+    """Whether ``name`` is an ``OWNER/NAME`` of a forge: letters, digits, ``_``, ``.`` and ``-`` on each side of one
+    ``/``, no side ``.`` or ``..`` (a link of it would climb), nothing after it (a newline included)."""
+    return bool(_REPO.fullmatch(name)) and not {".", ".."} & set(name.split("/"))
 
 
 class CommentError(Exception):
@@ -86,6 +92,11 @@ class GitHub:
         except json.JSONDecodeError as exc:
             raise CommentError(f"gh {' '.join(args[:3])} did not answer JSON: {done.stdout[:200]!r}") from exc
 
+    def api(self, *args: str) -> Any:
+        """``gh api ARGS``'s answer as JSON (None: no answer); a gh that cannot run, hangs, fails or answers no JSON
+        (an HTML page of a proxy) is a :class:`CommentError` naming the call."""
+        return self._run("api", *args)
+
     def check_auth(self) -> None:
         done = self._call("auth", "status")
         if done.returncode != 0:
@@ -105,7 +116,7 @@ class GitHub:
     def repository(self) -> str:
         data = self._run("repo", "view", "--json", "nameWithOwner")
         name = data.get("nameWithOwner") if isinstance(data, dict) else None
-        if not isinstance(name, str) or not _REPO.match(name):
+        if not isinstance(name, str) or not is_repository(name):
             raise CommentError(f"gh repo view named no repository ({str(data)[:100]!r}): pass --repo OWNER/NAME")
         return name
 
@@ -168,7 +179,7 @@ def post(
     """Create or update this tool's comment for ``key`` on PR ``pr``."""
     if not _KEY.match(key):
         raise CommentError(f"--key {key!r}: use letters, digits, '.', '_' or '-' (a device slug), at most 100")
-    if repo is not None and not _REPO.match(repo):
+    if repo is not None and not is_repository(repo):
         raise CommentError(f"--repo {repo!r}: expected OWNER/NAME")
     if pr <= 0:
         raise CommentError(f"--pr {pr}: expected a pull request number")

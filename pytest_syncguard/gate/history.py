@@ -18,18 +18,19 @@ accumulate. No torch here."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..analysis.explain import Details
-from ..codec import decode, encode
+from ..codec import decode, encode, loads
 from ..document.measured import MeasuredTest
 from ..files import small_regular_file, write_atomically
 from ..metrics import metric, rounded, value_problem
 from ..words import plural
-from .baselines import Baseline, BaselineError, Recording, path_for, recorded
+from .baselines import CONFIRM, Baseline, BaselineError, Recording, path_for, recorded, split
 
 SCHEMA = "pytest-syncguard/history"
 SCHEMA_VERSION = 1
@@ -54,6 +55,9 @@ class Run:
     """The GPU that ran it (:func:`.environment.host_id`), or the runner."""
     tests: Mapping[str, Mapping[str, float]]
     world_size: int = 1
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    """The tests the run had and did not measure (a failed, skipped or erring call): node id -> why. Each keeps
+    the level of its last good run (:func:`baseline`)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class History:
     runs: tuple[Run, ...] = ()
     details: Mapping[str, Details] = field(default_factory=dict)
     """Per test, what explains a change of its counts: its latest run's sync sites and contributors."""
+    unknown: tuple[str, ...] = ()
+    """The fields of its runs this version does not know (a newer version wrote them): read without them, and the
+    history is never rewritten by this version (:func:`record`), which would drop them."""
 
     def series(self, nodeid: str, name: str) -> list[tuple[Run, float]]:
         """The runs that measured ``name`` of test ``nodeid``, with its value, oldest first."""
@@ -84,15 +91,16 @@ def now() -> str:
 
 def run_of(results: Iterable[MeasuredTest], commit: str, when: str) -> Run:
     """The run of a job's results, recorded ``when``: each test that finished (a failed or skipped call's numbers
-    are partial), with the metrics the gate judges, and the hosts that ran them."""
-    tests = {}
+    are partial), with the metrics the gate judges, and the hosts that ran them; the others by name, left out."""
+    tests, left_out = {}, {}
     hosts = set()
     for result in results:
         if result.error is not None or result.outcome is not None:
+            left_out[result.nodeid] = result.outcome or "error"
             continue
         tests[result.nodeid] = {n: rounded(v) for n, v in sorted(result.metrics.values.items()) if judged(n)}
         hosts.add(result.host)
-    return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests)
+    return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests, left_out=left_out)
 
 
 def paths(folder: Path, slug: str) -> tuple[Path, Path]:
@@ -111,14 +119,17 @@ def read(folder: Path, slug: str) -> History | None:
             raise HistoryError(f"{path}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB: left as it is")
     try:
         lines = runs_path.read_text(encoding="utf-8").splitlines()
-        header = json.loads(lines[0]) if lines else None
+        header = loads(lines[0]) if lines else None
         if not isinstance(header, dict) or header.get("schema") != SCHEMA:
             raise HistoryError(f"{runs_path}: not a pytest-syncguard history (schema {SCHEMA!r} expected)")
         if header.get("schema_version") != SCHEMA_VERSION or header.get("device") != slug:
             found = f"schema version {header.get('schema_version')!r} of device {header.get('device')!r}"
             raise HistoryError(f"{runs_path}: {found}; this syncguard reads version {SCHEMA_VERSION} of {slug!r}")
-        runs = tuple(_filled(decode(Run, json.loads(line), f"line {i}") for i, line in enumerate(lines[1:], 2)))
-        details = decode(dict[str, Details], json.loads(details_path.read_text(encoding="utf-8")), "details") if (
+        raw = [loads(line, constants=False) for line in lines[1:]]
+        known = {f.name for f in fields(Run)}
+        unknown = sorted({key for line in raw if isinstance(line, dict) for key in line} - known)
+        runs = tuple(_filled(decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2)))
+        details = decode(dict[str, Details], loads(details_path.read_text(encoding="utf-8")), "details") if (
             details_path.exists()) else {}  # fmt: skip
     except (OSError, ValueError, RecursionError) as exc:  # CodecError and bad JSON are ValueErrors
         if isinstance(exc, HistoryError):
@@ -129,7 +140,7 @@ def read(folder: Path, slug: str) -> History | None:
             problem = next((p for n, v in values.items() if (p := value_problem(n, v)) is not None), None)
             if problem is not None:
                 raise HistoryError(f"{runs_path}: run of {run.commit}: {nodeid}: {problem}")
-    return History(slug, runs, details)
+    return History(slug, runs, details, tuple(unknown))
 
 
 def _filled(runs: Iterable[Run]) -> Iterable[Run]:
@@ -141,7 +152,7 @@ def _filled(runs: Iterable[Run]) -> Iterable[Run]:
             counts = {n: v for n, v in last.get(nodeid, {}).items() if n not in values}
             tests[nodeid] = {**counts, **values}
             last[nodeid] = {n: v for n, v in tests[nodeid].items() if (spec := metric(n)) is None or spec.counted}
-        yield Run(run.commit, run.time, run.host, tests, run.world_size)
+        yield Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out)
 
 
 def _compact(runs: Sequence[Run]) -> list[Run]:
@@ -156,7 +167,7 @@ def _compact(runs: Sequence[Run]) -> list[Run]:
             tests[nodeid] = {n: v for n, v in values.items() if not ((spec := metric(n)) is not None and spec.counted
                                                                      and before.get(n) == v)}  # fmt: skip
             last[nodeid] = {**before, **{n: v for n, v in values.items() if (s := metric(n)) is None or s.counted}}
-        compact.append(Run(run.commit, run.time, run.host, tests, run.world_size))
+        compact.append(Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out))
     return compact
 
 
@@ -169,9 +180,32 @@ def write(folder: Path, history: History) -> None:
     write_atomically(details_path, json.dumps(encode(dict(sorted(history.details.items()))), sort_keys=True) + "\n")
 
 
-def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str) -> dict[str, int]:
-    """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``: per model, the
-    number of runs its history then holds."""
+@dataclass(frozen=True)
+class Recorded:
+    """What :func:`record` did to one GPU model's history."""
+
+    runs: int
+    """The runs it holds now."""
+    replaced: str | None = None
+    """The time of the run of the same commit that the new one replaced (a job run again), if any."""
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    """The tests the run had and did not measure: node id -> why (each keeps its last good run's level)."""
+
+    def describe(self, slug: str) -> str:
+        """``nvidia-h100-80gb-hbm3: 12 runs (the run of this commit recorded at T replaced; 1 test left out, failed:
+        t::a)``."""
+        notes = [f"the run of this commit recorded at {self.replaced} replaced"] if self.replaced else []
+        if self.left_out:
+            named = ", ".join(f"{why}: {nodeid}" for nodeid, why in sorted(self.left_out.items())[:10])
+            more = f" and {len(self.left_out) - 10} more" if len(self.left_out) > 10 else ""
+            notes.append(f"{plural(len(self.left_out), 'test')} left out, judged against their last good run: "
+                         f"{named}{more}")  # fmt: skip
+        return f"{slug}: {plural(self.runs, 'run')}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str) -> dict[str, Recorded]:
+    """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``; a commit has one
+    run: a run of a commit the history holds replaces it where it stands. Per model, what was recorded."""
     by_device: dict[str, list[MeasuredTest]] = {}
     for result in results:
         by_device.setdefault(result.device_slug, []).append(result)
@@ -180,26 +214,62 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
         if not slug:
             raise HistoryError("a result names no device slug: it was written by a pytest-syncguard before 0.1")
         history = read(folder, slug) or History(slug)
+        if history.unknown:
+            raise HistoryError(f"{paths(folder, slug)[0]}: written by a newer pytest-syncguard (its runs hold "
+                               f"{', '.join(history.unknown)}, which this version does not know): not rewritten; "
+                               "upgrade pytest-syncguard")  # fmt: skip
         run = run_of(tests, commit, when)
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
-        updated = History(slug, (*history.runs, run), details)
+        same = next((i for i, r in enumerate(history.runs) if r.commit == commit), None)
+        runs = (*history.runs, run) if same is None else (*history.runs[:same], run, *history.runs[same + 1 :])
+        updated = History(slug, runs, details)
         write(folder, updated)
-        held[slug] = len(updated.runs)
+        replaced = history.runs[same].time if same is not None else None
+        held[slug] = Recorded(len(updated.runs), replaced, dict(run.left_out))
     return held
 
 
-def baseline(history: History) -> Baseline:
-    """The baseline the history sets: each test's latest counts, and each device-side metric's current level (its
-    runs replayed through :func:`.baselines.recorded`, the last :data:`WINDOW` of the level kept, with their hosts),
-    said to come from ``history:<slug>``."""
+@dataclass(frozen=True)
+class Levels:
+    """A history replayed through the level rule: the baseline it sets, and where each metric's level begins."""
+
+    baseline: Baseline
+    since: Mapping[tuple[str, str], int]
+    """(node id, metric) -> the number of the run, among the runs that measured it, where its level begins."""
+    stale: Mapping[str, tuple[str, str]]
+    """The tests main's last run left out that keep an earlier level: node id -> (why, the last good run's commit)."""
+
+
+def levels(history: History) -> Levels:
+    """Each test's latest counts, and each device-side metric's current level (its runs replayed in order through
+    :func:`.baselines.recorded` with a window of :data:`WINDOW`, with their hosts), said to come from
+    ``history:<slug>``. A test main's last run left out (failed, skipped) is judged against its last good run; one
+    the last run does not name at all was dropped from the suite."""
     tests: dict[str, dict[str, float]] = {}
     kept: dict[str, dict[str, tuple[Recording, ...]]] = {}
+    measured: dict[tuple[str, str], int] = {}
+    since: dict[tuple[str, str], int] = {}
+    good: dict[str, str] = {}
     for run in history.runs:
         for nodeid, values in run.tests.items():
-            tests[nodeid], kept[nodeid], _ = recorded(values, kept.get(nodeid, {}), run.host, limit=WINDOW)
-    latest = set(history.runs[-1].tests) if history.runs else set()  # a test the suite dropped is not missing
-    tests = {nodeid: values for nodeid, values in tests.items() if nodeid in latest}
-    return Baseline(Path(f"history:{history.device}"), history.device, {}, tests, dict(history.details), kept)
+            entry, kept[nodeid], restarted = recorded(values, kept.get(nodeid, {}), run.host, limit=WINDOW)
+            tests[nodeid] = {**tests.get(nodeid, {}), **entry}
+            good[nodeid] = run.commit
+            for name in values:
+                measured[nodeid, name] = measured.get((nodeid, name), 0) + 1
+                since.setdefault((nodeid, name), 1)
+            for name in restarted:
+                since[nodeid, name] = measured[nodeid, name] - CONFIRM + 1
+    last = history.runs[-1] if history.runs else Run("", "", "", {})
+    stale = {nodeid: (why, good[nodeid]) for nodeid, why in last.left_out.items() if nodeid in tests}
+    tests = {nodeid: values for nodeid, values in tests.items() if nodeid in last.tests or nodeid in stale}
+    found = Baseline(Path(f"history:{history.device}"), history.device, {}, tests, dict(history.details), kept)
+    return Levels(found, since, stale)
+
+
+def baseline(history: History) -> Baseline:
+    """The baseline the history sets (:func:`levels`)."""
+    return levels(history).baseline
 
 
 def describe(history: History, nodeid: str | None = None, name: str | None = None) -> str:
@@ -209,9 +279,16 @@ def describe(history: History, nodeid: str | None = None, name: str | None = Non
     text = f"history: {plural(len(history.runs), 'run')} of {history.device}"
     text += f" on {plural(len(hosts), 'host')}" if hosts else ""
     if nodeid is not None:
-        level = baseline(history).history.get(nodeid, {})
-        for metric_name, recordings in level.items():
+        replayed = levels(history)
+        for metric_name, kept in replayed.baseline.history.get(nodeid, {}).items():
             if name is None or metric_name == name:
-                measured = len(history.series(nodeid, metric_name))
-                text += f", {metric_name} judged from run {measured - len(recordings) + 1}"
+                text += f", {metric_name} judged from run {replayed.since.get((nodeid, metric_name), 1)}"
+                level, outliers = split(metric_name, kept)
+                if outliers:
+                    moved = statistics.median(r.value for r in outliers) / statistics.median(r.value for r in level)
+                    text += (f" (main's last {plural(len(outliers), 'run')} lie beyond it, {moved - 1:+.1%}: "
+                             f"{CONFIRM} in a row start a new level)")  # fmt: skip
+        if nodeid in replayed.stale:
+            why, commit = replayed.stale[nodeid]
+            text += f", main's last run {why}: judged against its last good run ({commit[:12]})"
     return text

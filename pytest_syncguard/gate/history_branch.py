@@ -2,18 +2,23 @@
 default branch's push job and read by pull-request jobs, with nothing else to host.
 
 :func:`push` fetches the branch (or starts it, without a parent, the first time), appends the run to a copy of its
-files, commits them with git's plumbing and pushes; a push rejected because another job pushed first is retried on
-the new tip (the run appended again to what that job wrote), so two pushes at once both land. The branch holds only
+history files, commits the tip's tree with them replaced (other files on the branch stay) with git's plumbing and
+pushes; a push rejected because another job pushed first is retried on the new tip after a jittered pause (the run
+appended again to what that job wrote), so pushes at once all land. Every remote and branch reaches git as a name,
+after ``--end-of-options``. The branch holds only
 history files, never the code: a force-pushed default branch leaves it as it is, and a run of a commit no longer on
 the default branch is still a measurement of that GPU model. :func:`fetch` copies the branch's files into a folder
 for ``syncguard report --history``. No torch here."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -21,8 +26,12 @@ from ..document.measured import MeasuredTest
 from . import history
 
 BRANCH = "syncguard-history"
-#: How often a push rejected by another job's push is tried again on the new tip.
-RETRIES = 5
+#: How long a push rejected by other jobs' pushes is tried again on the new tip, in all.
+PUSH_WITHIN_S = 300.0
+#: The first pause before a try again, doubled each try up to :data:`PAUSE_MAX_S`, each drawn at random up to it
+#: (so that jobs that collided do not collide again).
+PAUSE_S = 0.25
+PAUSE_MAX_S = 15.0
 GIT_TIMEOUT_S = 300
 
 
@@ -44,25 +53,93 @@ def _git(
     return done
 
 
+def checked_name(what: str, value: str) -> str:
+    """``value`` as a remote or branch name git takes as a name, never as an option; :class:`BranchError` naming
+    ``what`` otherwise."""
+    if not value or value.startswith("-") or any(c in value for c in "\0\n\r") or value != value.strip():
+        raise BranchError(f"{what} {value!r}: not a git {what.lstrip('-')} name")
+    return value
+
+
+def _ref(branch: str) -> str:
+    checked_name("--branch", branch)
+    if branch.startswith("refs/") or ".." in branch or branch.endswith((".lock", "/")) or "//" in branch:
+        raise BranchError(f"--branch {branch!r}: not a branch name (give it without refs/heads/)")
+    return f"refs/heads/{branch}"
+
+
 def _fetched(checkout: Path, remote: str, branch: str) -> str | None:
-    """The commit the remote's branch is at, fetched; None where the remote has no such branch yet."""
-    listed = _git(checkout, "ls-remote", "--heads", remote, branch).stdout.split()
-    if not listed:
+    """The commit the remote's branch (exactly that branch: ``feature/syncguard-history`` is not ``syncguard-history``)
+    is at, fetched; None where the remote has no such branch yet."""
+    ref = _ref(branch)
+    checked_name("--remote", remote)
+    listed = _git(checkout, "ls-remote", "--end-of-options", remote, ref).stdout.splitlines()
+    if not any(line.split("\t")[-1] == ref for line in listed):
         return None
-    _git(checkout, "fetch", "--quiet", remote, f"+refs/heads/{branch}:refs/syncguard/{branch}")
-    return _git(checkout, "rev-parse", f"refs/syncguard/{branch}").stdout.strip()
+    _git(checkout, "fetch", "--quiet", "--end-of-options", remote, f"+{ref}:refs/syncguard/{branch}")
+    return _git(
+        checkout, "rev-parse", "--verify", "--end-of-options", f"refs/syncguard/{branch}^{{commit}}"
+    ).stdout.strip()
+
+
+def _files(checkout: Path, tip: str) -> list[tuple[str, str, int]]:
+    """The top-level files of commit ``tip``: (name, blob, size), names as git stores them (spaces and all)."""
+    listed = _git(checkout, "ls-tree", "-z", "--long", "--end-of-options", tip).stdout.split("\0")
+    files = []
+    for line in filter(None, listed):
+        meta, _, name = line.partition("\t")
+        mode, kind, blob, size = meta.split()
+        if kind == "blob" and mode in ("100644", "100755"):
+            files.append((name, blob, int(size)))
+    return files
+
+
+def _history_files(files: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """Of a branch's files, the history files of device slugs (``<slug>.jsonl``, ``<slug>.details.json``)."""
+    from ..environment import is_slug
+
+    return [f for f in files if is_slug(f[0].removesuffix(".jsonl").removesuffix(".details.json"))
+            and f[0].endswith((".jsonl", ".details.json"))]  # fmt: skip
 
 
 def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = BRANCH) -> bool:
-    """Copy the history branch's files into folder ``into``; False (nothing copied) where it has none yet."""
+    """Copy the history branch's history files into folder ``into``; False (nothing copied) where it has none yet.
+    Another file on the branch (a README) is left where it is; a history file over :data:`.history.MAX_FILE_BYTES`
+    is an error naming it."""
     tip = _fetched(checkout, remote, branch)
     if tip is None:
         return False
     into.mkdir(parents=True, exist_ok=True)
-    for name in _git(checkout, "ls-tree", "--name-only", tip).stdout.split():
-        if name.endswith((".jsonl", ".details.json")) and "/" not in name:
-            (into / name).write_text(_git(checkout, "show", f"{tip}:{name}").stdout, encoding="utf-8")
+    for name, blob, size in _history_files(_files(checkout, tip)):
+        if size > history.MAX_FILE_BYTES:
+            raise BranchError(f"{remote} {branch}: {name} is {size} bytes, over the "
+                              f"{history.MAX_FILE_BYTES >> 20} MB a history file may hold")  # fmt: skip
+        (into / name).write_bytes(_blob(checkout, blob))
     return True
+
+
+def _blob(checkout: Path, blob: str) -> bytes:
+    try:
+        done = subprocess.run(["git", "-C", str(checkout), "cat-file", "blob", blob], capture_output=True,
+                              timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BranchError(f"git cat-file could not run: {exc}") from exc
+    if done.returncode != 0:
+        raise BranchError(f"git cat-file blob {blob}: {done.stderr.decode(errors='replace').strip()[:400]}")
+    return done.stdout
+
+
+def _holds_history(checkout: Path, tip: str, files: Sequence[tuple[str, str, int]]) -> bool:
+    """Whether commit ``tip`` is a history branch's: a commit of syncguard's, or one that holds a history file."""
+    message = _git(checkout, "log", "-1", "--format=%s", "--end-of-options", tip).stdout
+    if message.startswith("syncguard history:"):
+        return True
+    for name, blob, size in _history_files(files):
+        if name.endswith(".jsonl") and size <= history.MAX_FILE_BYTES:
+            first = _blob(checkout, blob).split(b"\n", 1)[0]
+            if f'"schema": "{history.SCHEMA}"'.encode() in first:
+                return True
+    return False
 
 
 def push(
@@ -74,36 +151,54 @@ def push(
     branch: str = BRANCH,
     now: Callable[[], str] | None = None,
     say: Callable[[str], object] = print,
-) -> dict[str, int]:
+    within_s: float = PUSH_WITHIN_S,
+) -> dict[str, history.Recorded]:
     """Append the run of ``results`` (measured at ``commit``) to the history branch of ``remote`` and push it, again
-    on the new tip while another job's push rejects it; per GPU model, the runs its history then holds. The commit is
-    made with git's plumbing (a tree of the branch's files, a commit whose parent is the fetched tip): the checkout's
-    own branches, index and working tree are not touched."""
+    on the new tip while another job's push rejects it (after a jittered, growing pause, for up to ``within_s``
+    seconds in all); per GPU model, what was recorded. The commit is made with git's plumbing (the tip's tree with
+    the history files replaced, a commit whose parent is the tip): the branch's other files stay, and the checkout's
+    own branches, index and working tree are not touched. A branch that exists and is no history branch (``main``)
+    is refused."""
     when = (now or history.now)()
-    for attempt in range(1, RETRIES + 2):
+    started = time.monotonic()
+    for attempt in itertools.count(1):
         folder = Path(tempfile.mkdtemp(prefix="syncguard-history-"))
         try:
             files = folder / "files"
+            files.mkdir()
             tip = _fetched(checkout, remote, branch)
+            index = {"GIT_INDEX_FILE": str(folder / "index")}
             if tip is not None:
+                if not _holds_history(checkout, tip, _files(checkout, tip)):
+                    raise BranchError(f"{remote} {branch} exists and holds no syncguard history: not written (name "
+                                      f"the history's own branch, default {BRANCH})")  # fmt: skip
                 fetch(checkout, files, remote=remote, branch=branch)
+                _git(checkout, "read-tree", "--end-of-options", tip, env=index)
             held = history.record(files, results, commit, when)
-            index = str(folder / "index")
-            _git(checkout, f"--work-tree={files}", "add", "--all", ".", env={"GIT_INDEX_FILE": index})
-            tree = _git(checkout, "write-tree", env={"GIT_INDEX_FILE": index}).stdout.strip()
-            message = f"syncguard history: {commit[:12]} ({', '.join(f'{s}: run {n}' for s, n in held.items())})"
+            for path in sorted(files.iterdir()):
+                blob = _git(checkout, "hash-object", "-w", "--", str(path)).stdout.strip()
+                _git(checkout, "update-index", "--add", "--cacheinfo", f"100644,{blob},{path.name}", env=index)
+            tree = _git(checkout, "write-tree", env=index).stdout.strip()
+            message = f"syncguard history: {commit[:12]} ({', '.join(f'{s}: run {r.runs}' for s, r in held.items())})"
             parents = ["-p", tip] if tip is not None else []
             identity = {"GIT_AUTHOR_NAME": "syncguard", "GIT_AUTHOR_EMAIL": "syncguard@localhost",
                         "GIT_COMMITTER_NAME": "syncguard", "GIT_COMMITTER_EMAIL": "syncguard@localhost"}  # fmt: skip
             made = _git(checkout, "commit-tree", tree, *parents, "-m", message, env=identity).stdout.strip()
-            pushed = _git(checkout, "push", "--quiet", remote, f"{made}:refs/heads/{branch}", check=False)
+            pushed = _git(checkout, "push", "--quiet", "--end-of-options", remote, f"{made}:{_ref(branch)}",
+                          check=False)  # fmt: skip
             if pushed.returncode == 0:
                 say(f"{message} pushed to {remote} {branch}")
+                for slug, recorded in held.items():
+                    say(f"syncguard history: {recorded.describe(slug)}")
                 return held
             said = (pushed.stderr or pushed.stdout).strip()
-            if attempt > RETRIES or not any(w in said for w in ("rejected", "fetch first", "non-fast-forward")):
-                raise BranchError(f"git push of {branch} to {remote} failed: {said[:400]}")
-            say(f"syncguard history: {remote} {branch} moved on (another job pushed): again on its new tip")
+            retryable = any(w in said for w in ("rejected", "fetch first", "non-fast-forward", "cannot lock ref"))
+            pause = random.uniform(0, min(PAUSE_MAX_S, PAUSE_S * 2**attempt))
+            if not retryable or time.monotonic() - started + pause > within_s:
+                raise BranchError(f"git push of {branch} to {remote} failed after {attempt} tries: {said[:400]}")
+            say(f"syncguard history: {remote} {branch} moved on (another job pushed): again on its new tip in "
+                f"{pause:.1f} s")  # fmt: skip
+            time.sleep(pause)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     raise AssertionError("unreachable")

@@ -56,6 +56,8 @@ class RunComparison:
     """Per device slug, the default branch's history the run was judged against (``history``)."""
     unknown: dict[str, list[str]] = field(default_factory=dict)
     """Per results file written by another version: what in it this version does not know (read without it)."""
+    history_unavailable: str | None = None
+    """Why the default branch's history could not be read where one was asked for (judged without it)."""
 
     def with_status(self, status: str) -> list[CaseComparison]:
         return [c for c in self.cases if c.comparison.status == status]
@@ -105,7 +107,7 @@ def read_run(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None)
     """The measured tests of JUnit files, then of results files (``.json``; the ranks of a launch joined,
     :func:`..document.launch.join`); ``ResultsError`` or ``JUnitError`` naming the file when one is neither. What a
     results file holds that this version does not know goes into ``unknown``, under the file's path."""
-    junit = [case for path in paths if path.suffix != ".json" for case in read_cases(path)]
+    junit = [case for path in paths if path.suffix != ".json" for case in read_cases(path, unknown)]
     documents = [path for path in paths if path.suffix == ".json"]
     return junit + [RunCase.of(result) for result in results_file.read_all(documents, unknown)]
 

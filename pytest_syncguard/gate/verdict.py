@@ -44,6 +44,10 @@ class Verdict:
     undecided: tuple[str, ...] = ()
     """Node ids of the A/B's tests whose verdict stayed inconclusive."""
     loosened: tuple[Loosened, ...] = field(default_factory=tuple)
+    unread: tuple[str, ...] = ()
+    """The files written by another version whose parts this one does not know (read without them, not judged)."""
+    history_unread: bool = False
+    """The default branch's history was asked for and could not be read: judged without it."""
 
     @classmethod
     def of(cls, run: RunComparison, ab: ABReport | None = None) -> Verdict:
@@ -78,7 +82,8 @@ class Verdict:
             keys |= {(device, nodeid) for nodeid in ab.unreached}
         keys |= set(reasons)
         ordered = {key: tuple(sorted(found, key=REASONS.index)) for key, found in sorted(reasons.items())}
-        return cls(ordered, len(keys), undecided, tuple(run.loosened))
+        return cls(ordered, len(keys), undecided, tuple(run.loosened), tuple(sorted(run.unknown)),
+                   run.history_unavailable is not None)  # fmt: skip
 
     @property
     def failed(self) -> bool:
@@ -99,11 +104,16 @@ class Verdict:
             text += f"; {plural(len(self.undecided), 'A/B verdict')} undecided"
         if self.loosened:
             text += f"; this change loosens {plural(len(self.loosened), 'baseline value')}"
+        if self.unread:
+            text += f"; {plural(len(self.unread), 'file')} of another version read in part"
+        if self.history_unread:
+            text += "; the default branch's history could not be read"
         return text
 
     def headline(self) -> str:
         """The comment's first line: the sentence, marked failed (❌), to look at (⚠️) or passed (✅)."""
-        mark = "❌" if self.failing else "⚠️" if self.undecided or self.loosened else "✅"
+        cautions = self.undecided or self.loosened or self.unread or self.history_unread
+        mark = "❌" if self.failing else "⚠️" if cautions else "✅"
         return f"**{mark} syncguard: {self.sentence()}**"
 
     def exit_status(self, fail_on_regression: bool) -> int:

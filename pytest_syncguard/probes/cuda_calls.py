@@ -19,9 +19,10 @@ counting run); where the slot is taken, or there is no CUPTI or no CUDA, it coun
 Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.record_cuda_call`) as a sync of kind
 "CUDA call outside torch" named by its function, and is stamped on a sampled timeline's clock when it returns. Every
 catalogued copy between host and device memory, torch's included, is also kept in the region's watch as a transfer
-(its direction, size and call site: :func:`transfer`), which the transfers signal counts (:func:`transfer_counts`). What
-CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
-tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
+(its direction, size and call site: :func:`transfer`), which the transfers signal counts (:func:`transfer_counts`); a
+copy function whose parameters it does not read (:data:`NOT_READ`: 3D, arrays, symbols, batches) is named where a
+region calls it, and that region's transfers are not counted. What CUPTI reports for each case was measured with
+``devtools/cupti_callbacks.py``; the device tests are tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class BlockingCall:
     size: int | None = None
     rows: int | None = None
     direction: str | None = None
+    descriptor: bool = False
+    """Its first parameter points at a ``CUDA_MEMCPY2D`` that says both sides' memory types, pointers and size (the
+    driver's ``cuMemcpy2D``); the other indices are then unused."""
 
 
 _SYNC = BlockingCall(When.ALWAYS)
@@ -96,6 +100,7 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cudaMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, kind=3, size=2),
         "cudaMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=2, kind=6, size=4, rows=5),
         "cudaMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, kind=3, size=2),
+        "cudaMemcpy2DAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=2, kind=6, size=4, rows=5),
     },
     DRIVER: {
         "cuCtxSynchronize": _SYNC,
@@ -108,8 +113,29 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
         "cuMemcpy": BlockingCall(When.HOST_INVOLVED, dst=0, src=1, size=2),
         "cuMemcpyDtoHAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, size=2, direction="d2h"),
         "cuMemcpyHtoDAsync": BlockingCall(When.PAGEABLE_HOST, src=1, size=2, direction="h2d"),
+        "cuMemcpyAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=1, size=2),
+        "cuMemcpy2D": BlockingCall(When.HOST_INVOLVED, dst=0, src=0, descriptor=True),
+        "cuMemcpy2DAsync": BlockingCall(When.PAGEABLE_HOST, dst=0, src=0, descriptor=True),
+        "cuMemcpy2DUnaligned": BlockingCall(When.HOST_INVOLVED, dst=0, src=0, descriptor=True),
     },
 }
+
+#: The copy functions of the runtime and driver APIs that can move data between host and device memory and whose
+#: parameters the probe does not read (3D descriptors, CUDA arrays, symbols, batches): a call of one in a region is
+#: said, and that region's transfers are not counted (a budget on them is not measured, never passed). Copies that
+#: stay on the devices (``cudaMemcpyPeer``, ``cuMemcpyDtoD``, ``cuMemcpyAtoA``) move nothing across the host's bus.
+NOT_READ: Mapping[int, frozenset[str]] = {
+    RUNTIME: frozenset({
+        "cudaMemcpy3D", "cudaMemcpy3DAsync", "cudaMemcpyToArray", "cudaMemcpyFromArray", "cudaMemcpyToArrayAsync",
+        "cudaMemcpyFromArrayAsync", "cudaMemcpy2DToArray", "cudaMemcpy2DFromArray", "cudaMemcpy2DToArrayAsync",
+        "cudaMemcpy2DFromArrayAsync", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol", "cudaMemcpyToSymbolAsync",
+        "cudaMemcpyFromSymbolAsync", "cudaMemcpyBatchAsync", "cudaMemcpy3DBatchAsync",
+    }),
+    DRIVER: frozenset({
+        "cuMemcpy3D", "cuMemcpy3DAsync", "cuMemcpyHtoA", "cuMemcpyAtoH", "cuMemcpyHtoAAsync", "cuMemcpyAtoHAsync",
+        "cuMemcpyBatchAsync", "cuMemcpy3DBatchAsync",
+    }),
+}  # fmt: skip
 
 _SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
 
@@ -133,6 +159,56 @@ class Memory(enum.Enum):
     PAGEABLE = "pageable host"
 
 
+#: CUmemorytype.
+_HOST_TYPE, _DEVICE_TYPE, _ARRAY_TYPE, _UNIFIED_TYPE = 1, 2, 3, 4
+
+
+class Memcpy2D(ctypes.Structure):
+    """The driver's ``CUDA_MEMCPY2D``, as cuda.h lays it out."""
+
+    _fields_ = (
+        ("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+    )  # fmt: skip
+
+    @classmethod
+    def of(cls, src: tuple[int, int], dst: tuple[int, int], width: int, height: int, pitch: int) -> Memcpy2D:
+        """A copy of ``height`` rows of ``width`` bytes, rows ``pitch`` bytes apart, from ``src`` to ``dst``, each a
+        (CUmemorytype, pointer): a host pointer for host memory, a device pointer for the others."""
+        copy = cls(srcMemoryType=src[0], dstMemoryType=dst[0], srcPitch=pitch, dstPitch=pitch, WidthInBytes=width,
+                   Height=height)  # fmt: skip
+        if src[0] == _HOST_TYPE:
+            copy.srcHost = src[1]
+        else:
+            copy.srcDevice = src[1]
+        if dst[0] == _HOST_TYPE:
+            copy.dstHost = dst[1]
+        else:
+            copy.dstDevice = dst[1]
+        return copy
+
+
+def _sides(params: int, memory: Callable[[int], Memory]) -> tuple[Memory, Memory, int]:
+    """A ``CUDA_MEMCPY2D`` copy's destination and source memory and its size in bytes: a side of memory type host is
+    page-locked or pageable as the driver knows its pointer, device and array memory are the device's, a unified
+    pointer is what the driver says it is."""
+    copy = Memcpy2D.from_address(ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))[0])
+
+    def side(kind: int, host: int | None, device: int) -> Memory:
+        if kind in (_DEVICE_TYPE, _ARRAY_TYPE):
+            return Memory.DEVICE
+        found = memory(host or 0) if kind == _HOST_TYPE else memory(device)
+        return Memory.PAGEABLE if kind == _HOST_TYPE and found is Memory.DEVICE else found
+
+    dst = side(copy.dstMemoryType, copy.dstHost, copy.dstDevice)
+    src = side(copy.srcMemoryType, copy.srcHost, copy.srcDevice)
+    return dst, src, copy.WidthInBytes * copy.Height
+
+
 def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> bool:
     """Whether one call of ``call``, whose parameter struct is at address ``params``, blocks the host;
     ``memory(pointer)`` says what a copy's pointer points at."""
@@ -141,6 +217,11 @@ def blocks(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -> 
     fields = ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))
     if call.when is When.NOT_NULL:
         return call.dst is not None and fields[call.dst] != 0
+    if call.descriptor:
+        sides = _sides(params, memory)[:2]
+        if call.when is When.HOST_INVOLVED:
+            return any(side is not Memory.DEVICE for side in sides)
+        return Memory.PAGEABLE in sides
     # An enum parameter is an int in its 8-byte slot: the slot's other half is padding.
     kind = ctypes.c_int.from_address(params + 8 * call.kind).value if call.kind is not None else DEFAULT
     if kind == DEFAULT:  # the pointers say where each side is
@@ -159,6 +240,10 @@ def transfer(call: BlockingCall, params: int, memory: Callable[[int], Memory]) -
     """The direction ("h2d" or "d2h") and size in bytes of one call of ``call`` that moves data between host and
     device memory, whose parameter struct is at address ``params``; None for any other call (a copy within the
     device or within the host, a synchronize, a free)."""
+    if call.descriptor:
+        dst, src, size = _sides(params, memory)
+        way = {(True, False): "h2d", (False, True): "d2h"}.get((dst is Memory.DEVICE, src is Memory.DEVICE))
+        return None if way is None else (way, size)
     if call.size is None:
         return None
     fields = ctypes.cast(params, ctypes.POINTER(ctypes.c_size_t))
@@ -231,6 +316,8 @@ class CudaCallWatch:
     not_counted: str | None = None
     transfers: list[Transfer] = field(default_factory=list)
     """Every memcpy call between host and device memory made in the region, torch's and any other library's."""
+    not_read: Counter[str] = field(default_factory=Counter)
+    """The calls of copy functions whose parameters the probe does not read (:data:`NOT_READ`), by name."""
 
 
 class CudaCallProbe:
@@ -246,6 +333,7 @@ class CudaCallProbe:
         self._handle = ctypes.c_void_p()
         self._callback = CALLBACK(self._on_call)  # kept alive: CUPTI calls it while subscribed
         self._wanted: dict[tuple[int, int], tuple[str, BlockingCall]] = {}
+        self._not_read: dict[tuple[int, int], str] = {}
         self._thread = _Thread()
         self._watches: list[CudaCallWatch] = []
         self._holders = 0
@@ -327,7 +415,7 @@ class CudaCallProbe:
             return cupti.meaning(status)
         if status != 0:
             return f"cuptiSubscribe failed with CUptiResult {status}"
-        for domain, cbid in self._wanted:
+        for domain, cbid in (*self._wanted, *self._not_read):
             self._cupti.cuptiEnableCallback(1, self._handle, domain, cbid)
         self._subscribed = True
         return None
@@ -349,6 +437,8 @@ class CudaCallProbe:
                 function = base_name(name.value.decode())
                 if function in catalogue:
                     self._wanted[(domain, cbid)] = (function, catalogue[function])
+                elif function in NOT_READ[domain]:
+                    self._not_read[(domain, cbid)] = function
 
     def _memory(self, pointer: int) -> Memory:
         kind = ctypes.c_uint()
@@ -372,6 +462,9 @@ class CudaCallProbe:
             return
         found = self._wanted.get((domain, cbid))
         if found is None:
+            if (function := self._not_read.get((domain, cbid))) is not None:
+                for watch in self._watches:
+                    watch.not_read[function] += 1
             return
         moved = transfer(found[1], info.functionParams, self._memory)
         if moved is not None:  # torch's copies too: a transfer is one whoever makes it
@@ -397,6 +490,10 @@ def transfer_counts(watch: CudaCallWatch) -> RegionCounts:
     names = [spec.name for spec in signal.SIGNAL.counters]
     if watch.not_counted is not None:
         return RegionCounts(unmeasured=dict.fromkeys(names, f"{signal.UNCOUNTED} ({watch.not_counted})"))
+    if watch.not_read:
+        called = ", ".join(f"{name} x{n}" for name, n in sorted(watch.not_read.items()))
+        why = f"transfers not counted: the region called copy functions whose parameters are not read ({called})"
+        return RegionCounts(unmeasured=dict.fromkeys(names, why))
     values = dict.fromkeys(names, 0)
     items: dict[str, Counter[str]] = {name: Counter() for name in names if name.startswith("transfers")}
     for moved in watch.transfers:

@@ -267,6 +267,8 @@ class Kept:
     join: Callable[[Mapping[int, Any]], tuple[Any, Mapping[str, float]]] | None = None
     """The ranks' records (by rank) joined, None where there is nothing to join, and the metrics it adds to the
     joined test."""
+    joined_problem: Callable[[Any], str | None] = lambda joined: None
+    """What makes a joined record read from a file one no launch can have (None: nothing)."""
 
 
 @dataclass(frozen=True)

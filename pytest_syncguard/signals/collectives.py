@@ -7,6 +7,7 @@ from the counting run's trace."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from ..analysis.collectives import MAX_KERNELS, Collectives, CollectiveWaits, kernels_in, match
@@ -15,6 +16,8 @@ from .base import CounterSpec, Kept, Measured, Metric, Part, Runs, Signal, Trace
 #: Joined from a launch's ranks (:func:`..document.launch.join`): the longest any rank waited for the last rank to
 #: arrive at its collectives, per token (median over steps).
 WAIT_METRIC = "collective_wait_us_per_token"
+#: The longest wait or transfer per token a joined record may say (an hour): past it, a damaged or hostile file.
+MAX_US = 3.6e9
 
 
 #: Its parts: per region number, its tokens and each call (``op at site``) in order; per traced region, its collective
@@ -37,11 +40,30 @@ def _kept(m: Measured) -> Collectives | None:
 
 
 def _problem(record: Collectives) -> str | None:
-    return (
-        f"more than {MAX_KERNELS} kernels (a region keeps at most that many)"
-        if len(record.kernels) > MAX_KERNELS
-        else None
-    )
+    if len(record.kernels) > MAX_KERNELS:
+        return f"more than {MAX_KERNELS} kernels (a region keeps at most that many)"
+    if record.tokens is not None and record.tokens < 1:
+        return f"tokens {record.tokens}: not a number of tokens (1 or more)"
+    if record.more < 0:
+        return f"more {record.more}: not a number of kernels"
+    wrong = next(((s, e) for s, e in record.kernels if not (math.isfinite(s) and math.isfinite(e) and e >= s)), None)
+    return f"kernel {wrong}: no kernel's (start, end)" if wrong is not None else None
+
+
+def _joined_problem(joined: CollectiveWaits | str) -> str | None:
+    """Values no matching of ranks can give: negative or not finite waits and transfers, counts below 0, ranks
+    whose number is not their waits'."""
+    if isinstance(joined, str):
+        return None
+    times = (*joined.wait_us, *joined.transfer_us, joined.late_us, joined.worst_wait_us)
+    if any(not math.isfinite(t) or t < 0 or t > MAX_US for t in times):
+        return f"a wait or transfer that is negative, not finite or over {MAX_US:.0e} us"
+    counts = (joined.matched, joined.per_step, joined.worst, joined.worst_last, joined.worst_times)
+    if any(c < 0 for c in counts):
+        return "a negative count"
+    if len(joined.wait_us) != len(joined.transfer_us) or (joined.ranks and len(joined.ranks) != len(joined.wait_us)):
+        return "its ranks, waits and transfers are not one per rank"
+    return None
 
 
 def _join(ranks: Mapping[int, Collectives]) -> tuple[CollectiveWaits | str | None, dict[str, float]]:
@@ -66,5 +88,5 @@ SIGNAL = Signal(
     # how many were left out (traced runs).
     parts=(Part(CALLS, united, Runs.EVERY, empty=dict), Part(KERNELS, united, Runs.EVERY, empty=dict)),
     traced=(Traced(KERNELS, kernels_in),),
-    kept=Kept(Collectives, _kept, _problem, CollectiveWaits | str, _join),
+    kept=Kept(Collectives, _kept, _problem, CollectiveWaits | str, _join, _joined_problem),
 )  # fmt: skip

@@ -44,9 +44,19 @@ def main(argv: list[str]) -> int:
     single = re.fullmatch(r"repos/([^/]+/[^/]+)/issues/comments/(\d+)", url.path)
     pull = re.fullmatch(r"repos/([^/]+/[^/]+)/pulls/(\d+)", url.path)
     label = re.fullmatch(r"repos/([^/]+/[^/]+)/issues/(\d+)/labels/([^/]+)", url.path)
+    status = re.fullmatch(r"repos/([^/]+/[^/]+)/statuses/([0-9a-f]{40})", url.path)
     comments = state["comments"]
+    if pull and method == "GET" and "pull_answer" in state:  # a proxy's HTML page, an error object
+        print(state["pull_answer"])
+        return 0
     if pull and method == "GET":
         print(json.dumps(state["pulls"][pull.group(2)]))
+        return 0
+    if status and method == "POST":
+        fields = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-f")
+        state.setdefault("statuses", []).append({"sha": status.group(2), **fields})
+        state_path.write_text(json.dumps(state))
+        print(json.dumps({"state": fields.get("state")}))
         return 0
     if label and method == "DELETE":
         labels = state["pulls"][label.group(2)]["labels"]

@@ -9,6 +9,7 @@ the page it is HTML-escaped."""
 from __future__ import annotations
 
 import html
+import math
 import re
 from collections.abc import Sequence
 from urllib.parse import quote
@@ -23,6 +24,16 @@ _LABEL = re.compile(r"[^A-Za-z0-9_.:/\[\]() -]")
 
 def _label(text: str, limit: int = 80) -> str:
     return _LABEL.sub("_", text)[:limit]
+
+
+def plain(value: float, significant: int = 6) -> str:
+    """``value`` to ``significant`` digits in positional notation (``12800000``, ``0.000125``): Mermaid's xychart
+    reads no exponent form (``1.28e+07``)."""
+    if not math.isfinite(value) or value == 0:
+        return "0"
+    decimals = min(15, max(0, significant - 1 - math.floor(math.log10(abs(value)))))
+    text = f"{value:.{decimals}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) or "0"
 
 
 def _series(history: History, nodeid: str, name: str) -> list[tuple[Run, float]]:
@@ -47,8 +58,8 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
         "xychart-beta",
         f'    title "{_label(nodeid)} {_label(name)}"',
         f"    x-axis [{axis}]",
-        f'    y-axis "{_label(unit)}" {low - margin:.6g} --> {high + margin:.6g}',
-        f"    line [{', '.join(f'{v:.6g}' for v in values)}]",
+        f'    y-axis "{_label(unit)}" {plain(low - margin)} --> {plain(high + margin)}',
+        f"    line [{', '.join(plain(v) for v in values)}]",
         "```",
     ]
 

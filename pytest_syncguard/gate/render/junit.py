@@ -10,18 +10,17 @@ properties, so a strict XSD validator may reject the file.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...analysis.explain import Details
-from ...codec import decode
+from ...codec import decode, loads
 from ...document import upgrades
 from ...environment import is_slug, unnamed_slug
 from ...metrics import Metrics, metric, value_problem
-from ..cases import RunCase
+from ..cases import RunCase, outcome_of
 
 if TYPE_CHECKING:
     from ...document.measured import MeasuredTest
@@ -80,7 +79,7 @@ def _numbers(properties: Mapping[str, str], prefix: str) -> dict[str, float]:
 
 def _json_object(raw: str | None) -> dict[str, Any]:
     try:
-        data = json.loads(raw or "{}")
+        data = loads(raw or "{}")
     except (ValueError, RecursionError):  # bad JSON, a number too long, nesting too deep
         return {}
     return data if isinstance(data, dict) else {}
@@ -90,7 +89,7 @@ def _details(raw: str | None) -> Details | None:
     if raw is None:
         return None
     try:
-        return decode(Details, upgrades.details(json.loads(raw)), Prop.DETAILS)
+        return decode(Details, upgrades.details(loads(raw)), Prop.DETAILS)
     except (ValueError, RecursionError) as exc:  # CodecError is a ValueError
         raise ValueError(f"property {PREFIX}{Prop.DETAILS} is not valid ({str(exc)[:200]})") from exc
 
@@ -133,8 +132,16 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:
     )
 
 
-def read_cases(path: Path) -> list[RunCase]:
-    """The test cases of a JUnit XML file that carry syncguard properties (read with junitparser)."""
+def _unknown_metrics(found: Mapping[str, str]) -> set[str]:
+    """The properties of a case that name no property nor metric this version knows (a newer version's metric)."""
+    named = {v for k, v in vars(Prop).items() if k.isupper() and isinstance(v, str)}
+    prefixes = tuple(p for p in named if p.endswith("."))
+    return {key for key in found if key not in named and not key.startswith(prefixes) and metric(key) is None}
+
+
+def read_cases(path: Path, unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
+    """The test cases of a JUnit XML file that carry syncguard properties (read with junitparser); the metrics this
+    version does not know go into ``unknown`` under the file's path (read without them, said)."""
     from xml.etree.ElementTree import ParseError
 
     from junitparser import Error, Failure, JUnitXml, Properties, Skipped, TestSuite
@@ -165,6 +172,11 @@ def read_cases(path: Path) -> list[RunCase]:
                 outcome = "failed"
             elif any(isinstance(r, Skipped) for r in results):
                 outcome = "skipped"
+            if outcome == "passed":  # a verdict this version does not know is no pass
+                outcome = outcome_of(found[Prop.VERDICT])
+            if unknown is not None and (names := _unknown_metrics(found)):
+                kept = unknown.setdefault(str(path), [])
+                kept.extend(f"metric {name}" for name in sorted(names) if f"metric {name}" not in kept)
             nodeid = found.get(Prop.NODEID) or f"{case.classname}::{case.name}"
             try:
                 parsed = _case(nodeid, outcome, found)

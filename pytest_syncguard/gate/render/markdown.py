@@ -35,6 +35,7 @@ from ..chain import (
     regression_entries,
     value_text,
 )
+from ..comment import is_repository
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
 from ..verdict import Verdict
@@ -51,8 +52,7 @@ LONG_LIST = 20
 #: Text from the run shown as it is: letters, digits and punctuation that Markdown gives no meaning to (no tag, mention,
 #: issue reference, link, emphasis, table pipe or escape), and no autolink (``www.``, ``scheme://``).
 _HARMLESS = re.compile(r"[A-Za-z0-9 .,:;%±()+=/-]{1,200}")
-_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def code(text: object, *, cell: bool = False) -> str:
@@ -102,9 +102,9 @@ class SiteLinks:
             return None
         if repository is None or commit is None:
             return "--repository and --commit go together: give both, or neither"
-        if not _REPOSITORY.match(repository):
+        if not is_repository(repository):
             return f"--repository {repository!r}: not OWNER/NAME"
-        if not _COMMIT.match(commit):
+        if not _COMMIT.fullmatch(commit):
             return f"--commit {commit!r}: not a commit's hex id (7 to 40 lowercase hex digits)"
         return None
 
@@ -252,6 +252,31 @@ def unknown_lines(run: RunComparison) -> list[str]:
     ]
 
 
+def history_lines(run: RunComparison) -> list[str]:
+    """Where the default branch's history could not be read: said, with why."""
+    if run.history_unavailable is None:
+        return []
+    return [f"⚠️ The default branch's history could not be read ({code(run.history_unavailable)}): judged against "
+            "the baselines folder instead.\n"]  # fmt: skip
+
+
+def stale_lines(run: RunComparison) -> list[str]:
+    """The tests of this run that the default branch's last run left out (failed, skipped): each judged against its
+    last good run, said."""
+    from ..history import levels
+
+    lines = []
+    judged = {c.key for c in run.cases}
+    for slug, found in sorted(run.histories.items()):
+        stale = [(n, why, commit) for n, (why, commit) in sorted(levels(found).stale.items()) if (slug, n) in judged]
+        for nodeid, why, commit in stale[:10]:
+            lines.append(f"⚠️ The default branch's last run left out {code(nodeid)} ({said(why)}): judged against "
+                         f"its last good run ({code(commit[:12])}).\n")  # fmt: skip
+        if len(stale) > 10:
+            lines.append(f"⚠️ ... and {plural(len(stale) - 10, 'more test')} the last run left out.\n")
+    return lines
+
+
 def _new_value(item: Loosened) -> str:
     return "removed" if item.new is None else value_text(item.metric, item.new)
 
@@ -298,7 +323,9 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
     """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
     what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`."""
     verdict = Verdict.of(run, ab)
-    blocks: list[list[str]] = [[verdict.headline(), "", summary_line(run), "", *unknown_lines(run)]]
+    blocks: list[list[str]] = [
+        [verdict.headline(), "", summary_line(run), "", *unknown_lines(run), *history_lines(run), *stale_lines(run)]
+    ]
     if run.loosened:
         blocks.append(loosened_block(run.loosened))
     budgets = budget_entries(run)
@@ -366,13 +393,15 @@ def _details(run: RunComparison) -> list[str]:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
-    from ..ab import failure_text, ratio_text, rounds_text, verdict_note
+    from ..ab import failure_text
 
     regressed = report.with_verdict("regression")
     failed = report.failed_in.get("head", {})
     missing = report.only_in.get("base", ())
+    stopped = report.stopped or "no test compared"
     if not report.tests and not report.failed_in and not missing:
-        title = f"A/B on one runner: {said(report.stopped or 'no test compared')}"
+        # A <summary> is raw HTML, where a code span is no code span: run-supplied text goes there only harmless.
+        title = f"A/B on one runner: {stopped if harmless(stopped) else 'stopped, see below'}"
     else:
         verdict = f"{plural(len(regressed), 'regression')} in {plural(len(report.tests), 'test')}"
         raised = [n for n, how in failed.items() if {"failed", "error"} & set(how)]
@@ -387,6 +416,7 @@ def ab_lines(report: ABReport) -> list[str]:
         mark = "❌" if regressed or failed or missing else "⚠️" if undecided else "✅"
         title = f"{mark} A/B on one runner: {verdict}"
     lines = [
+        *([f"Stopped: {code(stopped)}", ""] if not harmless(stopped) else []),
         *(f"- **failed on the head** (not compared): {code(failure_text(n, how))}" for n, how in failed.items()),
         *(f"- **measured on the base, not on the head** (not compared): {code(n)}" for n in missing),
         *(
@@ -394,6 +424,22 @@ def ab_lines(report: ABReport) -> list[str]:
             for n, how in report.failed_in.get("base", {}).items()
         ),
         *([""] if report.failed_in or missing else []),
+    ]
+    if not report.tests and not report.rounds:  # nothing was timed: no intervals to speak of
+        lines += [f"Head {code(report.head)} against base {code(report.base)}: no round run.", ""]
+    else:
+        lines += _rounds_lines(report)
+    lines += _ab_rows(report)
+    if regressed or failed or missing or report.unreached:
+        return [f"### {title}", "", *lines, ""]
+    return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
+
+
+def _rounds_lines(report: ABReport) -> list[str]:
+    """How the A/B's rounds ran and how a timing was judged."""
+    from ..ab import rounds_text
+
+    return [
         f"Head {code(report.head)} against base {code(report.base)} on "
         f"{code(report.device) if report.device else 'no device'}: "
         f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank"
@@ -408,6 +454,14 @@ def ab_lines(report: ABReport) -> list[str]:
         ),
         "",
     ]
+
+
+def _ab_rows(report: ABReport) -> list[str]:
+    """Per test that did not stay unchanged, its counts and timings; the unchanged, the tests of one side, those not
+    A/B-tested and those judged against the baseline."""
+    from ..ab import ratio_text, verdict_note
+
+    lines: list[str] = []
     rows: list[str] = []
     quiet: list[str] = []
     for test in report.tests:
@@ -445,9 +499,7 @@ def ab_lines(report: ABReport) -> list[str]:
         files = ", ".join(code(Path(f).name) for f in sorted(set(report.judged_by_baseline.values())))
         tests = ", ".join(code(nodeid) for nodeid in report.judged_by_baseline)
         lines.append(f"Judged against the baseline ({files}), not A/B-tested: {tests}")
-    if regressed or failed or missing or report.unreached:
-        return [f"### {title}", "", *lines, ""]
-    return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
+    return lines
 
 
 def render(

@@ -1,0 +1,144 @@
+"""The history branch against careless and hostile values: another branch named, a name that is an option, a branch
+whose name ends like the history's, files of others on the branch, names git quotes, bytes that are no UTF-8.
+
+Real git: a bare repository as the remote and clones as the runners."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.gate import history, history_branch
+
+DATA = Path(__file__).parent / "data" / "h100_pr"
+SLUG = "nvidia-h100-80gb-hbm3"
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> list[MeasuredTest]:
+    path = tmp_path_factory.mktemp("suite") / "unchanged.json"
+    path.write_bytes(gzip.decompress((DATA / "unchanged.json.gz").read_bytes()))
+    return results_file.read(path)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def remote(bare_remote: Path) -> Path:
+    return bare_remote
+
+
+def _clone(remote: Path, into: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(remote), str(into)], check=True)
+    return into
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _edit_branch(remote: Path, into: Path, edit: Callable[[Path], None]) -> None:
+    """A maintainer's commit on the history branch: a clone, ``edit`` of its files, a push."""
+    editor = _clone(remote, into)
+    _git(editor, "checkout", "-q", history_branch.BRANCH)
+    edit(editor)
+    _git(editor, "add", ".")
+    _git(editor, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "edit")
+    _git(editor, "push", "-q", "origin", history_branch.BRANCH)
+
+
+def test_a_branch_that_holds_no_history_is_never_written(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest]
+) -> None:
+    runner = _clone(remote, tmp_path / "runner")
+    main_before = _git(remote, "rev-parse", "main")
+    with pytest.raises(history_branch.BranchError, match="origin main exists and holds no syncguard history"):
+        history_branch.push(runner, suite, "a" * 40, branch="main", say=_quiet)
+    assert _git(remote, "rev-parse", "main") == main_before
+    results = tmp_path / "run.json"
+    results.write_bytes(gzip.decompress((DATA / "unchanged.json.gz").read_bytes()))
+    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "history", "record", str(results),
+                           "--commit", "a" * 40, "--push", "origin", "--branch", "main"], cwd=runner,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "holds no syncguard history" in done.stderr, done.stderr
+    assert _git(remote, "rev-parse", "main") == main_before
+
+
+def test_the_branch_keeps_files_of_others_and_reads_only_history_files(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest]
+) -> None:
+    runner = _clone(remote, tmp_path / "runner")
+    history_branch.push(runner, suite, "a" * 40, say=_quiet)
+
+    # A maintainer adds a README, a file whose name has a space and one that is no device slug.
+    def edit(editor: Path) -> None:
+        (editor / "README.md").write_text("the history of our GPU job\n")
+        (editor / "notes on runs.txt").write_text("runner 3 was replaced\n")
+        (editor / "README.jsonl").write_text("not a history\n")
+
+    _edit_branch(remote, tmp_path / "editor", edit)
+    held = history_branch.push(runner, suite, "b" * 40, say=_quiet)
+    assert held[SLUG].runs == 2
+    names = _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).splitlines()
+    assert {"README.md", '"notes on runs.txt"', "README.jsonl", f"{SLUG}.jsonl"} <= set(names) or {
+        "README.md", "notes on runs.txt", "README.jsonl", f"{SLUG}.jsonl"} <= set(names)  # fmt: skip
+    assert _git(remote, "show", f"{history_branch.BRANCH}:README.md") == "the history of our GPU job\n"
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "h")
+    assert sorted(p.name for p in (pr / "h").iterdir()) == [f"{SLUG}.details.json", f"{SLUG}.jsonl"]
+    found = history.read(pr / "h", SLUG)
+    assert found is not None and len(found.runs) == 2
+
+
+@pytest.mark.parametrize("option", ["--upload-pack=touch pwned", "--receive-pack=touch pwned", "-oops"])
+def test_a_remote_or_branch_that_is_an_option_never_reaches_git_as_one(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest], option: str
+) -> None:
+    runner = _clone(remote, tmp_path / "runner")
+    with pytest.raises(history_branch.BranchError, match="not a git"):
+        history_branch.push(runner, suite, "a" * 40, remote=option, say=_quiet)
+    with pytest.raises(history_branch.BranchError, match="not a git"):
+        history_branch.fetch(runner, tmp_path / "h", remote=option)
+    with pytest.raises(history_branch.BranchError, match="not a git"):
+        history_branch.push(runner, suite, "a" * 40, branch=option, say=_quiet)
+    assert not (runner / "pwned").exists() and not (tmp_path / "pwned").exists()
+    cli = [sys.executable, "-m", "pytest_syncguard.gate.cli", "history", "fetch", "--into", "h", f"--remote={option}"]
+    done = subprocess.run(cli, cwd=runner, capture_output=True, text=True)
+    assert done.returncode == 2 and "not a git" in done.stderr and "Traceback" not in done.stderr
+    assert not (runner / "pwned").exists()
+
+
+def test_a_branch_whose_name_ends_like_the_history_is_not_it(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest]
+) -> None:
+    runner = _clone(remote, tmp_path / "runner")
+    history_branch.push(runner, suite, "a" * 40, branch=f"feature/{history_branch.BRANCH}", say=_quiet)
+    pr = _clone(remote, tmp_path / "pr")
+    assert not history_branch.fetch(pr, pr / "h")  # the history branch itself does not exist yet
+    assert history_branch.fetch(pr, pr / "f", branch=f"feature/{history_branch.BRANCH}")
+
+
+def test_a_history_file_that_is_not_utf8_is_an_error_naming_it(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest]
+) -> None:
+    runner = _clone(remote, tmp_path / "runner")
+    history_branch.push(runner, suite, "a" * 40, say=_quiet)
+
+    def edit(editor: Path) -> None:
+        with (editor / f"{SLUG}.jsonl").open("ab") as file:
+            file.write(b'{"commit": "\xff\xfe"}\n')
+
+    _edit_branch(remote, tmp_path / "editor", edit)
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "h")
+    with pytest.raises(history.HistoryError, match=f"{SLUG}.jsonl: not readable"):
+        history.read(pr / "h", SLUG)

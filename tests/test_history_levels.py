@@ -1,0 +1,183 @@
+"""The history's level against a careless or hostile default branch: an outlier, a pair of glitches, a creep, a
+commit recorded again and a test main's last run left out each leave a pull request judged as it should be.
+
+The suite is the real H100 results document of the strategy suite (tests/data/h100_pr); runs are written by the
+project's own writer (:func:`.history.record`), hosts and noise as recorded on H100s (±0.1-0.3% within a host)."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_syncguard.document import file as results_file
+from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.gate import history
+from pytest_syncguard.gate.comparison import tolerance_of
+from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.metrics import DEVICE_TIME, Metrics
+
+DATA = Path(__file__).parent / "data" / "h100_pr"
+GRAPH = "examples/test_strategies.py::test_speed[cuda_graph]"
+SLUG = "nvidia-h100-80gb-hbm3"
+HOSTS = ["a9dc0a68", "c3cd64c4", "56c4121f", "8423f385"]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> list[MeasuredTest]:
+    path = tmp_path_factory.mktemp("suite") / "unchanged.json"
+    path.write_bytes(gzip.decompress((DATA / "unchanged.json.gz").read_bytes()))
+    return [t for t in results_file.read(path) if t.nodeid == GRAPH]
+
+
+def scaled(tests: list[MeasuredTest], factor: float, host: str, rng: random.Random | None = None,
+           syncs: float | None = None) -> list[MeasuredTest]:  # fmt: skip
+    """The suite with device time scaled by ``factor`` (and a host's noise of 0.2% with ``rng``), run on ``host``."""
+    out = []
+    for test in tests:
+        values = dict(test.metrics.values)
+        values[DEVICE_TIME] *= factor * (1 + (rng.gauss(0, 0.002) if rng is not None else 0.0))
+        if syncs is not None:
+            values["syncs"] = syncs
+        out.append(replace(test, metrics=Metrics(values, dict(test.metrics.runs)), host=host))
+    return out
+
+
+def main_runs(folder: Path, suite: list[MeasuredTest], factors: list[float], seed: int = 1) -> None:
+    rng = random.Random(seed)
+    for push, factor in enumerate(factors):
+        history.record(folder, scaled(suite, factor, HOSTS[push % 4], rng), f"{push:040x}", f"t{push}")
+
+
+def judged(tmp_path: Path, folder: Path, tests: list[MeasuredTest]) -> str:
+    """The comparison status of the PR ``tests`` against the history in ``folder``."""
+    path = tmp_path / "pr.json"
+    document = {"schema": results_file.SCHEMA, "schema_version": results_file.SCHEMA_VERSION,
+                "tests": [results_file.record(t) for t in tests]}  # fmt: skip
+    import json
+
+    path.write_text(json.dumps(document))
+    (case,) = compare_run([path], None, history=folder).cases
+    return case.comparison.status
+
+
+def tolerance(folder: Path, host: str = HOSTS[0]) -> float:
+    found = history.read(folder, SLUG)
+    assert found is not None
+    _, spreads = history.baseline(found).reference(GRAPH, host)
+    return tolerance_of(DEVICE_TIME, None, spreads[DEVICE_TIME])
+
+
+@pytest.mark.parametrize("outlier", [1.4, 0.6], ids=["far-above", "far-below"])
+def test_one_run_far_off_moves_neither_the_level_nor_its_tolerance(
+    tmp_path: Path, suite: list[MeasuredTest], outlier: float
+) -> None:
+    """12 steady runs, one at +40% (or -40%), 5 steady after: the tolerance stays that of the steady runs and a PR
+    at +40% is a regression at once and after."""
+    steady = tmp_path / "steady"
+    main_runs(steady, suite, [1.0] * 12)
+    poisoned = tmp_path / "poisoned"
+    main_runs(poisoned, suite, [1.0] * 12 + [outlier])
+    assert tolerance(poisoned) == pytest.approx(tolerance(steady)) and tolerance(poisoned) < 0.02
+    assert judged(tmp_path, poisoned, scaled(suite, 1.4, HOSTS[0])) == "regression"
+    assert judged(tmp_path, poisoned, scaled(suite, 1.0, HOSTS[0])) == "unchanged"
+    main_runs(poisoned, suite, [1.0] * 5, seed=2)
+    assert judged(tmp_path, poisoned, scaled(suite, 1.4, HOSTS[0])) == "regression"
+    assert tolerance(poisoned) < 0.02
+
+
+def test_two_glitches_in_a_row_start_no_level_and_three_runs_do(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 12 + [1.3, 1.3])
+    assert judged(tmp_path, folder, scaled(suite, 1.0, HOSTS[0])) == "unchanged"
+    found = history.read(folder, SLUG)
+    assert found is not None and "judged from run 1 (main's last 2 runs lie beyond it, +30" in history.describe(
+        found, GRAPH
+    )
+    moved = tmp_path / "moved"
+    main_runs(moved, suite, [1.0] * 12 + [1.03] * 3)  # a change merged on purpose: three runs at its new level
+    found = history.read(moved, SLUG)
+    assert found is not None and f"{DEVICE_TIME} judged from run 13" in history.describe(found, GRAPH)
+    assert judged(tmp_path, moved, scaled(suite, 1.03, HOSTS[3])) == "unchanged"
+
+
+def test_a_creep_of_small_steps_leaves_the_tolerance_narrow_and_shows_as_levels(
+    tmp_path: Path, suite: list[MeasuredTest]
+) -> None:
+    """40 merges of +0.5% each (+22% in all): the level moves in steps (each said by where it begins), its tolerance
+    stays that of the runs' noise, and a PR of +8% over main's last run is a regression."""
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.005**i for i in range(40)])
+    assert tolerance(folder) < 0.03
+    found = history.read(folder, SLUG)
+    assert found is not None
+    described = history.describe(found, GRAPH, DEVICE_TIME)
+    start = int(described.rsplit("judged from run ", 1)[1])
+    assert start > 20, described  # the level began after the creep's start
+    assert judged(tmp_path, folder, scaled(suite, 1.005**39 * 1.08, HOSTS[0])) == "regression"
+
+
+def test_a_commit_recorded_again_replaces_its_run(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 12)
+    for again in range(10):
+        held = history.record(folder, scaled(suite, 1.0, HOSTS[0]), f"{11:040x}", f"again{again}")
+    assert held[SLUG].runs == 12 and held[SLUG].replaced == "again8"
+    assert "the run of this commit recorded at again8 replaced" in held[SLUG].describe(SLUG)
+    found = history.read(folder, SLUG)
+    assert found is not None and [r.commit for r in found.runs].count(f"{11:040x}") == 1
+    assert judged(tmp_path, folder, scaled(suite, 1.0, HOSTS[0])) == "unchanged"
+
+
+@pytest.mark.parametrize("outcome", ["failed", "skipped"])
+def test_a_test_main_last_left_out_is_judged_against_its_last_good_run(
+    tmp_path: Path, suite: list[MeasuredTest], outcome: str
+) -> None:
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 10)
+    broken = [replace(t, outcome=outcome) for t in scaled(suite, 1.0, HOSTS[0])]
+    held = history.record(folder, broken, "f" * 40, "last")
+    assert held[SLUG].left_out == {GRAPH: outcome}
+    assert f"1 test left out, judged against their last good run: {outcome}: {GRAPH}" in held[SLUG].describe(SLUG)
+    assert judged(tmp_path, folder, scaled(suite, 1.5, HOSTS[0], syncs=1000.0)) == "regression"
+    found = history.read(folder, SLUG)
+    assert found is not None
+    from pytest_syncguard.gate.render.markdown import render
+
+    text, _ = render(compare_run([tmp_path / "pr.json"], None, history=folder))
+    assert f"The default branch's last run left out `{GRAPH}` ({outcome}): judged against its last good run" in text
+    last_good = f"{9:040x}"[:12]
+    assert f"main's last run {outcome}: judged against its last good run ({last_good})" in history.describe(
+        found, GRAPH
+    )
+
+
+def test_a_run_without_device_time_keeps_the_level(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 10)
+    counts_only = []
+    for test in scaled(suite, 1.0, HOSTS[0]):
+        values = {n: v for n, v in test.metrics.values.items() if n != DEVICE_TIME}
+        counts_only.append(replace(test, metrics=Metrics(values, dict(test.metrics.runs))))
+    history.record(folder, counts_only, "d" * 40, "last")
+    assert judged(tmp_path, folder, scaled(suite, 1.5, HOSTS[0])) == "regression"
+
+
+def test_a_chart_of_values_of_millions_is_one_mermaid_can_read(tmp_path: Path, suite: list[MeasuredTest]) -> None:
+    """Mermaid's xychart reads no exponent form: values of a million and more (transfer bytes, long device times)
+    and small fractions are written positionally."""
+    import re
+
+    from pytest_syncguard.gate.render.charts import mermaid, plain
+
+    assert [plain(v) for v in (12_800_000.0, 1234.5678, 0.000125, -3.0, 0.0)] == [
+        "12800000", "1234.57", "0.000125", "-3", "0"]  # fmt: skip
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [6400.0] * 3)  # 2000 us x 6400: about 1.28e7 us per token
+    found = history.read(folder, SLUG)
+    assert found is not None
+    chart = "\n".join(mermaid(found, GRAPH, DEVICE_TIME, 1.4e7))
+    assert "e+" not in chart and re.search(r"line \[1\d{7}(\.\d+)?, ", chart), chart
