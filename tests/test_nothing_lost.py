@@ -179,3 +179,23 @@ def test_ab_numbers_no_rounds_can_give_are_refused_naming_the_test(tmp_path: Pat
     done = syncguard(tmp_path, "report", str(results), "--ab", "ab.json")
     assert done.returncode == 2 and "A/B report is malformed" in done.stderr and test["nodeid"] in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("ref", ["HEAD~1", "--output=x"])
+def test_a_base_ref_whose_baseline_is_not_utf8_or_that_is_an_option_is_an_error(
+    tmp_path: Path, results: Path, ref: str
+) -> None:
+    """A baseline committed in another encoding at the merge base, or a ref that git would take as an option: each an
+    error naming it, never a traceback nor a file written."""
+    repo = tmp_path / "repo"
+    (repo / "baselines").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@x"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "baselines" / f"{SLUG}.json").write_bytes(b'{"schema": "pytest-syncguard/baselines", "device": "\xff"}')
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (repo / "baselines" / f"{SLUG}.json").write_text("{}")
+    subprocess.run([*git, "commit", "-qam", "head"], check=True)
+    done = syncguard(repo, "report", str(results), "--baselines", "baselines", f"--base-ref={ref}")
+    assert done.returncode == 2 and f"--base-ref {ref}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (repo / "x").exists()

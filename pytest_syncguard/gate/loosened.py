@@ -49,7 +49,7 @@ def at_commit(checkout: Path, ref: str, path: Path) -> Baseline | None:
     has no such file. :class:`.baselines.BaselineError` names the ref, or the file, when either is unusable."""
     try:
         top = _git(checkout, "rev-parse", "--show-toplevel").strip()
-        commit = _git(checkout, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
+        commit = _git(checkout, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}").strip()
     except BaselineError as exc:
         raise BaselineError(f"--base-ref {ref}: {exc}") from None
     try:
@@ -57,18 +57,27 @@ def at_commit(checkout: Path, ref: str, path: Path) -> Baseline | None:
     except ValueError:
         raise BaselineError(f"--base-ref {ref}: {path} is outside the repository at {top}") from None
     try:
-        text = _git(checkout, "show", f"{commit}:{relative}")
+        _git(checkout, "cat-file", "-e", f"{commit}:{relative}")
     except BaselineError:
         return None
+    try:
+        text = _git(checkout, "cat-file", "blob", f"{commit}:{relative}")
+    except BaselineError as exc:
+        raise BaselineError(f"--base-ref {ref}: {relative}: {exc}") from None
     return parse(text, Path(f"{ref}:{relative}"))
 
 
 def _git(checkout: Path, *args: str) -> str:
+    """What ``git ARGS`` printed, as UTF-8 text; :class:`.baselines.BaselineError` where it failed or printed bytes
+    that are not UTF-8 (a baseline file committed in another encoding)."""
     try:
-        done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
         raise BaselineError(f"git {args[0]} could not run: {exc}") from exc
     if done.returncode != 0:
-        said = done.stderr.strip()[:300] or f"exit status {done.returncode}"
+        said = done.stderr.decode(errors="replace").strip()[:300] or f"exit status {done.returncode}"
         raise BaselineError(f"git {args[0]} in {checkout}: {said}")
-    return done.stdout
+    try:
+        return done.stdout.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"git {' '.join(args[:2])}: not UTF-8 text ({exc})") from None
