@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .analysis.gaps import parse_stat
 from .document.budget import Budget, BudgetCheck
+from .metrics import parse_tolerance
 from .signals import KINDS, BudgetKind, Need
 
 if TYPE_CHECKING:
@@ -172,18 +173,6 @@ def options_for(item: pytest.Item) -> GuardOptions:
     if not isinstance(baseline, bool):
         raise BudgetError(f"{item.nodeid}: @pytest.mark.syncguard: baseline must be True or False, got {baseline!r}")
     return GuardOptions(device, warmup, warmup_steps, tolerance, baseline)
-
-
-def parse_tolerance(value: Any) -> float:
-    """A relative tolerance: a finite number >= 0 (a string from the command line is converted)."""
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"must be a number >= 0, got {value!r}") from None
-    if not _finite(value) or value < 0:
-        raise ValueError(f"must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def _unmeasured(budget: Budget, measurement: Measurement) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .signals import COUNTERS, SIGNALS
 from .signals.base import Measured, Metric, worst
@@ -128,3 +128,22 @@ class Metrics:
                 values[name] = rounded(spec.aggregate(per_run))
                 runs[name] = len(per_run)
         return cls(values, runs)
+
+
+def parse_tolerance(value: Any) -> float:
+    """A relative tolerance: a finite number >= 0 (a string from the command line is converted); ValueError saying
+    what it got otherwise. The one check of a tolerance, whether a marker, an ini key or the command line gives it."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"must be a number >= 0, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a finite number >= 0, got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite or value < 0:
+        raise ValueError(f"must be a finite number >= 0, got {value!r}")
+    return float(value)

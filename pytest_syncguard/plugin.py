@@ -26,7 +26,6 @@ from .budgets import (
     budgets_for,
     marker_lines,
     options_for,
-    parse_tolerance,
 )
 from .document.budget import Budget
 from .document.comparison import NOT_UPDATED
@@ -34,6 +33,7 @@ from .files import file_problem, folder_problem
 from .gate.baselines import BaselineStore
 from .gate.comparison import DEFAULT_TOLERANCE
 from .gate.render.perfetto import TimelineFiles
+from .metrics import parse_tolerance
 from .rootdir import space_form_problem
 from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
@@ -565,7 +565,8 @@ class SyncguardSession:
 
             setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
-            from .gate.render.junit import PREFIX, properties
+            from .gate.junit import PREFIX
+            from .gate.render.junit import properties
 
             # --junitxml writes the properties of the teardown report, which pytest builds from the item's; a test
             # run again has only its last run's.

@@ -379,7 +379,7 @@ def test_junit_properties_round_trip_through_junitparser(
     equal to the JSON results of the same run."""
     if workers:
         pytest.importorskip("xdist")
-    from pytest_syncguard.gate.render.junit import read_cases
+    from pytest_syncguard.gate.junit import read_cases
 
     monkeypatch.setenv("READS", "1")
     pytester.makepyfile(test_suite=JUNIT_SUITE)
@@ -452,19 +452,28 @@ def test_ctrl_c_while_waiting_for_the_lock_is_a_summary_not_a_traceback(tmp_path
     )
     baseline = tmp_path / "baselines" / "cpu.json"
     with FileLock(str(lock_path(baseline))):  # another run holds it
+        # filelock's own log, shown live, says when the session waits on the lock: the signal comes then, whatever
+        # the machine's load (no sleep orders the two processes).
         process = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--syncguard", "--syncguard-update-baselines",
-             "--syncguard-json", "r.json", "test_one.py"],
+             "--syncguard-json", "r.json", "test_one.py", "-o", "log_cli=true", "--log-cli-level=DEBUG"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        assert process.stdout is not None
+        said = []
         deadline = time.monotonic() + 120
-        while not (tmp_path / "ran").exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(3.0)  # the session has finished its test and waits on the lock (2 busy cores: give it time)
+        for line in process.stdout:
+            said.append(line)
+            if "not acquired" in line or time.monotonic() > deadline:
+                break
+        assert "not acquired" in said[-1], "".join(said)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=120)
+        out = "".join(said) + out
     assert process.returncode == pytest.ExitCode.INTERRUPTED, out + err
-    assert "Traceback" not in out + err and "filelock" not in out + err
+    logged = ("DEBUG ", "INFO ")  # filelock's live log, asked for above
+    shown = [line for line in (out + err).splitlines() if not line.startswith(logged)]
+    assert not any("Traceback" in line or "filelock" in line for line in shown), out + err
     assert "baselines NOT updated: interrupted (KeyboardInterrupt) while writing or waiting" in out
     assert "syncguard results written to r.json" in out and (tmp_path / "r.json").is_file()
     assert not baseline.exists()

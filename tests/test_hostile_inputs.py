@@ -14,7 +14,7 @@ import pytest
 
 from pytest_syncguard.gate.baselines import update
 from pytest_syncguard.gate.chain import Site
-from pytest_syncguard.gate.render.markdown import SiteLinks
+from pytest_syncguard.gate.render.links import SiteLinks
 from tests.test_outputs import TEST, cli
 
 

@@ -155,7 +155,7 @@ def test_a_junit_metric_of_another_version_is_said_and_no_pass(tmp_path: Path, r
 def test_links_of_a_repository_or_commit_with_a_newline_or_a_climb_are_refused(
     tmp_path: Path, results: Path, repository: str, commit: str
 ) -> None:
-    from pytest_syncguard.gate.render.markdown import SiteLinks
+    from pytest_syncguard.gate.render.links import SiteLinks
 
     assert SiteLinks.problem(repository, commit) is not None
     done = syncguard(tmp_path, "report", str(results), "--repository", repository, "--commit", commit)

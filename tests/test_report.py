@@ -15,7 +15,8 @@ from pathlib import Path
 import cmarkgfm
 import pytest
 
-from pytest_syncguard.gate.render.markdown import COMMENT_LIMIT, SiteLinks, code, render
+from pytest_syncguard.gate.render.links import SiteLinks
+from pytest_syncguard.gate.render.markdown import COMMENT_LIMIT, code, render
 from pytest_syncguard.gate.run import compare_run
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
@@ -289,7 +290,7 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
 def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_not_filed_as_cuda(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    from pytest_syncguard.gate.render.junit import read_cases
+    from pytest_syncguard.gate.junit import read_cases
 
     # A test kept out of baselines has no comparison: its case still names the baseline file of its device.
     pytester.makepyfile(

@@ -25,7 +25,7 @@ from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.document.file import from_record, record
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.comparison import compare
-from pytest_syncguard.gate.render.junit import read_cases
+from pytest_syncguard.gate.junit import read_cases
 from pytest_syncguard.gate.render.terminal import failure_text, summary_lines
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics, metric

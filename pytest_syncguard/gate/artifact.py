@@ -81,22 +81,22 @@ def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
     return sha, fork, labels
 
 
-def _history(folder: Path) -> tuple[list[str], str | None]:
-    """``--history DIR`` where the default branch's history branch could be fetched (written only by the push job;
+def _history(folder: Path) -> tuple[str | None, str | None]:
+    """The folder of the default branch's history where its branch could be fetched (written only by the push job;
     each GPU model is judged against its own history where it has one), and why it could not, if so."""
     from .history_branch import BranchError, fetch
 
     try:
         found = fetch(Path.cwd(), folder)
     except BranchError as exc:
-        return [], str(exc)
-    return (["--history", str(folder)] if found else []), None
+        return None, str(exc)
+    return (str(folder) if found else None), None
 
 
 def device_slugs(results: list[Path]) -> set[str]:
     """The GPU models the results measured (:class:`ArtifactError` where they cannot be read)."""
     from ..document.file import ResultsError
-    from .render.junit import JUnitError
+    from .junit import JUnitError
     from .run import merge_cases
 
     try:
@@ -134,8 +134,8 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
 
 
 def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
-    from .cli import main
-    from .comment import CommentError
+    from .comment import CommentError, post
+    from .report import ReportRequest, report
 
     results = results_files(folder)
     measured = device_slugs(results)
@@ -144,16 +144,19 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
                             f"({', '.join(sorted(measured)) or 'none'})")  # fmt: skip
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
-    with_ab = ["--ab", str(ab)] if small_regular_file(ab, MAX_FILE_BYTES) else []
+    with_ab = small_regular_file(ab, MAX_FILE_BYTES)
     history, unread = _history(work / "history")
-    unavailable = ["--history-unavailable", unread] if unread else []
-    report = [*map(str, results), "--baselines", str(baselines), *history, *unavailable, *with_ab,
-              "--markdown", str(body), "--fail-on-regression"]  # fmt: skip
-    verdict = main(["report", *report])
+    request = ReportRequest(tuple(map(str, results)), baselines=str(baselines), markdown=str(body),
+                            ab=str(ab) if with_ab else None, fail_on_regression=True, history=history,
+                            history_unavailable=unread)  # fmt: skip
+    verdict = report(request)
     if verdict not in (0, 1):
         raise ArtifactError("syncguard report failed")
-    if main(["comment", "--pr", pr, "--body-file", str(body), "--repo", repo, "--key", slug]) != 0:
-        raise ArtifactError("syncguard comment failed")
+    try:
+        posted = post(body.read_text(encoding="utf-8"), int(pr), key=slug, repo=repo, github=github)
+    except CommentError as exc:
+        raise ArtifactError(f"syncguard comment failed: {exc}") from exc
+    print(f"syncguard post-artifact: {posted.action} comment {posted.comment_id} {posted.url}".rstrip())
     state, said = ("failure", "failed: see the PR comment") if verdict else ("success", "passed")
     try:
         github.api("-X", "POST", f"repos/{repo}/statuses/{sha}", "-f", f"state={state}", "-f",

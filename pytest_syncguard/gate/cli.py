@@ -19,12 +19,12 @@ from ..codec import encode
 from ..files import MAX_UNPACKED_BYTES, write_atomically
 from ..words import plural
 from .comment import GH_TIMEOUT_S
+from .outputs import clobbers, path_problem
 
 #: The most timed runs a test's measure() makes in an A/B round (each run is a whole generation).
 MAX_TIMED_RUNS = 1000
 
 if TYPE_CHECKING:
-    from .ab import ABReport
     from .baselines import Baseline
     from .history import History
 
@@ -145,51 +145,6 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) -> str | None:
-    """Why one of a command's paths cannot be used, checked before any work: (option, value, kind) with kind
-    ``file`` (written), ``folder`` (written into) or ``checkout`` (an existing folder, read)."""
-    from ..files import file_problem, folder_problem
-
-    for option, value, kind in outputs:
-        if not value:
-            continue
-        path = Path(value)
-        if kind == "checkout":
-            problem = None if path.is_dir() else f"{path} is not an existing folder"
-        else:
-            problem = file_problem(path) if kind == "file" else folder_problem(path)
-        if problem is not None:
-            return f"syncguard {command}: {option} {value}: {problem}"
-    return None
-
-
-def _clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
-              inputs: Sequence[tuple[str, str | None]]) -> str | None:  # fmt: skip
-    """Why an output path would overwrite one of the command's inputs, or another of its outputs (the same file, by
-    any name), if so."""
-    for index, (option, value, _) in enumerate(outputs):
-        if not value:
-            continue
-        for other, given, _ in outputs[index + 1 :]:
-            if given and (Path(value).resolve() == Path(given).resolve() or _same_file(value, given)):
-                return (f"syncguard {command}: {option} {value} and {other} {given} are one file: one would replace "
-                        "the other")  # fmt: skip
-        if not Path(value).exists():
-            continue
-        for source, given in inputs:
-            if given and _same_file(value, given):
-                name = given if source == "RESULTS" else f"{source} {given}"
-                return f"syncguard {command}: {option} {value} would overwrite the input {name}: write it elsewhere"
-    return None
-
-
-def _same_file(one: str, other: str) -> bool:
-    try:
-        return Path(one).exists() and Path(other).exists() and os.path.samefile(one, other)
-    except OSError:
-        return False
-
-
 def _ab(args: argparse.Namespace) -> int:
     from .ab import ABInterrupted, Plan, document, first_round_of, judged_by_baseline, run, summary_lines
     from .ab_sides import ABError
@@ -200,7 +155,7 @@ def _ab(args: argparse.Namespace) -> int:
         return 2
     paths = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--out", args.out, "folder"),
              ("--base-dir", args.base_dir, "checkout")]  # fmt: skip
-    if (problem := _path_problem("ab", paths)) is not None:
+    if (problem := path_problem("ab", paths)) is not None:
         print(problem, file=sys.stderr)
         return 2
     judged, head_first = None, None
@@ -250,91 +205,13 @@ def _runner_slug() -> str:
         raise ValueError(f"cannot tell this runner's device (syncguard device: {done.stderr.strip()[:200]})") from None
 
 
-def _ab_report(path: str | None) -> ABReport | None:
-    """The A/B report a ``report --ab`` names (untrusted: validated); None without one."""
-    from .ab import read_report
-
-    if path is None:
-        return None
-    try:
-        return read_report(Path(path))
-    except ValueError as exc:
-        raise ValueError(f"--ab {path}: {exc}") from exc
-
-
 def _report(args: argparse.Namespace) -> int:
-    from ..document.file import ResultsError
-    from .baselines import BaselineError
-    from .render.junit import JUnitError
-    from .render.markdown import COMMENT_LIMIT, SiteLinks, render
-    from .run import compare_run
-    from .verdict import Verdict
+    from dataclasses import fields
 
-    paths = [Path(p) for p in args.files]
-    full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
-    outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"),
-               ("--markdown's full report", full, "file")]  # fmt: skip
-    inputs = [*(("RESULTS", p) for p in args.files), ("--ab", args.ab)]
-    if args.baselines:
-        inputs += [("--baselines", str(p)) for p in Path(args.baselines).glob("*.json")]
-    problem = _path_problem("report", outputs) or _clobbers("report", outputs, inputs)
-    if problem is not None:
-        print(problem, file=sys.stderr)
-        return 2
-    if (wrong := SiteLinks.problem(args.repository, args.commit)) is not None:
-        print(f"syncguard report: {wrong}", file=sys.stderr)
-        return 2
-    try:
-        ab = _ab_report(args.ab)
-    except ValueError as exc:
-        print(f"syncguard report: {exc}", file=sys.stderr)
-        return 2
-    if args.history is not None and not Path(args.history).is_dir():
-        print(f"syncguard report: --history {args.history}: not a folder (syncguard history fetch makes it)",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if args.base_ref is not None and not args.baselines:
-        print("syncguard report: --base-ref judges against that commit's files of --baselines DIR: give both",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    try:
-        run = compare_run(
-            paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings,
-            base_ref=args.base_ref, history=Path(args.history) if args.history else None,
-        )  # fmt: skip
-        run.history_unavailable = args.history_unavailable
-    except (ResultsError, JUnitError, BaselineError) as exc:
-        print(f"syncguard report: {exc}", file=sys.stderr)
-        return 2
-    if not run.cases:
-        print(f"syncguard report: no measured test in {', '.join(map(str, paths))} (run pytest with --syncguard "
-              "and --syncguard-json or --junitxml)", file=sys.stderr)  # fmt: skip
-        return 2
-    try:
-        if args.json:
-            write_atomically(Path(args.json), json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
-        print(f"syncguard report: cannot write --json {args.json}: {exc}", file=sys.stderr)
-        return 2
-    full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
-    # Only a comment is cut to GitHub's limit: printed, the report is whole (there is no file for the rest).
-    limit = COMMENT_LIMIT if args.markdown else sys.maxsize
-    links = SiteLinks.of(args.repository, args.commit, Path.cwd())
-    text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab, links=links)
-    try:
-        if args.markdown:
-            write_atomically(Path(args.markdown), text)
-            if truncated and full_path is not None:
-                write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab, links=links)[0])
-        else:
-            print(text, end="")
-    except OSError as exc:  # a full disk, a folder gone: nothing half-written is left (write_atomically)
-        print(f"syncguard report: cannot write the report: {exc}", file=sys.stderr)
-        return 2
-    verdict = Verdict.of(run, ab)
-    print(f"syncguard report: {verdict.sentence()}" + (f"; markdown truncated, full report in {full_path}"
-          if truncated else ""), file=sys.stderr)  # fmt: skip
-    return verdict.exit_status(args.fail_on_regression)
+    from .report import ReportRequest, report
+
+    options = {f.name: getattr(args, f.name) for f in fields(ReportRequest)}
+    return report(ReportRequest(**{**options, "files": tuple(args.files)}))
 
 
 def _comment(args: argparse.Namespace) -> int:
@@ -508,7 +385,7 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
 
 
 def _tolerance(text: str) -> float:
-    from ..budgets import parse_tolerance
+    from ..metrics import parse_tolerance
 
     try:
         return parse_tolerance(text)
@@ -643,10 +520,10 @@ def _history(args: argparse.Namespace) -> int:
                 print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
             return 0
         from .render.charts import page
-        from .render.markdown import SiteLinks
+        from .render.links import SiteLinks
 
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
-        if (problem := _clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
+        if (problem := clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
             print(problem, file=sys.stderr)
             return 2
 

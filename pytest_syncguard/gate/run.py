@@ -26,8 +26,8 @@ from .comparison import compare
 from .history import History
 from .history import baseline as history_baseline
 from .history import read as read_history
+from .junit import read_cases
 from .loosened import Loosened, at_commit, loosened
-from .render.junit import read_cases
 
 
 @dataclass(frozen=True)

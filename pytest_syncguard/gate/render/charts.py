@@ -124,7 +124,7 @@ def _first(name: str) -> tuple[int, str]:
 
 def _commit_url(commit: str, repository: str | None) -> str | None:
     """The commit's page on GitHub, where the repository and the commit are well formed (:class:`.SiteLinks`)."""
-    from .markdown import SiteLinks
+    from .links import SiteLinks
 
     if repository is None or SiteLinks.problem(repository, commit) is not None:
         return None

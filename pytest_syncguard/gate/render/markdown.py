@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from ...document.comparison import Change
 from ...metrics import DEVICE_TIME, timing_order
@@ -35,10 +33,10 @@ from ..chain import (
     regression_entries,
     value_text,
 )
-from ..comment import is_repository
 from ..loosened import Loosened
 from ..run import CaseComparison, RunComparison
 from ..verdict import Verdict
+from .links import SiteLinks
 
 if TYPE_CHECKING:
     from ..ab import ABReport
@@ -52,7 +50,6 @@ LONG_LIST = 20
 #: Text from the run shown as it is: letters, digits and punctuation that Markdown gives no meaning to (no tag, mention,
 #: issue reference, link, emphasis, table pipe or escape), and no autolink (``www.``, ``scheme://``).
 _HARMLESS = re.compile(r"[A-Za-z0-9 .,:;%±()+=/-]{1,200}")
-_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def code(text: object, *, cell: bool = False) -> str:
@@ -78,45 +75,6 @@ def said(text: object, *, cell: bool = False) -> str:
     """A word from the run (a status, a verdict, a cause): as it is where it is :func:`harmless`, else a code span."""
     value = str(text)
     return value if harmless(value) else code(value, cell=cell)
-
-
-@dataclass(frozen=True)
-class SiteLinks:
-    """Where a site's line is on GitHub: ``repository`` (OWNER/NAME) at ``commit``, for files under ``root``."""
-
-    repository: str
-    commit: str
-    root: Path
-
-    @classmethod
-    def of(cls, repository: str | None, commit: str | None, root: Path) -> SiteLinks | None:
-        """Links where both are given and well formed; None otherwise (sites are then plain ``path:line``)."""
-        if not repository or not commit or cls.problem(repository, commit):
-            return None
-        return cls(repository, commit, root)
-
-    @staticmethod
-    def problem(repository: str | None, commit: str | None) -> str | None:
-        """What is wrong with the two, as options of ``syncguard report`` (None: both well formed, or neither given)."""
-        if repository is None and commit is None:
-            return None
-        if repository is None or commit is None:
-            return "--repository and --commit go together: give both, or neither"
-        if not is_repository(repository):
-            return f"--repository {repository!r}: not OWNER/NAME"
-        if not _COMMIT.fullmatch(commit):
-            return f"--commit {commit!r}: not a commit's hex id (7 to 40 lowercase hex digits)"
-        return None
-
-    def url(self, site: Site) -> str | None:
-        """The line's URL, for a relative path to a file of the checkout (a library's file is not in it)."""
-        path = Path(site.path)
-        try:
-            if path.is_absolute() or ".." in path.parts or site.line < 1 or not (self.root / path).is_file():
-                return None
-        except (OSError, ValueError):  # a name too long for the file system, a NUL: no file of the checkout
-            return None
-        return f"https://github.com/{self.repository}/blob/{self.commit}/{quote(path.as_posix())}#L{site.line}"
 
 
 def _part(part: str | Code | Site | Word, links: SiteLinks | None) -> str:
