@@ -37,8 +37,10 @@ class Channel:
         except ValueError:
             raise ValueError(f"{WORKER_OPTION} {value!r}: give two file descriptors, READ,WRITE") from None
         if read_fd == write_fd or min(read_fd, write_fd) <= 2:
-            raise ValueError(f"{WORKER_OPTION} {value!r}: two pipes' descriptors, not one twice nor stdin, stdout "
-                             "or stderr (syncguard ab passes them)")  # fmt: skip
+            raise ValueError(
+                f"{WORKER_OPTION} {value!r}: two pipes' descriptors, not one twice nor stdin, stdout "
+                "or stderr (syncguard ab passes them)"
+            )
         for fd, mode in ((read_fd, os.O_WRONLY), (write_fd, os.O_RDONLY)):
             try:
                 found = os.fstat(fd)
@@ -47,8 +49,10 @@ class Channel:
                 raise ValueError(f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not open") from None
             if not stat.S_ISFIFO(found.st_mode) or access == mode:
                 way = "read" if mode == os.O_WRONLY else "written"
-                raise ValueError(f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not a pipe to be {way} "
-                                 "(syncguard ab passes them)")  # fmt: skip
+                raise ValueError(
+                    f"{WORKER_OPTION} {value!r}: file descriptor {fd} is not a pipe to be {way} "
+                    "(syncguard ab passes them)"
+                )
         return cls(read_fd, write_fd)
 
     def send(self, message: dict[str, Any]) -> None:

@@ -179,9 +179,10 @@ class ABWorker:
             # The call phase as pytest runs it (its hooks: capture, the plugin's measurement), reported to the
             # plugin (which keeps the result) but not logged: a replay is no test of the session's own.
             call = pytest.CallInfo.from_call(
-                lambda: item.ihook.pytest_runtest_call(item=item), when="call",
+                lambda: item.ihook.pytest_runtest_call(item=item),
+                when="call",
                 reraise=(pytest.exit.Exception, KeyboardInterrupt),
-            )  # fmt: skip
+            )
             item.ihook.pytest_runtest_makereport(item=item, call=call)
 
     def write(self, items: list[pytest.Item], path: Path) -> int:

@@ -134,8 +134,10 @@ def _misspelt(item: pytest.Item) -> None:
             continue
         closest = difflib.get_close_matches(marker.name, ours, n=1, cutoff=0.8)
         if closest:
-            raise BudgetError(f"{item.nodeid}: @pytest.mark.{marker.name} is no marker of pytest-syncguard: did you "
-                              f"mean @pytest.mark.{closest[0]}? As written, no budget is enforced")  # fmt: skip
+            raise BudgetError(
+                f"{item.nodeid}: @pytest.mark.{marker.name} is no marker of pytest-syncguard: did you "
+                f"mean @pytest.mark.{closest[0]}? As written, no budget is enforced"
+            )
 
 
 #: Checked in every measured test on CUDA under --syncguard, marker or not.

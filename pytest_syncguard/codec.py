@@ -37,7 +37,9 @@ def encode(value: object) -> Any:
         return {str(key): encode(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [encode(item) for item in value]
-    if value is None or isinstance(value, (str, int, float)):
+    if isinstance(value, str):
+        return str(value)  # a status (a str subclass) as the plain string it is
+    if value is None or isinstance(value, (int, float)):
         return value
     raise TypeError(f"{type(value).__name__} is not a record the codec writes")
 

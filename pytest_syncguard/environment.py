@@ -190,8 +190,9 @@ def share_cores(worker_id: str, workers: int) -> tuple[Callable[[], None], str] 
     if before <= share and not unusable:
         return None
     torch.set_num_threads(min(before, share))
-    ignored = "".join(f"; {name}={value!r} is not a number of threads (1 or more): ignored"
-                      for name, value in unusable.items())  # fmt: skip
+    ignored = "".join(
+        f"; {name}={value!r} is not a number of threads (1 or more): ignored" for name, value in unusable.items()
+    )
     note = (
         f"syncguard: xdist worker {worker_id}: torch's intra-op threads {before} -> {min(before, share)}, its share of "
         f"{cores} cores among {workers} workers (set OMP_NUM_THREADS to choose them yourself){ignored}"

@@ -256,24 +256,48 @@ REGION_PROBES = (
     RegionProbe("timeline annotation", "timeline", _always, lambda r: TIMELINE.region(r.number)),
     RegionProbe("marked steps", "timeline", _always, lambda r: closing(r._steps)),
     RegionProbe("forward calls", None, lambda r: r.model is not None, lambda r: r._model_hooks()),
-    RegionProbe("allocator", "memory", lambda r: r.track_memory and r._on_cuda, lambda r: region_memory(r._memory),
-                lambda r: {"memory": tuple(r._memory)}),
-    RegionProbe("syncs", "syncs", _always, lambda r: PROBE.recording(r._recorder),
-                lambda r: {"events": tuple(r._recorder.events)}),
-    RegionProbe("CUDA calls", "syncs", lambda r: r._on_cuda, lambda r: r._counting_cuda_calls(),
-                lambda r: {"cuda_calls_uncounted": r._cuda_calls.not_counted}),
+    RegionProbe(
+        "allocator",
+        "memory",
+        lambda r: r.track_memory and r._on_cuda,
+        lambda r: region_memory(r._memory),
+        lambda r: {"memory": tuple(r._memory)},
+    ),
+    RegionProbe(
+        "syncs",
+        "syncs",
+        _always,
+        lambda r: PROBE.recording(r._recorder),
+        lambda r: {"events": tuple(r._recorder.events)},
+    ),
+    RegionProbe(
+        "CUDA calls",
+        "syncs",
+        lambda r: r._on_cuda,
+        lambda r: r._counting_cuda_calls(),
+        lambda r: {"cuda_calls_uncounted": r._cuda_calls.not_counted},
+    ),
     RegionProbe("transfers", "transfers", lambda r: r._on_cuda, lambda r: r._counting_transfers()),
-    RegionProbe("races", "races", lambda r: r.check_races and r._on_cuda,
-                lambda r: RACES.watching(r._races, r._counts), lambda r: {"races": tuple(r._races)}),
+    RegionProbe(
+        "races",
+        "races",
+        lambda r: r.check_races and r._on_cuda,
+        lambda r: RACES.watching(r._races, r._counts),
+        lambda r: {"races": tuple(r._races)},
+    ),
     RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
     RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
     RegionProbe("CUDA graphs", "graphs", _always, lambda r: graphs.counting(r._counts)),
     RegionProbe("operators", "ops", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
     # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds.
-    RegionProbe("collectives", "collectives", lambda r: r.count_ops,
-                lambda r: collectives.counting(r._counts, r._collectives),
-                lambda r: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives)),
-)  # fmt: skip
+    RegionProbe(
+        "collectives",
+        "collectives",
+        lambda r: r.count_ops,
+        lambda r: collectives.counting(r._counts, r._collectives),
+        lambda r: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives),
+    ),
+)
 
 
 def _validated_tokens(tokens: Any, where: str) -> int | None:
@@ -371,8 +395,7 @@ class SyncGuard:
         outer one: only outermost regions make the test's measurement, so nothing is counted twice. What it
         returns is entered once: a second region is a second ``generation()``.
         """
-        return _Once(self._region(tokens, model, count_ops=not self.timings_only, run=TIMED_RUN),
-                     self.nodeid)  # fmt: skip
+        return _Once(self._region(tokens, model, count_ops=not self.timings_only, run=TIMED_RUN), self.nodeid)
 
     @contextmanager
     def _region(
@@ -390,9 +413,14 @@ class SyncGuard:
             raise SyncguardUsageError(f"{self.nodeid}: {self.misuse}")
         device = (_device_of(model) if model is not None else None) or self.default_device()
         region = GenerationRegion(
-            tokens, device, model, track_memory=self.track_memory, count_ops=count_ops, check_races=self.check_races,
+            tokens,
+            device,
+            model,
+            track_memory=self.track_memory,
+            count_ops=count_ops,
+            check_races=self.check_races,
             run=run,
-        )  # fmt: skip
+        )
         outermost = not self._open
         if outermost:
             self._thread = thread

@@ -256,8 +256,9 @@ def judge_sampled_region(
             return SampledJudgement(None, found)
         placed, judged = found, (found.judged_from(warmup_steps), region.window[1])
     timeline = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup_steps)
-    return SampledJudgement(timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None,
-                            steps=placed)  # fmt: skip
+    return SampledJudgement(
+        timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None, steps=placed
+    )
 
 
 def _add_work(

@@ -41,14 +41,35 @@ def _counter_metrics() -> list[Metric]:
     metrics = []
     for spec in COUNTERS.values():
         column = None if spec.per_token else spec.column
-        metrics.append(Metric(spec.name, spec.unit, counted=True, higher_is_better=False, floor=0.0,
-                              runs=_counted(spec.name), quiet_when_zero=spec.quiet_when_zero, aggregate=worst,
-                              description=spec.description, column=column))  # fmt: skip
+        metrics.append(
+            Metric(
+                spec.name,
+                spec.unit,
+                counted=True,
+                higher_is_better=False,
+                floor=0.0,
+                runs=_counted(spec.name),
+                quiet_when_zero=spec.quiet_when_zero,
+                aggregate=worst,
+                description=spec.description,
+                column=column,
+            )
+        )
         if spec.per_token:
-            metrics.append(Metric(f"{spec.name}_per_token", "", counted=True, higher_is_better=False, floor=0.0,
-                                  runs=_counted_per_token(spec.name), quiet_when_zero=spec.quiet_when_zero,
-                                  aggregate=worst, description=f"{spec.description}, per token",
-                                  column=spec.column))  # fmt: skip
+            metrics.append(
+                Metric(
+                    f"{spec.name}_per_token",
+                    "",
+                    counted=True,
+                    higher_is_better=False,
+                    floor=0.0,
+                    runs=_counted_per_token(spec.name),
+                    quiet_when_zero=spec.quiet_when_zero,
+                    aggregate=worst,
+                    description=f"{spec.description}, per token",
+                    column=spec.column,
+                )
+            )
     return metrics
 
 

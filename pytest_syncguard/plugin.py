@@ -207,8 +207,10 @@ def _not_an_input(config: pytest.Config, results: Path) -> None:
         raise pytest.UsageError(f"--syncguard-json {results} and --junitxml {junit} name one file: give two")
     baselines = _baselines_dir(config).resolve()
     if target.parent == baselines:
-        raise pytest.UsageError(f"--syncguard-json {results} is in the baselines folder {baselines}, where it would "
-                                "replace a GPU model's baselines: write it elsewhere")  # fmt: skip
+        raise pytest.UsageError(
+            f"--syncguard-json {results} is in the baselines folder {baselines}, where it would "
+            "replace a GPU model's baselines: write it elsewhere"
+        )
 
 
 def _timeline_source(config: pytest.Config) -> str:
@@ -498,9 +500,13 @@ class SyncguardSession:
         guard.track_memory = Need.ALLOCATOR in needs(b.kind.signal for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
-            item.nodeid, guard, budgets, options, default_checks=self.enabled and not self.timings_only,
+            item.nodeid,
+            guard,
+            budgets,
+            options,
+            default_checks=self.enabled and not self.timings_only,
             source=self.timeline_source,
-        )  # fmt: skip
+        )
         guard.check_races = capture.races
         raised: BaseException | None = None
         from .probes.spawned import note, watching
@@ -545,9 +551,11 @@ class SyncguardSession:
         report = yield
         guard = sys.modules.get(f"{__package__}.guard")  # not loaded: no fixture was used, nothing misused
         misused = (
-            call.excinfo is not None and guard is not None and report.failed
+            call.excinfo is not None
+            and guard is not None
+            and report.failed
             and isinstance(call.excinfo.value, guard.SyncguardUsageError)
-        )  # fmt: skip
+        )
         if misused:
             assert call.excinfo is not None
             report.longrepr = _misuse_line(call.excinfo)  # one clean line, as a bad marker gives

@@ -57,8 +57,10 @@ def current() -> Rank | None:
         return None
     if not (raw_rank.isascii() and raw_rank.isdigit()) or int(raw_rank) >= world:
         said = f"RANK={raw_rank!r}" if raw_rank else "no RANK"
-        raise ValueError(f"WORLD_SIZE={world} with {said}: each process of a launch of {world} needs its RANK, 0 to "
-                         f"{world - 1}, so that its results files are its own")  # fmt: skip
+        raise ValueError(
+            f"WORLD_SIZE={world} with {said}: each process of a launch of {world} needs its RANK, 0 to "
+            f"{world - 1}, so that its results files are its own"
+        )
     return Rank(int(raw_rank), world)
 
 

@@ -23,10 +23,12 @@ def _rootdir(args: Sequence[str], config: pytest.Config) -> Path | None:
     except ImportError:
         return None
     offered = {
-        "inifile": config.known_args_namespace.inifilename, "override_ini": None, "args": list(args),
+        "inifile": config.known_args_namespace.inifilename,
+        "override_ini": None,
+        "args": list(args),
         "rootdir_cmd_arg": config.known_args_namespace.rootdir or None,
         "invocation_dir": config.invocation_params.dir,
-    }  # fmt: skip
+    }
     try:
         accepted = inspect.signature(determine_setup).parameters
         found = determine_setup(**{k: v for k, v in offered.items() if k in accepted})

@@ -142,3 +142,25 @@ def test_a_history_file_that_is_not_utf8_is_an_error_naming_it(
     assert history_branch.fetch(pr, pr / "h")
     with pytest.raises(history.HistoryError, match=f"{SLUG}.jsonl: not readable"):
         history.read(pr / "h", SLUG)
+
+
+def test_sixteen_pushes_at_once_all_land(tmp_path: Path, remote: Path) -> None:
+    """16 ``history record --push`` processes started together against one bare remote: each rejected push tries
+    again on the new tip after a jittered, growing pause (before: 5 retries with no pause, and 2 of 8 were lost)."""
+    results = tmp_path / "run.json"
+    results.write_bytes(gzip.decompress((DATA / "unchanged.json.gz").read_bytes()))
+    runners = [_clone(remote, tmp_path / f"runner{i}") for i in range(16)]
+    record = [sys.executable, "-m", "pytest_syncguard.gate.cli", "history", "record", str(results), "--push", "origin"]
+    processes = [
+        subprocess.Popen([*record, "--commit", f"{i + 1:040x}"], cwd=runner, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for i, runner in enumerate(runners)
+    ]  # fmt: skip
+    done = [(p.returncode, *p.communicate(timeout=280)) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err for _, _, err in done if err]
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "h")
+    found = history.read(pr / "h", SLUG)
+    assert found is not None and sorted(r.commit for r in found.runs) == [f"{i + 1:040x}" for i in range(16)]
+    log = _git(remote, "log", "--format=%s", history_branch.BRANCH).splitlines()
+    assert len(log) == 16

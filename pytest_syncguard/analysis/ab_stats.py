@@ -21,8 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from ..status import Status
+
 #: Verdicts of a timing A/B.
-REGRESSION, IMPROVEMENT, UNCHANGED, INCONCLUSIVE = "regression", "improvement", "unchanged", "inconclusive"
+REGRESSION, IMPROVEMENT, UNCHANGED, INCONCLUSIVE = (
+    Status.REGRESSION,
+    Status.IMPROVEMENT,
+    Status.UNCHANGED,
+    Status.INCONCLUSIVE,
+)
 
 
 @cache
@@ -87,8 +94,10 @@ def t_quantile(p: float, df: int) -> float:
 
     def cdf(t: float, steps: int = 2000) -> float:
         h = t / steps
-        total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2)
-                    for i in range(steps + 1))  # fmt: skip
+        total = sum(
+            (1 if i in (0, steps) else 4 if i % 2 else 2) * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2)
+            for i in range(steps + 1)
+        )
         return 0.5 + float(scale * total * h / 3)
 
     low, high = 0.0, 1.0
@@ -253,10 +262,18 @@ def judge(
         if projected > bound and abs(found.estimate) - projected <= bound:
             spread = math.expm1(projected)
     return RatioVerdict(
-        len(usable), math.exp(found.estimate), math.exp(found.low), math.exp(found.high), found.confidence, verdict,
-        min_effect=min_effect, resolvable=resolvable, spread=spread, method=method,
+        len(usable),
+        math.exp(found.estimate),
+        math.exp(found.low),
+        math.exp(found.high),
+        found.confidence,
+        verdict,
+        min_effect=min_effect,
+        resolvable=resolvable,
+        spread=spread,
+        method=method,
         pairs=tuple(math.exp(e) for e in split.estimates) if split is not None else (),
-    )  # fmt: skip
+    )
 
 
 def settled(counts: Sequence[str], timings: Sequence[RatioVerdict]) -> bool:

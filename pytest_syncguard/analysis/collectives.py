@@ -158,7 +158,17 @@ def match(ranks: Mapping[int, Collectives], clock: str | None = None) -> Collect
     last, times = lasts.most_common(1)[0]
     site = ranks[order[last]].site(worst) or ranks[order[0]].site(worst)
     return CollectiveWaits(
-        matched=matched, clock=clock, wait_us=tuple(waits), transfer_us=tuple(transfers), ranks=tuple(order),
-        straggler=order[straggler] if late >= MIN_LATE_US else None, late_us=late, per_step=per_step, worst=worst,
-        worst_wait_us=at[worst], worst_last=order[last], worst_times=times, worst_site=site,
-    )  # fmt: skip
+        matched=matched,
+        clock=clock,
+        wait_us=tuple(waits),
+        transfer_us=tuple(transfers),
+        ranks=tuple(order),
+        straggler=order[straggler] if late >= MIN_LATE_US else None,
+        late_us=late,
+        per_step=per_step,
+        worst=worst,
+        worst_wait_us=at[worst],
+        worst_last=order[last],
+        worst_times=times,
+        worst_site=site,
+    )

@@ -69,10 +69,18 @@ def device_work(trace: Trace, window: tuple[float, float]) -> RegionCounts:
             graph_launches += 1
     kernels: Counter[str] = Counter()
     values = dict.fromkeys(
-        ("graph_kernels", "copies_h2d", "copy_bytes_h2d", "copies_d2h", "copy_bytes_d2h", "copies_d2d",
-         "copy_bytes_d2d", "memsets"),
+        (
+            "graph_kernels",
+            "copies_h2d",
+            "copy_bytes_h2d",
+            "copies_d2h",
+            "copy_bytes_d2h",
+            "copies_d2d",
+            "copy_bytes_d2d",
+            "memsets",
+        ),
         0,
-    )  # fmt: skip
+    )
     unrecorded: set[int] = set()
     items: dict[str, Counter[str]] = {name: Counter() for name in ITEMIZED_HERE}
     for op in trace.gpu_ops:

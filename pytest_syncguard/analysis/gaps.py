@@ -202,10 +202,15 @@ class Timeline(JudgedSteps):
     def summary(self, region: int = 1) -> TimelineSummary:
         judged = {f.name: getattr(self, f.name) for f in fields(JudgedSteps)}
         return TimelineSummary(
-            **judged, region=region, gaps=len(self.gaps_us), p50_gap_us=self.gap_stat("p50"), top_gaps=self.top_gaps,
-            streams=self.streams, steps_from=self.steps_from,
+            **judged,
+            region=region,
+            gaps=len(self.gaps_us),
+            p50_gap_us=self.gap_stat("p50"),
+            top_gaps=self.top_gaps,
+            streams=self.streams,
+            steps_from=self.steps_from,
             idle_us_by_cause=dict(self.idle_us),
-        )  # fmt: skip
+        )
 
 
 def parse_stat(stat: str) -> float | None:
@@ -446,8 +451,9 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
     busy, gaps = merge(busy_ops)
     gaps = [g._replace(step=step_of[id(g.next_op)]) for g in gaps]
     last_end = max(o.end for o in busy_ops)
-    runs = tuple(BusyRun(a, b, b - a) for a, b in runs_between([(g.start, g.end) for g in gaps], busy_ops[0].start,
-                                                               last_end))  # fmt: skip
+    runs = tuple(
+        BusyRun(a, b, b - a) for a, b in runs_between([(g.start, g.end) for g in gaps], busy_ops[0].start, last_end)
+    )
     spans: dict[int, list[float]] = {}
     for op in busy_ops:
         step = step_of[id(op)]

@@ -32,9 +32,10 @@ def sentinel_problem(trace: Trace) -> str | None:
         return "the capture's end marker is missing from the trace: host events were lost"
     mark = marks[-1]
     launched = {
-        c.correlation for c in trace.host_calls
+        c.correlation
+        for c in trace.host_calls
         if c.correlation is not None and mark.start <= c.start <= mark.end and c.tid == mark.tid
-    }  # fmt: skip
+    }
     if any(op.correlation in launched for op in reversed(trace.gpu_ops)):
         return None
     return (
@@ -75,8 +76,11 @@ def clock_problem(trace: Trace, slack_us: float = LAUNCH_SLACK_US) -> str | None
     than ``slack_us`` before the call that launched them (matched by correlation). A gap's cause reads the host's
     calls against the device's time, so in such a trace it can blame the wrong call."""
     launched = {c.correlation: c.start for c in trace.host_calls if c.correlation is not None}
-    early = [launched[op.correlation] - op.start for op in trace.gpu_ops
-             if op.correlation in launched and op.start < launched[op.correlation] - slack_us]  # fmt: skip
+    early = [
+        launched[op.correlation] - op.start
+        for op in trace.gpu_ops
+        if op.correlation in launched and op.start < launched[op.correlation] - slack_us
+    ]
     if not early:
         return None
     return (

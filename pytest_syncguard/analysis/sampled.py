@@ -131,13 +131,21 @@ class SampledTimeline:
         begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
         inside = tuple(SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
         return Timeline(
-            steps=self.steps, warmup_steps=self.warmup_steps, judged_steps=max(self.steps - self.warmup_steps, 0),
-            gpu_ops=0, span_us=self.span_us, busy_us=self.busy_us, gaps_us=self.gaps_us,
+            steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            judged_steps=max(self.steps - self.warmup_steps, 0),
+            gpu_ops=0,
+            span_us=self.span_us,
+            busy_us=self.busy_us,
+            gaps_us=self.gaps_us,
             top_gaps=tuple(attribute(start, length, inside, step) for (start, length), step in largest),
-            steps_from=self.steps_from, origin_us=self.origin_ns / 1e3, runs=self.runs, syncs=inside,
+            steps_from=self.steps_from,
+            origin_us=self.origin_ns / 1e3,
+            runs=self.runs,
+            syncs=inside,
             step_spans=self.step_spans,
             idle_us=idle_by_cause(((start, start + length) for start, length in self.gaps), inside, CLOCK_SLACK_US),
-        )  # fmt: skip
+        )
 
 
 def attribute(start: float, length: float, syncs: Sequence[SyncMark], step: int | None = None) -> AttributedGap:
@@ -175,8 +183,10 @@ def place_steps(
     it, is the anchor's time. A string says why the steps could not be placed. ``interval_ns`` is the sampler's
     interval (0: a row's length, where each row is one sample)."""
     count = len(start_ns)
-    first = next((i for i in range(count) if end_ns[i] > window[0] and start_ns[i] < window[1]
-                  and fractions[i] >= IDLE_BELOW), None)  # fmt: skip
+    first = next(
+        (i for i in range(count) if end_ns[i] > window[0] and start_ns[i] < window[1] and fractions[i] >= IDLE_BELOW),
+        None,
+    )
     if first is None:
         return "the samples show no device work, not even the marker kernel that places the steps"
     last = first
@@ -243,9 +253,17 @@ def analyze(
     gap_steps = tuple(bisect.bisect_right(relative, end / 1e3) - 1 for _, end in found) if starts else ()
     spans = _step_spans(relative, warmup_steps, runs)
     return SampledTimeline(
-        sum(run.busy for run in runs), rows[-1][1] / 1e3, gaps, origin, runs, steps=len(starts), warmup_steps=counted,
-        steps_from=source, gap_steps=gap_steps, step_spans=spans,
-    )  # fmt: skip
+        sum(run.busy for run in runs),
+        rows[-1][1] / 1e3,
+        gaps,
+        origin,
+        runs,
+        steps=len(starts),
+        warmup_steps=counted,
+        steps_from=source,
+        gap_steps=gap_steps,
+        step_spans=spans,
+    )
 
 
 def _trimmed(rows: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:

@@ -40,10 +40,14 @@ BLOCKING_CALLS = frozenset(
 #: Host calls that launch one kernel (runtime and driver API; Triton launches through the driver).
 KERNEL_LAUNCHES = frozenset(
     {
-        "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
         "cuLaunchCooperativeKernel",
     }
-)  # fmt: skip
+)
 #: Host calls that launch a captured CUDA graph.
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 #: Operator-scope ranges that compiled code opens only while a profiler records (dynamo, AOTAutograd and
@@ -169,9 +173,17 @@ def from_events(events: Iterable[Any]) -> Trace:
             stream = args.get("stream", event.get("tid", 0))
             correlation = args.get("correlation")
             size = args.get("bytes", 0)
-            gpu.append(GpuOp(start, start + duration, stream if type(stream) is int else -1, name, category,
-                             correlation if type(correlation) is int else None,
-                             size if type(size) is int and size >= 0 else 0))  # fmt: skip
+            gpu.append(
+                GpuOp(
+                    start,
+                    start + duration,
+                    stream if type(stream) is int else -1,
+                    name,
+                    category,
+                    correlation if type(correlation) is int else None,
+                    size if type(size) is int and size >= 0 else 0,
+                )
+            )
             continue
         tid = event.get("tid", 0)
         if type(tid) is str:  # some tools name their threads

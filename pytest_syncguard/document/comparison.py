@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 from ..analysis.explain import Explanation
 from ..metrics import metric
+from ..status import Status
 from ..words import plural
 
 #: A test's status against its baseline entry when a count the entry holds was not measured now.
-NOT_MEASURED = "not measured"
+NOT_MEASURED = Status.NOT_MEASURED
 #: An update's status for a test whose entry was not written after all (its xdist worker went down first).
-NOT_UPDATED = "NOT updated"
+NOT_UPDATED = Status.NOT_UPDATED
 
 Fingerprint = dict[str, "str | None"]
 #: Fingerprint keys whose value differs: key -> [baseline's, this run's].
@@ -42,8 +43,10 @@ class Spread:
         if self.relative_sd is None:
             return f"1 recording{hosts}, spread unknown"
         if self.on_host:
-            return (f"spread ±{self.relative_sd:.2%} within {plural(self.hosts, 'host')} over "
-                    f"{plural(self.recordings, 'recording')}, {self.on_host} on this host")  # fmt: skip
+            return (
+                f"spread ±{self.relative_sd:.2%} within {plural(self.hosts, 'host')} over "
+                f"{plural(self.recordings, 'recording')}, {self.on_host} on this host"
+            )
         unseen = ", none on this host" if self.new_host else ""
         return f"spread ±{self.relative_sd:.2%} over {plural(self.recordings, 'recording')}{hosts}{unseen}"
 

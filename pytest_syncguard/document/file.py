@@ -153,8 +153,10 @@ def _launch(data: object) -> Launch | None:
         return None
     launch = decode(Launch, data, "launch")
     if not 1 < launch.world_size <= MAX_WORLD or not 0 <= launch.rank < launch.world_size:
-        raise CodecError(f"launch: rank {launch.rank} of {launch.world_size} is no rank of a launch (0 <= rank < "
-                         f"world size, 2 to {MAX_WORLD} processes)")  # fmt: skip
+        raise CodecError(
+            f"launch: rank {launch.rank} of {launch.world_size} is no rank of a launch (0 <= rank < "
+            f"world size, 2 to {MAX_WORLD} processes)"
+        )
     if launch.device_slug and not is_slug(launch.device_slug):
         raise CodecError(f"launch.device_slug: {launch.device_slug!r} is no device slug")
     return launch

@@ -16,12 +16,13 @@ from typing import Any
 from ..analysis.counts import Items
 from ..metrics import DEVICE_TIME, Metrics, metric, rounded
 from ..signals import SIGNALS
+from ..status import Status
 from .measured import MeasuredTest, RankResult
 
 #: The verdict of a rank that left no result of a test.
 MISSING = "missing"
 #: How bad a rank's own verdict is, for the comparison a joined test keeps (the worst rank's).
-_WORSE = {"regression": 3, "improvement": 1}
+_WORSE: dict[str, int] = {Status.REGRESSION: 3, Status.IMPROVEMENT: 1}
 
 
 class LaunchError(ValueError):
@@ -68,10 +69,14 @@ def _no_result(rank: int, world: int, document: RankDocument | None, nodeid: str
     launch = document.launch
     if launch.in_flight == nodeid:
         if document.stopped_at is not None:
-            return (f"{who} was stopped during this test by its launcher (SIGTERM: torchrun stops the other ranks when "
-                    f"one fails), at {document.stopped_at}")  # fmt: skip
-        return (f"{who} died during this test (no stop signal: killed or crashed): its results ({document.path}) stop "
-                "with it in flight")  # fmt: skip
+            return (
+                f"{who} was stopped during this test by its launcher (SIGTERM: torchrun stops the other ranks when "
+                f"one fails), at {document.stopped_at}"
+            )
+        return (
+            f"{who} died during this test (no stop signal: killed or crashed): its results ({document.path}) stop "
+            "with it in flight"
+        )
     if not launch.finished:
         last = f" (it died during {launch.in_flight})" if launch.in_flight else ""
         return f"{who} did not reach this test: its results ({document.path}) stop before it{last}"
@@ -120,8 +125,12 @@ def _signals_joined(present: Mapping[int, MeasuredTest], metrics: Metrics) -> tu
 def _counted_top(tests: Sequence[MeasuredTest]) -> dict[str, Items]:
     """Each itemized counter's largest contributors, those of the rank whose count is the joined one (the largest)."""
     names = dict.fromkeys(name for t in tests for name in t.counted_top)
-    return {name: max((t for t in tests if name in t.counted_top),
-                      key=lambda t: t.metrics.values.get(name, 0.0)).counted_top[name] for name in names}  # fmt: skip
+    return {
+        name: max(
+            (t for t in tests if name in t.counted_top), key=lambda t: t.metrics.values.get(name, 0.0)
+        ).counted_top[name]
+        for name in names
+    }
 
 
 def _joined(
@@ -135,8 +144,20 @@ def _joined(
     )
     if not present:  # every rank died in it, or before it
         why = "; ".join(missing[r] for r in sorted(missing))
-        return MeasuredTest(key[1], "", None, 0, Metrics({}, {}), 0, {}, (), error=why, device_slug=key[0],
-                            world_size=world, ranks=ranks)  # fmt: skip
+        return MeasuredTest(
+            key[1],
+            "",
+            None,
+            0,
+            Metrics({}, {}),
+            0,
+            {},
+            (),
+            error=why,
+            device_slug=key[0],
+            world_size=world,
+            ranks=ranks,
+        )
     measured = [r for r in sorted(present) if present[r].outcome is None]
     first = present[measured[0] if measured else min(present)]  # a rank that skipped says nothing of the others
     tests = [present[r] for r in sorted(present)]
@@ -190,12 +211,16 @@ def join(documents: Sequence[RankDocument]) -> list[MeasuredTest]:
         world, rank = document.launch.world_size, document.launch.rank
         other = launches.setdefault(world, {}).get(rank)
         if other is not None:
-            raise LaunchError(f"{other.path} and {document.path} are both rank {rank} of {world}: give the report one "
-                              "launch's files at a time")  # fmt: skip
+            raise LaunchError(
+                f"{other.path} and {document.path} are both rank {rank} of {world}: give the report one "
+                "launch's files at a time"
+            )
         for peer in launches[world].values():
             if (problem := _other_launch(peer, document)) is not None:
-                raise LaunchError(f"{peer.path} and {document.path} are not one launch's: {problem}; give the report "
-                                  "one launch's files at a time")  # fmt: skip
+                raise LaunchError(
+                    f"{peer.path} and {document.path} are not one launch's: {problem}; give the report "
+                    "one launch's files at a time"
+                )
         launches[world][rank] = document
     joined: list[MeasuredTest] = []
     for world, by_rank in sorted(launches.items()):

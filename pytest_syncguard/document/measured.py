@@ -20,6 +20,7 @@ from ..analysis.sites import Frame, SyncSite
 from ..analysis.snapshot import AllocationSite
 from ..metrics import Metrics
 from ..signals import Need
+from ..status import Status
 from ..timeline_source import TimelineSource
 from .budget import BudgetCheck
 from .comparison import Comparison
@@ -67,9 +68,16 @@ class SiteRecord:
             return cls(site.kind, site.op, "?", site.count, tuple(map(_display, site.stack)))
         code = linecache.getline(frame.filename, frame.lineno).strip()
         return cls(
-            site.kind, site.op, _display(frame), site.count, tuple(map(_display, site.stack)),
-            module_path(frame.filename), frame.lineno, frame.function, code,
-        )  # fmt: skip
+            site.kind,
+            site.op,
+            _display(frame),
+            site.count,
+            tuple(map(_display, site.stack)),
+            module_path(frame.filename),
+            frame.lineno,
+            frame.function,
+            code,
+        )
 
     def counted(self) -> SiteCount | None:
         """As a baseline keeps it; None for a site that was not found."""
@@ -90,9 +98,16 @@ def race_record(event: RaceEvent) -> AsyncRace:
     copy_site, copy_code = _source(event.copy_site)
     access_site, access_code = _source(event.access_site)
     return AsyncRace(
-        event.direction, event.access, event.op, copy_site, access_site, stream_name(event.copy_stream),
-        stream_name(event.access_stream), copy_code, access_code,
-    )  # fmt: skip
+        event.direction,
+        event.access,
+        event.op,
+        copy_site,
+        access_site,
+        stream_name(event.copy_stream),
+        stream_name(event.access_stream),
+        copy_code,
+        access_code,
+    )
 
 
 @dataclass(frozen=True)
@@ -190,8 +205,8 @@ class MeasuredTest:
             return self.outcome
         if any(c.held is False for c in self.checks):
             return "fail"
-        if self.comparison is not None and self.comparison.status == "regression":
-            return "regression"
+        if self.comparison is not None and self.comparison.status == Status.REGRESSION:
+            return Status.REGRESSION
         if not self.checks:
             return "measured"
         return "pass" if all(c.held for c in self.checks) else "not measured"
@@ -204,7 +219,7 @@ class MeasuredTest:
 
     @property
     def failed(self) -> bool:
-        return self.verdict in ("fail", "error", "regression", "failed")
+        return self.verdict in ("fail", "error", Status.REGRESSION, "failed")
 
     def broke(self, need: Need) -> bool:
         """Whether a measured number of a signal whose capture records ``need`` (the timeline, the allocator's

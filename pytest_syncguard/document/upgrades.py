@@ -25,10 +25,15 @@ def explanation(data: object) -> object:
     if not isinstance(data, Mapping) or not isinstance(data.get("sites"), list):
         return data
     sites = [
-        {"site": _with_code({k: v for k, v in s.items() if k not in ("old", "new")}), "old": s.get("old"),
-         "new": s.get("new")} if isinstance(s, Mapping) and "site" not in s else s
+        {
+            "site": _with_code({k: v for k, v in s.items() if k not in ("old", "new")}),
+            "old": s.get("old"),
+            "new": s.get("new"),
+        }
+        if isinstance(s, Mapping) and "site" not in s
+        else s
         for s in data["sites"]
-    ]  # fmt: skip
+    ]
     return {**data, "sites": sites}
 
 
@@ -50,11 +55,16 @@ def results_v1(test: Mapping[str, Any]) -> dict[str, Any]:
     upgraded = {k: v for k, v in test.items() if k not in ("samples", "budgets", "baseline")}
     upgraded["metrics"] = {"values": test.get("metrics"), "runs": test.get("samples")}
     upgraded["checks"] = [
-        {"budget": {"marker": c.get("marker"), "limit": c.get("limit"), "stat": c.get("stat", "max")},
-         "value": c.get("value"), "held": c.get("passed"), "text": c.get("text")}
-        if isinstance(c, Mapping) else c
+        {
+            "budget": {"marker": c.get("marker"), "limit": c.get("limit"), "stat": c.get("stat", "max")},
+            "value": c.get("value"),
+            "held": c.get("passed"),
+            "text": c.get("text"),
+        }
+        if isinstance(c, Mapping)
+        else c
         for c in test.get("budgets", ())
-    ]  # fmt: skip
+    ]
     baseline = test.get("baseline")
     upgraded["comparison"] = comparison(baseline)
     slug = baseline.get("device") if isinstance(baseline, Mapping) else None

@@ -45,6 +45,7 @@ from ..document import upgrades
 from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
+from ..status import Status
 from .ab_sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
 from .comparison import count_status
 
@@ -59,7 +60,7 @@ DEFAULT_PROCESSES = 2
 """Warm pytests per side for held rounds: two pairs, so that one process's own offset is not read as a change."""
 MAX_PROCESSES = 8
 #: A baseline comparison's statuses of a metric that it judged.
-JUDGED = frozenset({"regression", "improvement", "unchanged"})
+JUDGED = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED})
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
 DERIVED = frozenset({"tokens_per_second"})
 
@@ -85,8 +86,11 @@ class ABInterrupted(Exception):
         """What it had done, and where that is, in words."""
         name = signal.Signals(self.signum).name
         done = ", ".join(self.finished) if self.finished else "no run"
-        lines = [f"syncguard ab: interrupted by {name}" + (f" during {self.running}" if self.running else "")
-                 + "; the base's worktree is removed"]  # fmt: skip
+        lines = [
+            f"syncguard ab: interrupted by {name}"
+            + (f" during {self.running}" if self.running else "")
+            + "; the base's worktree is removed"
+        ]
         lines.append(f"syncguard ab: finished before it: {done}")
         if self.finished and self.out is not None:
             lines.append(f"syncguard ab: partial results (JSON results, JUnit file and log of each run) in {self.out}")
@@ -119,7 +123,7 @@ def stopping_on_signals() -> Iterator[None]:
 
 #: The verdicts of a count or a timing this version knows; any other word (another version wrote it) is read as a
 #: regression, never as a pass.
-KNOWN_VERDICTS = frozenset({"regression", "improvement", "unchanged", "varies", INCONCLUSIVE})
+KNOWN_VERDICTS = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED, "varies", INCONCLUSIVE})
 
 
 @dataclass(frozen=True)
@@ -156,15 +160,16 @@ class HeadAgainstBase:
         timing's note beside it. A verdict word this version does not know reads as a regression."""
         judged = {n for n, v in self.timings.items() if not _is_host(n) and v.verdict != INCONCLUSIVE}
         statuses = {c.status for c in self.counts} | {
-            v.verdict for n, v in self.timings.items()
+            v.verdict
+            for n, v in self.timings.items()
             if not (judged and _is_host(n) and v.verdict == INCONCLUSIVE and not v.undecided)
-        }  # fmt: skip
+        }
         if statuses - KNOWN_VERDICTS:  # a word of another version this one does not know: never a pass
-            return "regression"
-        for status in ("regression", "varies", "improvement", INCONCLUSIVE):
+            return Status.REGRESSION
+        for status in (Status.REGRESSION, "varies", Status.IMPROVEMENT, INCONCLUSIVE):
             if status in statuses:
                 return status
-        return "unchanged"
+        return Status.UNCHANGED
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,7 @@ class ABReport:
         round, or not run at all): what ``--fail-on-regression`` fails on. A head that skips its regressing test
         does not pass."""
         unmeasured = set(self.failed_in.get("head", {})) | set(self.only_in.get("base", ()))
-        return len(self.with_verdict("regression")) + len(unmeasured)
+        return len(self.with_verdict(Status.REGRESSION)) + len(unmeasured)
 
 
 def _is_host(name: str) -> bool:
@@ -250,11 +255,13 @@ def read_report(path: Path) -> ABReport:
     problems = [
         f"rounds {report.rounds}: not a number of rounds (0 or more)" if report.rounds < 0 else "",
         f"confidence {report.confidence}: not a probability between 0 and 1" if not 0 < report.confidence < 1 else "",
-        f"min_effect {report.min_effect}: not a fraction > 0" if report.min_effect is not None
-        and not 0 < report.min_effect < 1e6 else "",
+        f"min_effect {report.min_effect}: not a fraction > 0"
+        if report.min_effect is not None and not 0 < report.min_effect < 1e6
+        else "",
         f"processes {report.processes}: not a number of pairs of processes (1 to {MAX_PROCESSES})"
-        if not 1 <= report.processes <= MAX_PROCESSES else "",
-    ]  # fmt: skip
+        if not 1 <= report.processes <= MAX_PROCESSES
+        else "",
+    ]
     problems += [f"{test.nodeid}: {problem}" for test in report.tests if (problem := _impossible(test)) is not None]
     if any(problems):
         raise ValueError(f"A/B report is malformed: {'; '.join(p for p in problems if p)}")
@@ -268,8 +275,11 @@ def _impossible(test: HeadAgainstBase) -> str | None:
         if not all(math.isfinite(v) and v >= 0 for v in (change.base, change.head)):
             return f"{change.metric}: {change.base} -> {change.head}: no count"
     for name, timing in test.timings.items():
-        numbers = [v for v in (timing.ratio, timing.low, timing.high, timing.resolvable, timing.spread,
-                               *timing.pairs) if v is not None]  # fmt: skip
+        numbers = [
+            v
+            for v in (timing.ratio, timing.low, timing.high, timing.resolvable, timing.spread, *timing.pairs)
+            if v is not None
+        ]
         if timing.rounds < 0 or not all(math.isfinite(v) and v >= 0 for v in numbers):
             return f"{name}: a ratio, an interval or rounds no A/B can give"
         if timing.low is not None and timing.high is not None and timing.low > timing.high:
@@ -309,16 +319,31 @@ def compare_sides(
         side: tuple(sorted(ids))
         for side, ids in (("base", seen_base - seen_head), ("head", seen_head - seen_base))
         if ids
-    }  # fmt: skip
+    }
     tests = []
     for nodeid in sorted(seen_base & seen_head):
-        rounds = [(i, b[nodeid], h[nodeid]) for i, (b, h) in enumerate(zip(base, head, strict=True), 1)
-                  if nodeid in b and nodeid in h]  # fmt: skip
+        rounds = [
+            (i, b[nodeid], h[nodeid])
+            for i, (b, h) in enumerate(zip(base, head, strict=True), 1)
+            if nodeid in b and nodeid in h
+        ]
         if not rounds:  # measured on each side, never in the same round
             continue
         paired = [(x, y) for _, x, y in rounds]
-        tests.append(_head_against_base(nodeid, paired, min_effect, confidence, [i for i, _, _ in rounds],
-                                        max_rounds, host_timings, counted_rounds, early, processes))  # fmt: skip
+        tests.append(
+            _head_against_base(
+                nodeid,
+                paired,
+                min_effect,
+                confidence,
+                [i for i, _, _ in rounds],
+                max_rounds,
+                host_timings,
+                counted_rounds,
+                early,
+                processes,
+            )
+        )
     return tests, only_in
 
 
@@ -433,8 +458,9 @@ def _head_against_base(
         spec = metric(name)
         if spec is None or name in DERIVED or (spec.host and not host_timings):
             continue
-        measured = [(x, y, n) for (x, y), n in zip(paired, numbers, strict=True)
-                    if name in x.metrics and name in y.metrics]  # fmt: skip
+        measured = [
+            (x, y, n) for (x, y), n in zip(paired, numbers, strict=True) if name in x.metrics and name in y.metrics
+        ]
         both = [(x, y) for x, y, _ in measured]
         if len(both) < len(paired) and not (spec.counted and both):  # a count is exact: one round that counted it
             unmeasured[name] = _unmeasured(name, paired, numbers, len(both))
@@ -452,16 +478,24 @@ def _head_against_base(
         else:
             pairs = [(x.metrics[name], y.metrics[name]) for x, y in both]
             blocks = [pair_of_round(n, processes) for _, _, n in measured]
-            timings[name] = judge(pairs, higher_is_better=spec.higher_is_better, max_rounds=max_rounds,
-                                  min_effect=min_effect_of(name, min_effect), confidence=confidence,
-                                  early=early, blocks=blocks, processes=processes)  # fmt: skip
-    moved = [c.metric for c in counts if c.status in ("regression", "improvement")]
+            timings[name] = judge(
+                pairs,
+                higher_is_better=spec.higher_is_better,
+                max_rounds=max_rounds,
+                min_effect=min_effect_of(name, min_effect),
+                confidence=confidence,
+                early=early,
+                blocks=blocks,
+                processes=processes,
+            )
+    moved = [c.metric for c in counts if c.status in (Status.REGRESSION, Status.IMPROVEMENT)]
     explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
     return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
 
 
-def _unmeasured(name: str, paired: Sequence[tuple[MeasuredTest, MeasuredTest]], numbers: Sequence[int],
-                judged: int) -> str:  # fmt: skip
+def _unmeasured(
+    name: str, paired: Sequence[tuple[MeasuredTest, MeasuredTest]], numbers: Sequence[int], judged: int
+) -> str:
     """Why a metric was not judged over every round: ``measured on the head only``, or the rounds that lacked it."""
     on_base = any(name in x.metrics for x, _ in paired)
     on_head = any(name in y.metrics for _, y in paired)
@@ -497,8 +531,10 @@ def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
     try:
         _git(repository, "rev-parse", "--show-toplevel")
     except ABError:
-        raise ABError(f"--base {ref}: {repository} is not in a git repository: run it in the head's checkout, or give "
-                      "the base as a checkout with --base-dir") from None  # fmt: skip
+        raise ABError(
+            f"--base {ref}: {repository} is not in a git repository: run it in the head's checkout, or give "
+            "the base as a checkout with --base-dir"
+        ) from None
     try:
         commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except ABError as exc:
@@ -511,17 +547,24 @@ def worktree(repository: Path, ref: str) -> Iterator[tuple[Path, str]]:
         # Run from a subfolder of the repository, the base runs from the same subfolder of its checkout.
         where = repository.resolve().relative_to(top)
         if not (folder / where).is_dir():
-            raise ABError(f"--base {ref}: has no folder {where.as_posix()} (the head runs from it): run the A/B from "
-                          "the repository's top")  # fmt: skip
+            raise ABError(
+                f"--base {ref}: has no folder {where.as_posix()} (the head runs from it): run the A/B from "
+                "the repository's top"
+            )
         yield folder / where, commit
     finally:
         # Twice --force: a worktree git left locked (an add cut short) is removed too.
-        subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", "--force", str(folder)],
-                       capture_output=True, timeout=300, check=False)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(repository), "worktree", "remove", "--force", "--force", str(folder)],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         shutil.rmtree(parent, ignore_errors=True)
         # A worktree whose folder is gone but which git still lists (a remove cut short) is forgotten too.
-        subprocess.run(["git", "-C", str(repository), "worktree", "prune"], capture_output=True, timeout=300,
-                       check=False)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(repository), "worktree", "prune"], capture_output=True, timeout=300, check=False
+        )
 
 
 def describe_checkout(directory: Path) -> str:
@@ -642,8 +685,10 @@ def run_rounds(
             if index > 1 and plan.time_budget is not None:
                 per_round = next_round
                 if pace.elapsed() + per_round > plan.time_budget:
-                    stopped = [f"another round ({_duration(per_round)}) would pass the time budget "
-                               f"({_duration(plan.time_budget)})"]  # fmt: skip
+                    stopped = [
+                        f"another round ({_duration(per_round)}) would pass the time budget "
+                        f"({_duration(plan.time_budget)})"
+                    ]
                     break
             order = ("base", "head") if index % 2 else ("head", "base")
             round_started, ran = time.monotonic(), 0
@@ -654,8 +699,9 @@ def run_rounds(
                 if left_out:
                     running += f", {len(left_out)} judged against the baseline left out"
                 pace.starting(index, side, running)
-                results = sides[side].run(label, done, timeout, timings_only=times_only and index > 1,
-                                          repeat=plan.timed_runs)  # fmt: skip
+                results = sides[side].run(
+                    label, done, timeout, timings_only=times_only and index > 1, repeat=plan.timed_runs
+                )
                 if not results:
                     raise ABError(f"{label}: no measured test in its results (logs: {out})")
                 measured[side].append(results)
@@ -664,10 +710,15 @@ def run_rounds(
                 ran = max(ran, len(results))
             newly: list[str] = []
             if index >= plan.min_rounds:
-                tests, _ = compare_sides(measured["base"], measured["head"], min_effect=plan.min_effect,
-                                         confidence=plan.confidence, max_rounds=plan.rounds,
-                                         host_timings=plan.host_timings,
-                                         counted_rounds=1 if times_only else None)  # fmt: skip
+                tests, _ = compare_sides(
+                    measured["base"],
+                    measured["head"],
+                    min_effect=plan.min_effect,
+                    confidence=plan.confidence,
+                    max_rounds=plan.rounds,
+                    host_timings=plan.host_timings,
+                    counted_rounds=1 if times_only else None,
+                )
                 failed = {nodeid for tests in failures(measured["base"], measured["head"]).values() for nodeid in tests}
                 newly = [t.nodeid for t in tests if t.settled and t.nodeid not in done]
                 newly += sorted(failed - set(done) - set(newly))  # a failure is its verdict: no more rounds
@@ -808,9 +859,17 @@ def run_held(
 
     def settled_now(nodeid: str) -> bool:
         own = rounds_of(nodeid)
-        found, _ = compare_sides(own["base"], own["head"], min_effect=plan.min_effect, confidence=plan.confidence,
-                                 max_rounds=plan.rounds, host_timings=plan.host_timings, counted_rounds=1,
-                                 early=True, processes=plan.processes)  # fmt: skip
+        found, _ = compare_sides(
+            own["base"],
+            own["head"],
+            min_effect=plan.min_effect,
+            confidence=plan.confidence,
+            max_rounds=plan.rounds,
+            host_timings=plan.host_timings,
+            counted_rounds=1,
+            early=True,
+            processes=plan.processes,
+        )
         return all(t.settled for t in found)
 
     def within_budget(seconds: float, after: int) -> bool:
@@ -825,14 +884,18 @@ def run_held(
             after = len(tests) - index - 1
             if index and not within_budget(0.0, 1):  # not even this test's fewest rounds
                 unreached = tuple(tests[index:])
-                stopped = (f"the time budget ({_duration(plan.time_budget or 0)}) left no time for {len(unreached)} "
-                           f"tests, at {_duration(costs.test(fewest))} each")  # fmt: skip
+                stopped = (
+                    f"the time budget ({_duration(plan.time_budget or 0)}) left no time for {len(unreached)} "
+                    f"tests, at {_duration(costs.test(fewest))} each"
+                )
                 progress(f"syncguard ab: {stopped}: {', '.join(unreached)}")
                 break
 
             began = time.monotonic()
-            progress(f"syncguard ab: test {index + 1} of {len(tests)}, {nodeid}: first round ({_duration(elapsed())} "
-                     "elapsed)")  # fmt: skip
+            progress(
+                f"syncguard ab: test {index + 1} of {len(tests)}, {nodeid}: first round ({_duration(elapsed())} "
+                "elapsed)"
+            )
             on = {side for side in ("base", "head") if nodeid in sides[side].collected}
             # The first round as the suite runs a test (its counts, budgets and own timed runs): each side's hold.
             if "base" in on:
@@ -873,9 +936,11 @@ def run_held(
                 costs.later.append(later[-1])
             spent[nodeid] = (round(costs.first[-1], 3), round(sum(later) / len(later), 3) if later else None)
             each = f", {sum(later) / len(later):.1f}s a later round" if later else ""
-            progress(f"syncguard ab: {nodeid}: {number} round{'s' if number != 1 else ''} in "
-                     f"{_duration(time.monotonic() - began)} (the first "
-                     f"{costs.first[-1]:.1f}s{each})")  # fmt: skip
+            progress(
+                f"syncguard ab: {nodeid}: {number} round{'s' if number != 1 else ''} in "
+                f"{_duration(time.monotonic() - began)} (the first "
+                f"{costs.first[-1]:.1f}s{each})"
+            )
     except ABInterrupted as exc:
         for stopped_run in running:  # what a stopped run wrote on its way out is not a round's results
             (out / f"{stopped_run}.json").unlink(missing_ok=True)
@@ -917,8 +982,14 @@ def run(
             out = ignored_folder(out.resolve())
         except ValueError as exc:
             raise ABError(f"--out: {exc}") from None
-        for earlier in [*out.glob("round*-*.*"), *out.glob("t*-round*-*.*"), *out.glob("t*-hold-*.*"),
-                        *out.glob("base*.log"), *out.glob("head*.log"), *out.glob("*.stacks.txt")]:  # fmt: skip
+        for earlier in [
+            *out.glob("round*-*.*"),
+            *out.glob("t*-round*-*.*"),
+            *out.glob("t*-hold-*.*"),
+            *out.glob("base*.log"),
+            *out.glob("head*.log"),
+            *out.glob("*.stacks.txt"),
+        ]:
             earlier.unlink(missing_ok=True)  # a rerun into the same folder: its rounds only
         if plan.rounds < rounds_needed(plan.confidence):
             progress(
@@ -941,8 +1012,10 @@ def run(
             collected = {n for side in sides.values() for n in side.collected}
             changed = baselines_changed(judged or {}, base, head)
             if changed:
-                progress(f"syncguard ab: the change loosens the baseline entries of {', '.join(sorted(changed))}: "
-                         "A/B-tested, not left to the baseline it wrote")  # fmt: skip
+                progress(
+                    f"syncguard ab: the change loosens the baseline entries of {', '.join(sorted(changed))}: "
+                    "A/B-tested, not left to the baseline it wrote"
+                )
             left_out = {n: f for n, f in (judged or {}).items() if n in collected and n not in changed}
             warm = {name: side for name, side in sides.items() if isinstance(side, WarmSide) and side.can_hold}
             held = len(warm) == len(sides)
@@ -954,36 +1027,70 @@ def run(
                 stopped = [f"every test it selects ({len(left_out)}) was judged against the baseline: no round run"]
                 progress(f"syncguard ab: {stopped[0]}")
             elif held:
-                order = [*sides["head"].collected, *(n for n in sides["base"].collected
-                                                     if n not in sides["head"].collected)]  # fmt: skip
+                order = [
+                    *sides["head"].collected,
+                    *(n for n in sides["base"].collected if n not in sides["head"].collected),
+                ]
                 base_side, head_side, reason, unreached, costs = run_held(
-                    warm, plan, [n for n in order if n not in left_out], out, timeout=timeout, progress=progress,
-                    started=started, head_first=head_first.tests if head_first else None,
-                )  # fmt: skip
+                    warm,
+                    plan,
+                    [n for n in order if n not in left_out],
+                    out,
+                    timeout=timeout,
+                    progress=progress,
+                    started=started,
+                    head_first=head_first.tests if head_first else None,
+                )
                 stopped = [reason]
             else:
                 if head_first:
-                    progress("syncguard ab: the base's syncguard cannot hold a test across rounds: every round runs "
-                             "both sides, the suite's results are not the head's first round")  # fmt: skip
+                    progress(
+                        "syncguard ab: the base's syncguard cannot hold a test across rounds: every round runs "
+                        "both sides, the suite's results are not the head's first round"
+                    )
                     head_first = None
-                base_side, head_side, stopped = run_rounds(sides, plan, out, timeout=timeout, progress=progress,
-                                                           started=started, left_out=sorted(left_out))  # fmt: skip
+                base_side, head_side, stopped = run_rounds(
+                    sides, plan, out, timeout=timeout, progress=progress, started=started, left_out=sorted(left_out)
+                )
             timed_rounds = len(base_side) > 1 and all(side.times_only for side in sides.values())
             elapsed = time.monotonic() - started
     processes = plan.processes if held else 1
-    tests, only_in = compare_sides(base_side, head_side, min_effect=plan.min_effect, confidence=plan.confidence,
-                                   max_rounds=plan.rounds, host_timings=plan.host_timings,
-                                   counted_rounds=1 if timed_rounds else None, early=held,
-                                   processes=processes)  # fmt: skip
+    tests, only_in = compare_sides(
+        base_side,
+        head_side,
+        min_effect=plan.min_effect,
+        confidence=plan.confidence,
+        max_rounds=plan.rounds,
+        host_timings=plan.host_timings,
+        counted_rounds=1 if timed_rounds else None,
+        early=held,
+        processes=processes,
+    )
     devices = sorted({m.device_slug for r in (*base_side, *head_side) for m in r.values()})
     return ABReport(
-        base_name, describe_checkout(head), len(base_side), plan.min_effect, plan.confidence, ", ".join(devices),
-        tuple(pytest_args), tuple(tests), only_in, stopped[0], warm_sides=not fresh_processes, elapsed_s=elapsed,
-        judged_by_baseline=dict(sorted(left_out.items())), timed_rounds=timed_rounds,
-        timed_runs=plan.timed_runs if timed_rounds else None, host_timings=plan.host_timings,
-        failed_in=failures(base_side, head_side), held=held and bool(base_side),
-        head_first=head_first.file if head_first else "", unreached=unreached, costs=costs, processes=processes,
-    )  # fmt: skip
+        base_name,
+        describe_checkout(head),
+        len(base_side),
+        plan.min_effect,
+        plan.confidence,
+        ", ".join(devices),
+        tuple(pytest_args),
+        tuple(tests),
+        only_in,
+        stopped[0],
+        warm_sides=not fresh_processes,
+        elapsed_s=elapsed,
+        judged_by_baseline=dict(sorted(left_out.items())),
+        timed_rounds=timed_rounds,
+        timed_runs=plan.timed_runs if timed_rounds else None,
+        host_timings=plan.host_timings,
+        failed_in=failures(base_side, head_side),
+        held=held and bool(base_side),
+        head_first=head_first.file if head_first else "",
+        unreached=unreached,
+        costs=costs,
+        processes=processes,
+    )
 
 
 def relative_paths(pytest_args: Sequence[str], head: Path) -> list[str]:
@@ -998,8 +1105,10 @@ def relative_paths(pytest_args: Sequence[str], head: Path) -> list[str]:
         try:
             relative = Path(path).resolve().relative_to(head.resolve())
         except ValueError:
-            raise ABError(f"{arg}: outside the head's folder {head}: the base would run this very file; give a path "
-                          "inside the checkout") from None  # fmt: skip
+            raise ABError(
+                f"{arg}: outside the head's folder {head}: the base would run this very file; give a path "
+                "inside the checkout"
+            ) from None
         found.append(f"{relative.as_posix() or '.'}{separator}{rest}")
     return found
 
@@ -1015,8 +1124,10 @@ def summary_lines(report: ABReport) -> list[str]:
         f"{report.confidence:.0%} intervals, {effect}",
     ]
     for side in ("head", "base"):
-        lines += [f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {failure_text(nodeid, how)}"
-                  for nodeid, how in report.failed_in.get(side, {}).items()]  # fmt: skip
+        lines += [
+            f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {failure_text(nodeid, how)}"
+            for nodeid, how in report.failed_in.get(side, {}).items()
+        ]
     for test in report.tests:
         lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
         for c in test.counts:
@@ -1033,7 +1144,7 @@ def summary_lines(report: ABReport) -> list[str]:
         lines.append(f"judged against the baseline, not A/B-tested: {judged_text(report)}")
     if report.unreached:
         lines.append(f"NOT A/B-TESTED (undecided: the time budget ran out first): {', '.join(report.unreached)}")
-    totals = {v: len(report.with_verdict(v)) for v in ("regression", "improvement", "varies", INCONCLUSIVE)}
+    totals = {v: len(report.with_verdict(v)) for v in (Status.REGRESSION, Status.IMPROVEMENT, "varies", INCONCLUSIVE)}
     failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
     missing = len(report.only_in.get("base", ()))
     lines.append(

@@ -76,9 +76,19 @@ def _pytest_command(directory: Path, pytest_args: Sequence[str], out: Path, *ext
     empty = out / "no-baselines"
     empty.mkdir(exist_ok=True)
     return [
-        sys.executable, "-m", "pytest", *pytest_args, "--syncguard", "--syncguard-baselines", str(empty),
-        "-p", "no:cacheprovider", "--rootdir", str(directory), *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        *pytest_args,
+        "--syncguard",
+        "--syncguard-baselines",
+        str(empty),
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(directory),
+        *extra,
+    ]
 
 
 def _start(
@@ -90,8 +100,15 @@ def _start(
     with log.open("w", encoding="utf-8") as sink:
         # In a session of its own: a Ctrl-C in the terminal reaches the A/B alone, which then ends this pytest
         # itself (end_group), instead of the pytest ending half-way while the A/B goes on.
-        return subprocess.Popen(command, cwd=directory, env=environment, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True, pass_fds=tuple(pass_fds))  # fmt: skip
+        return subprocess.Popen(
+            command,
+            cwd=directory,
+            env=environment,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+        )
 
 
 def run_until_done(process: subprocess.Popen[bytes], timeout: float) -> int:
@@ -143,10 +160,21 @@ class FreshSide:
     ) -> dict[str, MeasuredTest]:
         results, log, junit = (self.out / f"{label}{suffix}" for suffix in (".json", ".log", ".xml"))
         deselected = (f"--deselect={nodeid}" for nodeid in settled)
-        timed = [*(["--syncguard-timings-only"] if timings_only else []),
-                 *([f"--syncguard-repeat={repeat}"] if timings_only and repeat is not None else [])]  # fmt: skip
-        command = _pytest_command(self.directory, self.pytest_args, self.out, "--syncguard-json", str(results),
-                                  "--junitxml", str(junit), *timed, *deselected)  # fmt: skip
+        timed = [
+            *(["--syncguard-timings-only"] if timings_only else []),
+            *([f"--syncguard-repeat={repeat}"] if timings_only and repeat is not None else []),
+        ]
+        command = _pytest_command(
+            self.directory,
+            self.pytest_args,
+            self.out,
+            "--syncguard-json",
+            str(results),
+            "--junitxml",
+            str(junit),
+            *timed,
+            *deselected,
+        )
         process = _start(command, self.directory, log)
         try:
             returncode = run_until_done(process, timeout)
@@ -201,8 +229,15 @@ class WarmSide:
     def run(
         self, label: str, settled: Sequence[str], timeout: float, timings_only: bool = False, repeat: int | None = None
     ) -> dict[str, MeasuredTest]:
-        return self._ask({"turn": label, "skip": list(settled), "timings_only": timings_only,
-                          "repeat": repeat if timings_only else None}, timeout)  # fmt: skip
+        return self._ask(
+            {
+                "turn": label,
+                "skip": list(settled),
+                "timings_only": timings_only,
+                "repeat": repeat if timings_only else None,
+            },
+            timeout,
+        )
 
     def hold(
         self, label: str, nodeid: str, timeout: float, timings_only: bool = False, repeat: int | None = None

@@ -55,8 +55,10 @@ def results_files(folder: Path) -> list[Path]:
         found = sorted(folder.glob(pattern))
         bad = [p.name for p in found if not small_regular_file(p, MAX_FILE_BYTES)]
         if bad:
-            raise ArtifactError(f"artifact file {', '.join(bad)}: not a regular file of at most "
-                                f"{MAX_FILE_BYTES >> 20} MB; nothing posted")  # fmt: skip
+            raise ArtifactError(
+                f"artifact file {', '.join(bad)}: not a regular file of at most "
+                f"{MAX_FILE_BYTES >> 20} MB; nothing posted"
+            )
         if found:
             return found
     raise ArtifactError("artifact has no results-*.json or junit-*.xml file")
@@ -129,8 +131,10 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
             try:
                 github.api("-X", "DELETE", f"repos/{repo}/issues/{pr}/labels/{approval_label}")
             except CommentError as exc:
-                print(f"syncguard post-artifact: the approval label {approval_label!r} could not be removed: {exc}",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"syncguard post-artifact: the approval label {approval_label!r} could not be removed: {exc}",
+                    file=sys.stderr,
+                )
 
 
 def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
@@ -140,15 +144,23 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
     results = results_files(folder)
     measured = device_slugs(results)
     if slug not in measured:
-        raise ArtifactError(f"artifact device-slug {slug!r} is not a GPU model its results measured "
-                            f"({', '.join(sorted(measured)) or 'none'})")  # fmt: skip
+        raise ArtifactError(
+            f"artifact device-slug {slug!r} is not a GPU model its results measured "
+            f"({', '.join(sorted(measured)) or 'none'})"
+        )
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
     with_ab = small_regular_file(ab, MAX_FILE_BYTES)
     history, unread = _history(work / "history")
-    request = ReportRequest(tuple(map(str, results)), baselines=str(baselines), markdown=str(body),
-                            ab=str(ab) if with_ab else None, fail_on_regression=True, history=history,
-                            history_unavailable=unread)  # fmt: skip
+    request = ReportRequest(
+        tuple(map(str, results)),
+        baselines=str(baselines),
+        markdown=str(body),
+        ab=str(ab) if with_ab else None,
+        fail_on_regression=True,
+        history=history,
+        history_unavailable=unread,
+    )
     verdict = report(request)
     if verdict not in (0, 1):
         raise ArtifactError("syncguard report failed")
@@ -159,7 +171,16 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
     print(f"syncguard post-artifact: {posted.action} comment {posted.comment_id} {posted.url}".rstrip())
     state, said = ("failure", "failed: see the PR comment") if verdict else ("success", "passed")
     try:
-        github.api("-X", "POST", f"repos/{repo}/statuses/{sha}", "-f", f"state={state}", "-f",
-                   f"context={STATUS_CONTEXT.format(slug=slug)}", "-f", f"description=syncguard {said}")  # fmt: skip
+        github.api(
+            "-X",
+            "POST",
+            f"repos/{repo}/statuses/{sha}",
+            "-f",
+            f"state={state}",
+            "-f",
+            f"context={STATUS_CONTEXT.format(slug=slug)}",
+            "-f",
+            f"description=syncguard {said}",
+        )
     except CommentError as exc:
         raise ArtifactError(f"the commit status could not be set: {exc}") from exc

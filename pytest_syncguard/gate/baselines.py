@@ -35,9 +35,10 @@ from ..analysis.explain import Details
 from ..codec import CodecError, decode, encode, loads
 from ..document import upgrades
 from ..document.comparison import Comparison, Spread
+from ..environment import fingerprint, fingerprint_changes, host_id, is_slug, slug_for
 from ..files import lock_path, write_atomically
-from ..metrics import value_problem
-from .comparison import compare
+from ..metrics import metric, rounded, value_problem
+from .comparison import calibrated_tolerance, compare, within_band
 
 if TYPE_CHECKING:
     from ..document.measured import MeasuredTest
@@ -144,8 +145,6 @@ class Baseline:
     def reference(self, nodeid: str, host: str = "") -> tuple[dict[str, float] | None, dict[str, Spread]]:
         """A test's entry as a run on ``host`` is judged against it, and the spread of each calibrated metric: a
         metric whose recordings judge by host (:func:`reference_of`) has its host's value. None: no entry."""
-        from ..metrics import rounded
-
         entry = self.tests.get(nodeid)
         if entry is None:
             return None, {}
@@ -161,8 +160,6 @@ class Baseline:
 def path_for(directory: Path, slug: str) -> Path:
     """The baseline file of a device slug in ``directory``; a slug that is no slug (``../x/y`` from an untrusted
     JUnit file) is an error, never a path outside it."""
-    from ..environment import is_slug
-
     if not is_slug(slug):
         raise BaselineError(f"{slug!r} is not a device slug (lowercase letters, digits and '-')")
     return directory / f"{slug}.json"
@@ -244,8 +241,10 @@ def of_device(baseline: Baseline | None, slug: str) -> Baseline | None:
     """``baseline`` as the file of GPU model ``slug``: :class:`BaselineError` where it was recorded on another (a file
     copied or renamed from another model's is no baseline of this one)."""
     if baseline is not None and baseline.device != slug:
-        raise BaselineError(f"{baseline.path}: recorded on {baseline.device!r}, not {slug!r} as its name says: a "
-                            "baseline file is named by the slug of its device (syncguard device)")  # fmt: skip
+        raise BaselineError(
+            f"{baseline.path}: recorded on {baseline.device!r}, not {slug!r} as its name says: a "
+            "baseline file is named by the slug of its device (syncguard device)"
+        )
     return baseline
 
 
@@ -341,8 +340,6 @@ def recorded(
     """A test's new entry, the recordings of its calibrated metrics and which of them started a new level: each new
     value joins its metric's level by :func:`level_after`. The entry's value is the level's median; a calibrated
     metric this run did not measure keeps its recordings and its value."""
-    from ..metrics import rounded
-
     entry = dict(metrics)
     history = {name: kept for name, kept in earlier.items() if name not in metrics}
     restarted: list[str] = []
@@ -387,8 +384,9 @@ def level_after(
         hosts = [r.host for r in level]
         room = len(level) < limit or (hosts.count(new.host) < HOST_RUNS and len(level) < MAX_WINDOWS * limit)
         return ((*level, new) if room else level), False
-    outliers = (*outliers, new) if outliers and _beyond(name, level, outliers[0].value, outliers[0].host) == side else (
-        new,)  # fmt: skip
+    outliers = (
+        (*outliers, new) if outliers and _beyond(name, level, outliers[0].value, outliers[0].host) == side else (new,)
+    )
     if len(outliers) < CONFIRM:
         return (*level, *outliers), False
     return _agreeing(name, outliers), True
@@ -408,8 +406,6 @@ def split(name: str, kept: Sequence[Recording]) -> tuple[tuple[Recording, ...], 
 
 def _agreeing(name: str, recordings: Sequence[Recording]) -> tuple[Recording, ...]:
     """The recordings that lie within the metric's ``min_tolerance`` of their median (all, where none would)."""
-    from ..metrics import metric
-
     spec = metric(name)
     middle = statistics.median(r.value for r in recordings)
     within = (spec.min_tolerance or 0.0) if spec is not None else 0.0
@@ -418,8 +414,6 @@ def _agreeing(name: str, recordings: Sequence[Recording]) -> tuple[Recording, ..
 
 
 def _calibrated(name: str) -> bool:
-    from ..metrics import metric
-
     spec = metric(name)
     return spec is not None and spec.min_tolerance is not None
 
@@ -427,15 +421,12 @@ def _calibrated(name: str) -> bool:
 def _beyond(name: str, kept: Sequence[Recording], value: float, host: str) -> int:
     """1 or -1 where ``value``, measured on ``host``, lies above or below the tolerance ``kept`` calibrates; 0
     within it, or where ``kept`` calibrates none."""
-    from ..metrics import metric
-    from .comparison import calibrated_tolerance
-
     spec = metric(name)
     if not kept or spec is None:
         return 0
     middle, spread = reference_of(kept, host)
     within = calibrated_tolerance(name, spread)
-    if within is None or abs(value - middle) <= max(spec.floor, within * abs(middle)):
+    if within is None or within_band(name, middle, value, within):
         return 0
     return 1 if value > middle else -1
 
@@ -455,8 +446,9 @@ def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
             chosen = set(nodeids or current.history)
             history = {n: h for n, h in current.history.items() if n not in chosen}
             emptied = sum(1 for n in chosen if current.history.get(n))
-            write_atomically(path, document(current.device, current.fingerprint, current.tests, current.details,
-                                            history))  # fmt: skip
+            write_atomically(
+                path, document(current.device, current.fingerprint, current.tests, current.details, history)
+            )
     except Timeout as exc:
         raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
     except OSError as exc:
@@ -494,8 +486,6 @@ class BaselineStore:
     ) -> Comparison:
         """The test's metrics against its entry in the file of ``device``'s model ("cpu" or "cuda"), ``details``
         explaining a change of its counts; raises :class:`BaselineError` naming a file that cannot be read."""
-        from ..environment import fingerprint, fingerprint_changes, host_id, slug_for
-
         slug = slug_for(device)
         path = path_for(self.directory, slug)
         if path not in self._files:
@@ -529,8 +519,12 @@ class BaselineStore:
                 self.restarted.extend(f"{written.path}: {name}" for name in written.restarted)
 
     def worker_output(self) -> dict[str, Any]:
-        return {"written": dict(self.written), "restarted": list(self.restarted), "errors": list(self.errors),
-                "unwritten": sorted(self.unwritten)}  # fmt: skip
+        return {
+            "written": dict(self.written),
+            "restarted": list(self.restarted),
+            "errors": list(self.errors),
+            "unwritten": sorted(self.unwritten),
+        }
 
     def add_worker_output(self, sent: Mapping[str, Any]) -> None:
         self.written.update(sent["written"])
@@ -546,8 +540,10 @@ class BaselineStore:
         if not self.updating:
             return []
         by = " by the xdist workers" if by_workers else ""
-        notes = [f"syncguard: wrote {n} baseline entr{'y' if n == 1 else 'ies'} to {file}{by}"
-                 for file, n in sorted(self.written.items())]  # fmt: skip
+        notes = [
+            f"syncguard: wrote {n} baseline entr{'y' if n == 1 else 'ies'} to {file}{by}"
+            for file, n in sorted(self.written.items())
+        ]
         notes += [
             f"syncguard: history started again (the value moved beyond its tolerance): {name}"
             for name in sorted(self.restarted)

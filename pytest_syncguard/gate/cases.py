@@ -13,9 +13,10 @@ from ..analysis.gaps import TimelineSummary
 from ..document.comparison import Drift, Fingerprint, Spread
 from ..document.measured import MeasuredTest, RankResult, SiteRecord
 from ..metrics import Metrics
+from ..status import Status
 
 #: A result's verdict as pytest's outcome of the test (what a JUnit file says).
-_OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", "regression": "failed", "skipped": "skipped"}
+_OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", Status.REGRESSION: "failed", "skipped": "skipped"}
 #: The verdicts of a test that passed: its budgets held, it measured what it could, an expected failure.
 _PASSING = frozenset({"pass", "measured", "not measured", "xfailed"})
 

@@ -21,6 +21,7 @@ from ..document.comparison import Change, Comparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
 from ..signals.collectives import WAIT_METRIC
+from ..status import Status
 from ..words import plural
 from .cases import RunCase
 from .run import CaseComparison, RunComparison
@@ -102,14 +103,18 @@ def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[E
     """Each test that regressed against its baseline: its chain, what changed -> on the GPU -> what it cost (from
     the A/B ``ab`` of the same test where it has one)."""
     entries = []
-    for verdict in run.with_status("regression"):
+    for verdict in run.with_status(Status.REGRESSION):
         comparison = verdict.comparison
         changed = behaviour(comparison)
         if not changed and not _counts_regressed(comparison):
             changed = (("no count moved (syncs, operators, launches, copies, recompiles): the change is in time",),)
         elif not changed and verdict.case.details is None:
-            changed = (("not in a JUnit file, which carries no sync sites or counters' contributors: report the run's "
-                        "results document (pytest --syncguard-json) in its place",),)  # fmt: skip
+            changed = (
+                (
+                    "not in a JUnit file, which carries no sync sites or counters' contributors: report the run's "
+                    "results document (pytest --syncguard-json) in its place",
+                ),
+            )
         links = (
             ("regressed", regressed_lines(comparison)),
             ("what changed", changed),
@@ -117,7 +122,7 @@ def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[E
             ("what it cost", cost_lines(verdict, ab)),
             *_ranks_link(verdict.case, comparison),
         )
-        entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, "regression", links))
+        entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, Status.REGRESSION, links))
     return entries
 
 
@@ -138,8 +143,12 @@ def collective_lines(waits: CollectiveWaits | str, comparison: Comparison | None
         return ((Code(waits),),)
     lines: list[Line] = []
     if waits.straggler is not None:
-        lines.append((f"rank {waits.straggler} is the straggler: the other ranks waited {waits.late_us:.0f} µs per "
-                      "token for it",))  # fmt: skip
+        lines.append(
+            (
+                f"rank {waits.straggler} is the straggler: the other ranks waited {waits.late_us:.0f} µs per "
+                "token for it",
+            )
+        )
     else:
         lines.append((f"no straggler: the ranks arrived within {waits.late_us:.0f} µs per token of each other",))
     where: Line = (" ", Code(waits.worst_site)) if waits.worst_site else ()
@@ -149,16 +158,30 @@ def collective_lines(waits: CollectiveWaits | str, comparison: Comparison | None
         else (f"collective {waits.worst + 1} of {waits.matched}")
     )
     times = f"{waits.worst_times} of {plural(waits.matched // waits.per_step, 'step')}" if waits.per_step else "it"
-    lines.append((f"longest wait at {of}", *where, f": {waits.worst_wait_us:.0f} µs (median), rank "
-                  f"{waits.worst_last} arriving last in {times}"))  # fmt: skip
+    lines.append(
+        (
+            f"longest wait at {of}",
+            *where,
+            f": {waits.worst_wait_us:.0f} µs (median), rank {waits.worst_last} arriving last in {times}",
+        )
+    )
     change = next((c for c in comparison.changes if c.metric == WAIT_METRIC), None) if comparison else None
     if change is not None and change.old is not None and change.new is not None:
-        lines.append((f"longest wait of a rank {change.old:.0f} → {change.new:.0f} µs per token against the baseline "
-                      f"({change.new - change.old:+.0f} µs, {_judged(change)})",))  # fmt: skip
+        lines.append(
+            (
+                f"longest wait of a rank {change.old:.0f} → {change.new:.0f} µs per token against the baseline "
+                f"({change.new - change.old:+.0f} µs, {_judged(change)})",
+            )
+        )
     ranks = waits.ranks or tuple(range(len(waits.wait_us)))
     for rank, wait, transfer in zip(ranks, waits.wait_us, waits.transfer_us, strict=False):
-        lines.append((f"rank {rank}: waiting {wait:.0f} µs, transfer {transfer:.0f} µs per token (split by the ",
-                      Word(waits.clock), ")"))  # fmt: skip
+        lines.append(
+            (
+                f"rank {rank}: waiting {wait:.0f} µs, transfer {transfer:.0f} µs per token (split by the ",
+                Word(waits.clock),
+                ")",
+            )
+        )
     return tuple(lines)
 
 
@@ -182,13 +205,13 @@ def _ranks_link(case: RunCase, comparison: Comparison | None = None) -> list[tup
 
 
 def _counts_regressed(comparison: Comparison) -> bool:
-    return any((spec := metric(c.metric)) is not None and spec.counted for c in comparison.of("regression"))
+    return any((spec := metric(c.metric)) is not None and spec.counted for c in comparison.of(Status.REGRESSION))
 
 
 def regressed_lines(comparison: Comparison) -> tuple[Line, ...]:
     """The metrics that regressed, in one line: baseline -> now, and what a noisy one was judged within."""
     parts: list[Part] = []
-    for change in comparison.of("regression"):
+    for change in comparison.of(Status.REGRESSION):
         old, new = value_text(change.metric, change.old), value_text(change.metric, change.new)
         within = f", judged within {change.tolerance:.1%}" if change.tolerance is not None else ""
         parts += [*(["; "] if parts else []), Code(change.metric), f" {old} → {new}{_relative(change)}{within}"]
@@ -213,8 +236,18 @@ def site_lines(explanation: Explanation) -> tuple[Line, ...]:
         site = change.site
         where: Line = (Site(site.path, site.line), " in ", Code(site.function))
         code: Line = (": ", Code(site.code)) if site.code else ()
-        lines.append(("sync site ", Word(change.status), " at ", *where, *code, " (", Word(site.kind),
-                      f"): {change.old} → {plural(change.new, 'sync')}"))  # fmt: skip
+        lines.append(
+            (
+                "sync site ",
+                Word(change.status),
+                " at ",
+                *where,
+                *code,
+                " (",
+                Word(site.kind),
+                f"): {change.old} → {plural(change.new, 'sync')}",
+            )
+        )
     return tuple(lines)
 
 
@@ -239,14 +272,23 @@ def gpu_lines(verdict: CaseComparison) -> tuple[Line, ...]:
         lines.append(("idle now by cause: ", *causes, " (every gap of the run the timeline shows)"))
     if timeline is not None and timeline.top_gaps:
         gap = timeline.top_gaps[0]
-        lines.append((f"widest gap {gap.duration_us:.0f} µs: ", Code(gap.cause), *((" ", Code(gap.detail)) if
-                      gap.detail else ())))  # fmt: skip
+        lines.append(
+            (
+                f"widest gap {gap.duration_us:.0f} µs: ",
+                Code(gap.cause),
+                *((" ", Code(gap.detail)) if gap.detail else ()),
+            )
+        )
     if busy is not None and busy.old is not None and busy.new is not None:
         lines.append((f"busy fraction {busy.old:.3f} → {busy.new:.3f} ({_judged(busy)})",))
     if device is not None and device.old is not None and device.new is not None:
         within = f" within {device.tolerance:.1%}" if device.tolerance is not None else ""
-        lines.append((f"device time per token {device.old:.0f} → {device.new:.0f} µs{_relative(device)}: "
-                      f"{device.status}{within}",))  # fmt: skip
+        lines.append(
+            (
+                f"device time per token {device.old:.0f} → {device.new:.0f} µs{_relative(device)}: "
+                f"{device.status}{within}",
+            )
+        )
     return tuple(lines)
 
 
@@ -261,8 +303,12 @@ def cost_lines(verdict: CaseComparison, ab: ABReport | None = None) -> tuple[Lin
         # A host timing against another host's recording, or none kept (a history): no cost this run resolves.
         if "tokens_per_second" not in verdict.case.metrics:
             return ()
-        return (("tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this run alone "
-                 "resolves no cost",),)  # fmt: skip
+        return (
+            (
+                "tokens/s not judged: a host timing, judged A/B on one runner (`syncguard ab`); this run alone "
+                "resolves no cost",
+            ),
+        )
     return ((f"{rate.old:.0f} → {rate.new:.0f} tokens/s{_relative(rate)} ({_judged(rate)})",),)
 
 

@@ -49,10 +49,15 @@ def _timeline_file(args: argparse.Namespace) -> int:
         }
         found.append((region, statistics))
     if args.json:
-        data = {"file": args.file, "nodeid": meta["nodeid"], "source": meta["source"], "regions": [
-            {**encode(r.timeline.summary(r.region)), "shown": r.shown, **{k: round(v, 5) for k, v in st.items()}}
-            for r, st in found
-        ]}  # fmt: skip
+        data = {
+            "file": args.file,
+            "nodeid": meta["nodeid"],
+            "source": meta["source"],
+            "regions": [
+                {**encode(r.timeline.summary(r.region)), "shown": r.shown, **{k: round(v, 5) for k, v in st.items()}}
+                for r, st in found
+            ],
+        }
         print(json.dumps(data, indent=2, allow_nan=False))
         return 0
     print(f"{args.file}: judged timeline of {meta['nodeid']} ({meta['source']} source), {len(regions)} regions")
@@ -92,8 +97,11 @@ def _trace(args: argparse.Namespace) -> int:
         return 1
     statistics = {}
     if timeline is not None:
-        statistics = {"busy_fraction": timeline.busy_fraction, "max_gap_us": timeline.gap_stat("max"),
-                      "p99_gap_us": timeline.gap_stat("p99")}  # fmt: skip
+        statistics = {
+            "busy_fraction": timeline.busy_fraction,
+            "max_gap_us": timeline.gap_stat("max"),
+            "p99_gap_us": timeline.gap_stat("p99"),
+        }
     clocks = reliability.clock_problem(trace)
     if args.json:
         data: dict[str, object] = {"file": args.file, "events": trace.events_read, "timeline": None}
@@ -107,8 +115,10 @@ def _trace(args: argparse.Namespace) -> int:
     if timeline is None:
         steps, _ = gaps.step_starts(trace, window)
         if trace.gpu_ops and steps and args.warmup_steps >= len(steps):
-            print(f"nothing judged: all {len(steps)} steps are warm-up steps (--warmup-steps {args.warmup_steps}); "
-                  f"give fewer than {len(steps)}")  # fmt: skip
+            print(
+                f"nothing judged: all {len(steps)} steps are warm-up steps (--warmup-steps {args.warmup_steps}); "
+                f"give fewer than {len(steps)}"
+            )
             return 2
         print("no device activity (kernels, memcpy, memset) in this trace")
         return 0
@@ -153,8 +163,12 @@ def _ab(args: argparse.Namespace) -> int:
     if not args.pytest_args:
         print("syncguard ab: give the pytest arguments after --, e.g. -- tests/test_speed.py", file=sys.stderr)
         return 2
-    paths = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"), ("--out", args.out, "folder"),
-             ("--base-dir", args.base_dir, "checkout")]  # fmt: skip
+    paths = [
+        ("--json", args.json, "file"),
+        ("--markdown", args.markdown, "file"),
+        ("--out", args.out, "folder"),
+        ("--base-dir", args.base_dir, "checkout"),
+    ]
     if (problem := path_problem("ab", paths)) is not None:
         print(problem, file=sys.stderr)
         return 2
@@ -173,12 +187,26 @@ def _ab(args: argparse.Namespace) -> int:
         return 2
     try:
         report = run(
-            base_ref=args.base, base_dir=Path(args.base_dir) if args.base_dir else None, head=Path.cwd(),
-            pytest_args=args.pytest_args, plan=Plan(args.rounds, args.min_effect, args.confidence, args.time_budget,
-                                                      args.timed_runs, args.host_timings, args.processes),
-            out=Path(args.out), timeout=args.timeout, fresh_processes=args.fresh_processes,
-            progress=lambda line: print(line, file=sys.stderr, flush=True), judged=judged, head_first=head_first,
-        )  # fmt: skip
+            base_ref=args.base,
+            base_dir=Path(args.base_dir) if args.base_dir else None,
+            head=Path.cwd(),
+            pytest_args=args.pytest_args,
+            plan=Plan(
+                args.rounds,
+                args.min_effect,
+                args.confidence,
+                args.time_budget,
+                args.timed_runs,
+                args.host_timings,
+                args.processes,
+            ),
+            out=Path(args.out),
+            timeout=args.timeout,
+            fresh_processes=args.fresh_processes,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            judged=judged,
+            head_first=head_first,
+        )
     except ABError as exc:
         print(f"syncguard ab: {exc}", file=sys.stderr)
         return 2
@@ -197,8 +225,13 @@ def _runner_slug() -> str:
     """This runner's device slug, asked of a ``syncguard device`` process (this one imports no torch)."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "pytest_syncguard.gate.cli", "device", "--json"], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_syncguard.gate.cli", "device", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     try:
         return str(json.loads(done.stdout)["slug"])
     except (ValueError, KeyError, TypeError):
@@ -296,8 +329,11 @@ def _record(args: argparse.Namespace) -> int:
     if len(args.files) != 1 or Path(args.files[0]).is_file():
         given = Path(args.files[0])
         hint = f": give its folder, `syncguard baselines {given.parent} --record ...`" if given.is_file() else ""
-        print(f"syncguard baselines: --record writes into a baselines folder (one file per GPU model, named by its "
-              f"slug), not into {' '.join(args.files)}{hint}", file=sys.stderr)  # fmt: skip
+        print(
+            f"syncguard baselines: --record writes into a baselines folder (one file per GPU model, named by its "
+            f"slug), not into {' '.join(args.files)}{hint}",
+            file=sys.stderr,
+        )
         return 2
     directory = Path(args.files[0])
     try:
@@ -354,8 +390,10 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
 
     changed = 0
     if old.device != new.device:
-        print(f"warning: {old.path} is the baseline of {old.device}, {new.path} of {new.device}: another GPU model's "
-              "device time and memory are not comparable; counts are")  # fmt: skip
+        print(
+            f"warning: {old.path} is the baseline of {old.device}, {new.path} of {new.device}: another GPU model's "
+            "device time and memory are not comparable; counts are"
+        )
     for key, (was, now) in fingerprint_changes(old.fingerprint, new.fingerprint).items():
         print(f"environment: {key} {was} -> {now}")
     statuses: dict[str, int] = {}
@@ -366,9 +404,14 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
             changed += 1
             continue
         comparison = compare(
-            a, Metrics(b, dict.fromkeys(b, MIN_RUNS)), device=new.device, file=str(new.path), tolerance=None,
-            details=(old.details.get(nodeid), new.details.get(nodeid)), spreads=old.spreads(nodeid),
-        )  # fmt: skip
+            a,
+            Metrics(b, dict.fromkeys(b, MIN_RUNS)),
+            device=new.device,
+            file=str(new.path),
+            tolerance=None,
+            details=(old.details.get(nodeid), new.details.get(nodeid)),
+            spreads=old.spreads(nodeid),
+        )
         moved = [c for c in comparison.changes if c.old != c.new]
         if not moved:
             continue
@@ -462,21 +505,29 @@ def _megabytes(text: str) -> int:
 def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .history_branch import BRANCH
 
-    history = commands.add_parser("history", help="the default branch's runs per GPU model: record a run, fetch "
-                                  "them for a pull request's report, write baselines or a page from them")  # fmt: skip
+    history = commands.add_parser(
+        "history",
+        help="the default branch's runs per GPU model: record a run, fetch "
+        "them for a pull request's report, write baselines or a page from them",
+    )
     actions = history.add_subparsers(dest="action", required=True)
     record = actions.add_parser("record", help="append a default-branch run's results to the history")
     record.add_argument("results", nargs="+", metavar="RESULTS", help="results files (pytest --syncguard-json)")
     record.add_argument("--commit", required=True, help="the commit the run measured")
     where = record.add_mutually_exclusive_group(required=True)
     where.add_argument("--into", metavar="DIR", help="a folder of history files")
-    where.add_argument("--push", metavar="REMOTE", help="the history branch of this git remote (e.g. origin): "
-                       "fetched, appended and pushed, again on a new tip while another push rejects it")  # fmt: skip
+    where.add_argument(
+        "--push",
+        metavar="REMOTE",
+        help="the history branch of this git remote (e.g. origin): "
+        "fetched, appended and pushed, again on a new tip while another push rejects it",
+    )
     record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
     fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
     fetch.add_argument("--into", metavar="DIR", required=True, help="the folder the history files are copied into")
-    fetch.add_argument("--remote", default="origin", help="the git remote whose history branch is read (default "
-                       "origin)")  # fmt: skip
+    fetch.add_argument(
+        "--remote", default="origin", help="the git remote whose history branch is read (default origin)"
+    )
     fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
     baselines = actions.add_parser("baselines", help="write baseline files (baselines/<slug>.json) from a history")
     baselines.add_argument("folder", metavar="DIR", help="a folder of history files")
@@ -505,8 +556,14 @@ def _history(args: argparse.Namespace) -> int:
             return 0
         if args.action == "fetch":
             found = history_branch.fetch(Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch)
-            print(f"syncguard history: {args.remote} {args.branch} " + ("fetched into " + args.into if found else
-                  "does not exist yet: every GPU model is judged as seen for the first time"))  # fmt: skip
+            print(
+                f"syncguard history: {args.remote} {args.branch} "
+                + (
+                    "fetched into " + args.into
+                    if found
+                    else "does not exist yet: every GPU model is judged as seen for the first time"
+                )
+            )
             return 0
         histories = _histories(Path(args.folder))
         if args.action == "baselines":
@@ -515,8 +572,9 @@ def _history(args: argparse.Namespace) -> int:
             for kept in histories:
                 reference = history.baseline(kept)
                 target = Path(args.out) / f"{kept.device}.json"
-                write_atomically(target, document(kept.device, {}, reference.tests, reference.details,
-                                                  reference.history))  # fmt: skip
+                write_atomically(
+                    target, document(kept.device, {}, reference.tests, reference.details, reference.history)
+                )
                 print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
             return 0
         from .render.charts import page
@@ -545,8 +603,11 @@ def _histories(folder: Path) -> list[History]:
 
     slugs = [path.stem for path in sorted(folder.glob("*.jsonl"))]
     for other in (s for s in slugs if not is_slug(s)):
-        print(f"syncguard history: {folder / other}.jsonl: not a GPU model's history (its name is no device slug): "
-              "left out", file=sys.stderr)  # fmt: skip
+        print(
+            f"syncguard history: {folder / other}.jsonl: not a GPU model's history (its name is no device slug): "
+            "left out",
+            file=sys.stderr,
+        )
     return [found for slug in slugs if is_slug(slug) and (found := history.read(folder, slug)) is not None]
 
 
@@ -557,23 +618,49 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     report = commands.add_parser("report", help="a run's results against baselines: Markdown and JSON verdicts")
-    report.add_argument("files", nargs="+", metavar="RESULTS", help="results files of pytest --syncguard "
-                        "--syncguard-json (*.json), or JUnit XML files of --junitxml (without the details that "
-                        "explain a count's change, nor the environment's differences)")  # fmt: skip
-    report.add_argument("--baselines", metavar="DIR", help="compare with this baselines folder (default: with the "
-                        "values the run compared with)")  # fmt: skip
-    report.add_argument("--markdown", metavar="OUT", help="write the PR comment here (else print the whole report); "
-                        "when cut to GitHub's limit the full report goes to OUT with suffix .full.md")  # fmt: skip
+    report.add_argument(
+        "files",
+        nargs="+",
+        metavar="RESULTS",
+        help="results files of pytest --syncguard "
+        "--syncguard-json (*.json), or JUnit XML files of --junitxml (without the details that "
+        "explain a count's change, nor the environment's differences)",
+    )
+    report.add_argument(
+        "--baselines",
+        metavar="DIR",
+        help="compare with this baselines folder (default: with the values the run compared with)",
+    )
+    report.add_argument(
+        "--markdown",
+        metavar="OUT",
+        help="write the PR comment here (else print the whole report); "
+        "when cut to GitHub's limit the full report goes to OUT with suffix .full.md",
+    )
     report.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
-    report.add_argument("--tolerance", type=_tolerance, default=None, help="relative tolerance of noisy metrics "
-                        "(default: each test's own, as the run recorded it)")  # fmt: skip
-    report.add_argument("--judge-host-timings", action="store_true", help="judge host timings (time, tokens/s, "
-                        "gaps, busy) against the baselines too: only where the runner recorded them")  # fmt: skip
+    report.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        default=None,
+        help="relative tolerance of noisy metrics (default: each test's own, as the run recorded it)",
+    )
+    report.add_argument(
+        "--judge-host-timings",
+        action="store_true",
+        help="judge host timings (time, tokens/s, "
+        "gaps, busy) against the baselines too: only where the runner recorded them",
+    )
     report.add_argument("--ab", metavar="FILE", help="add this A/B report (syncguard ab --json) to the Markdown")
-    report.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a test regressed, failed a "
-                        "budget or failed otherwise (in the run or on the A/B's head)")  # fmt: skip
-    report.add_argument("--repository", metavar="OWNER/NAME", help="with --commit: each sync site of a file of this "
-                        "checkout is a link to its line on GitHub")  # fmt: skip
+    report.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a test regressed, failed a budget or failed otherwise (in the run or on the A/B's head)",
+    )
+    report.add_argument(
+        "--repository",
+        metavar="OWNER/NAME",
+        help="with --commit: each sync site of a file of this checkout is a link to its line on GitHub",
+    )
     report.add_argument("--commit", metavar="SHA", help="the head commit the run measured (with --repository)")
     report.add_argument(
         "--history",
@@ -581,55 +668,111 @@ def build_parser() -> argparse.ArgumentParser:
         help="judge each GPU model against the default branch's history "
         "in DIR (syncguard history fetch) where it has one; --baselines stands in for the others",
     )
-    report.add_argument("--history-unavailable", metavar="WHY", help="say that the default branch's history could not "
-                        "be read, and why: the report judges against --baselines and reads ⚠️ at best")  # fmt: skip
-    report.add_argument("--base-ref", metavar="REF", help="judge against this commit's files of --baselines (a pull "
-                        "request's base): a change cannot loosen its own gate; what the working tree's files loosen "
-                        "against them is said above the fold")  # fmt: skip
+    report.add_argument(
+        "--history-unavailable",
+        metavar="WHY",
+        help="say that the default branch's history could not "
+        "be read, and why: the report judges against --baselines and reads ⚠️ at best",
+    )
+    report.add_argument(
+        "--base-ref",
+        metavar="REF",
+        help="judge against this commit's files of --baselines (a pull "
+        "request's base): a change cannot loosen its own gate; what the working tree's files loosen "
+        "against them is said above the fold",
+    )
     report.set_defaults(run=_report)
 
     from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_PROCESSES, DEFAULT_ROUNDS
 
     ab = commands.add_parser(
-        "ab", help="base and head of a change on this runner, in interleaved rounds: counts compared exactly, "
+        "ab",
+        help="base and head of a change on this runner, in interleaved rounds: counts compared exactly, "
         "timings as head/base with confidence intervals",
         description="Run the pytest arguments given after -- in a checkout of the base and in this directory, "
         "alternating, and judge head against base.",
-    )  # fmt: skip
+    )
     where = ab.add_mutually_exclusive_group(required=True)
     where.add_argument("--base", metavar="REF", help="the base commit: a git worktree of it is made and removed")
     where.add_argument("--base-dir", metavar="DIR", help="a checkout of the base, used as it is")
-    ab.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, help=f"the most rounds of a test (default "
-                    f"{DEFAULT_ROUNDS}); a test whose verdict more rounds cannot change is settled: held test by test, "
-                    "from its 4th round with 2 pairs of processes (3rd with one: Student's t until a pair has 6, then "
-                    "the signed-rank interval), else from the 6th (a 95%% signed-rank interval needs 6)")  # fmt: skip
-    ab.add_argument("--processes", type=_pairs, default=DEFAULT_PROCESSES, metavar="N", help="warm pytests per "
-                    f"side for rounds held test by test (default {DEFAULT_PROCESSES}): the pairs run the rounds in "
-                    "turn and a timing is called a change only where every pair's interval calls it, so that a "
-                    "process's own offset is not read as one (1: one pair, as before)")  # fmt: skip
-    ab.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS", help="start no round that "
-                    "would end later than this after the start, at what the last round took for the tests still "
-                    "running")  # fmt: skip
-    ab.add_argument("--min-effect", type=_effect, default=None, metavar="FRACTION",
-                    help="the smallest relative change judged a regression or improvement (default: each "
-                    f"metric's own: device time 0.01, host timings {DEFAULT_MIN_EFFECT})")  # fmt: skip
-    ab.add_argument("--confidence", type=_probability, default=DEFAULT_CONFIDENCE, help="of the intervals (default "
-                    f"{DEFAULT_CONFIDENCE})")  # fmt: skip
-    ab.add_argument("--out", default="syncguard-ab", metavar="DIR", help="each round's results and log (default "
-                    "syncguard-ab/)")  # fmt: skip
+    ab.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=DEFAULT_ROUNDS,
+        help=f"the most rounds of a test (default "
+        f"{DEFAULT_ROUNDS}); a test whose verdict more rounds cannot change is settled: held test by test, "
+        "from its 4th round with 2 pairs of processes (3rd with one: Student's t until a pair has 6, then "
+        "the signed-rank interval), else from the 6th (a 95%% signed-rank interval needs 6)",
+    )
+    ab.add_argument(
+        "--processes",
+        type=_pairs,
+        default=DEFAULT_PROCESSES,
+        metavar="N",
+        help="warm pytests per "
+        f"side for rounds held test by test (default {DEFAULT_PROCESSES}): the pairs run the rounds in "
+        "turn and a timing is called a change only where every pair's interval calls it, so that a "
+        "process's own offset is not read as one (1: one pair, as before)",
+    )
+    ab.add_argument(
+        "--time-budget",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="start no round that "
+        "would end later than this after the start, at what the last round took for the tests still "
+        "running",
+    )
+    ab.add_argument(
+        "--min-effect",
+        type=_effect,
+        default=None,
+        metavar="FRACTION",
+        help="the smallest relative change judged a regression or improvement (default: each "
+        f"metric's own: device time 0.01, host timings {DEFAULT_MIN_EFFECT})",
+    )
+    ab.add_argument(
+        "--confidence",
+        type=_probability,
+        default=DEFAULT_CONFIDENCE,
+        help=f"of the intervals (default {DEFAULT_CONFIDENCE})",
+    )
+    ab.add_argument(
+        "--out", default="syncguard-ab", metavar="DIR", help="each round's results and log (default syncguard-ab/)"
+    )
     ab.add_argument("--json", metavar="OUT", help="write the A/B report as JSON (for syncguard report --ab)")
     ab.add_argument("--markdown", metavar="OUT", help="write the A/B report as Markdown")
-    ab.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS", help="give up a side's start or a "
-                    "round's run that takes longer (default 3600)")  # fmt: skip
-    ab.add_argument("--fresh-processes", action="store_true", help="a new pytest for each side in each round, "
-                    "instead of one per side kept warm across the rounds: for a change whose effect is once per "
-                    "process (import, compilation, the first run) or sides that cannot share the device")  # fmt: skip
-    ab.add_argument("--no-host-timings", dest="host_timings", action="store_false", help="judge counts and "
-                    "device-side metrics only (device time, memory): host timings (time, tokens/s, gaps, busy "
-                    "fraction) are neither judged nor keep a test running")  # fmt: skip
-    ab.add_argument("--timed-runs", type=_timed_runs, default=None, metavar="N", help="timed runs of each test's "
-                    "measure() after its traced run, in each round after the first (default: its own repeat; 0: the "
-                    "traced run alone, which gives the device time); the rounds make the interval")  # fmt: skip
+    ab.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="give up a side's start or a round's run that takes longer (default 3600)",
+    )
+    ab.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="a new pytest for each side in each round, "
+        "instead of one per side kept warm across the rounds: for a change whose effect is once per "
+        "process (import, compilation, the first run) or sides that cannot share the device",
+    )
+    ab.add_argument(
+        "--no-host-timings",
+        dest="host_timings",
+        action="store_false",
+        help="judge counts and "
+        "device-side metrics only (device time, memory): host timings (time, tokens/s, gaps, busy "
+        "fraction) are neither judged nor keep a test running",
+    )
+    ab.add_argument(
+        "--timed-runs",
+        type=_timed_runs,
+        default=None,
+        metavar="N",
+        help="timed runs of each test's "
+        "measure() after its traced run, in each round after the first (default: its own repeat; 0: the "
+        "traced run alone, which gives the device time); the rounds make the interval",
+    )
     ab.add_argument(
         "--skip-judged",
         metavar="RESULTS",
@@ -653,47 +796,89 @@ def build_parser() -> argparse.ArgumentParser:
     comment.add_argument("--repo", help="OWNER/NAME (default: gh's repository of the working directory)")
     comment.add_argument("--key", default="syncguard", help="one comment per key, e.g. the GPU's slug")
     comment.add_argument("--author", help="the login gh posts as (default: asked from gh)")
-    comment.add_argument("--gh-timeout", type=_seconds, default=GH_TIMEOUT_S, metavar="SECONDS",
-                         help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})")  # fmt: skip
+    comment.add_argument(
+        "--gh-timeout",
+        type=_seconds,
+        default=GH_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})",
+    )
     comment.set_defaults(run=_comment)
 
-    posting = commands.add_parser("post-artifact", help="validate a GPU run's artifact (untrusted data) and post its "
-                                  "report on the pull request it names, if still at the commit tested")  # fmt: skip
+    posting = commands.add_parser(
+        "post-artifact",
+        help="validate a GPU run's artifact (untrusted data) and post its "
+        "report on the pull request it names, if still at the commit tested",
+    )
     posting.add_argument("artifact", help="the downloaded artifact folder (pr-number, device-slug, results-*.json)")
     posting.add_argument("--repo", required=True, help="OWNER/NAME of the pull request")
     posting.add_argument("--head-sha", required=True, help="the commit the GPU run tested (the workflow_run's)")
-    posting.add_argument("--baselines", default="baselines", help="the default branch's baselines folder, for a "
-                         "GPU model without a history (default: baselines)")  # fmt: skip
-    posting.add_argument("--approval-label", default="gpu-approved", help="removed from a fork's pull request "
-                         "after posting, so that its next push needs a maintainer again ('' to keep it)")  # fmt: skip
+    posting.add_argument(
+        "--baselines",
+        default="baselines",
+        help="the default branch's baselines folder, for a GPU model without a history (default: baselines)",
+    )
+    posting.add_argument(
+        "--approval-label",
+        default="gpu-approved",
+        help="removed from a fork's pull request "
+        "after posting, so that its next push needs a maintainer again ('' to keep it)",
+    )
     posting.add_argument("--work", help="where the report is rendered (default: a new temporary folder)")
     posting.set_defaults(run=_post_artifact)
 
-    trace = commands.add_parser("trace", help="idle gaps, busy fraction and gap causes of a profiler trace, or of a "
-                                "judged timeline the plugin kept")  # fmt: skip
-    trace.add_argument("file", help="a Chrome/Perfetto JSON trace from torch.profiler, or a judged timeline "
-                       "(*.timeline.json.gz); .json or .json.gz")  # fmt: skip
+    trace = commands.add_parser(
+        "trace",
+        help="idle gaps, busy fraction and gap causes of a profiler trace, or of a judged timeline the plugin kept",
+    )
+    trace.add_argument(
+        "file",
+        help="a Chrome/Perfetto JSON trace from torch.profiler, or a judged timeline "
+        "(*.timeline.json.gz); .json or .json.gz",
+    )
     trace.add_argument("--json", action="store_true", help="print the analysis as JSON")
     trace.add_argument("--warmup-steps", type=int, default=0, help="leave out the first N steps (default 0)")
     trace.add_argument("--top", type=int, default=10, help="how many of the largest gaps to attribute")
-    trace.add_argument("--max-unpacked-mb", type=_megabytes, default=MAX_UNPACKED_BYTES >> 20, metavar="MB",
-                       help=f"refuse a file that unpacks to more (default {MAX_UNPACKED_BYTES >> 20})")  # fmt: skip
+    trace.add_argument(
+        "--max-unpacked-mb",
+        type=_megabytes,
+        default=MAX_UNPACKED_BYTES >> 20,
+        metavar="MB",
+        help=f"refuse a file that unpacks to more (default {MAX_UNPACKED_BYTES >> 20})",
+    )
     trace.set_defaults(run=_trace)
 
     baselines = commands.add_parser(
         "baselines", help="show a baseline file, or judge NEW against OLD as the gate would"
     )
-    baselines.add_argument("files", nargs="+", metavar="PATH", help="a baseline file to show (with the history of "
-                           "each calibrated metric and the tolerance it sets), OLD NEW files to compare, or with "
-                           "--record the baselines folder to write into")  # fmt: skip
-    baselines.add_argument("--record", nargs="+", metavar="RESULTS", help="write these results files (pytest "
-                           "--syncguard-json) into the baselines folder given as PATH, as --syncguard-update-baselines "
-                           "would have: each calibrated metric joins its history")  # fmt: skip
-    baselines.add_argument("--host", help="with --record: the device the results were measured on (default: the "
-                           "one each result names)")  # fmt: skip
-    baselines.add_argument("--reset-history", nargs="*", metavar="NODEID", default=None, help="empty the recorded "
-                           "history of these tests (all when none is named) in PATH, keeping their values: the next "
-                           "update starts it again")  # fmt: skip
+    baselines.add_argument(
+        "files",
+        nargs="+",
+        metavar="PATH",
+        help="a baseline file to show (with the history of "
+        "each calibrated metric and the tolerance it sets), OLD NEW files to compare, or with "
+        "--record the baselines folder to write into",
+    )
+    baselines.add_argument(
+        "--record",
+        nargs="+",
+        metavar="RESULTS",
+        help="write these results files (pytest "
+        "--syncguard-json) into the baselines folder given as PATH, as --syncguard-update-baselines "
+        "would have: each calibrated metric joins its history",
+    )
+    baselines.add_argument(
+        "--host", help="with --record: the device the results were measured on (default: the one each result names)"
+    )
+    baselines.add_argument(
+        "--reset-history",
+        nargs="*",
+        metavar="NODEID",
+        default=None,
+        help="empty the recorded "
+        "history of these tests (all when none is named) in PATH, keeping their values: the next "
+        "update starts it again",
+    )
     baselines.set_defaults(run=_baselines)
 
     _history_parser(commands)

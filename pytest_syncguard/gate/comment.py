@@ -65,9 +65,13 @@ class GitHub:
         what = f"gh {' '.join(args[:3])}"
         try:
             return subprocess.run(
-                [self.gh, *args], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                [self.gh, *args],
+                capture_output=True,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
                 timeout=self.timeout,
-            )  # fmt: skip
+            )
         except subprocess.TimeoutExpired:
             raise CommentError(f"{what} did not finish within {self.timeout:g} s (--gh-timeout)") from None
         except (OSError, subprocess.SubprocessError) as exc:
@@ -130,8 +134,10 @@ class GitHub:
             if not isinstance(batch, list):
                 raise CommentError(f"gh api: unexpected answer for the comments of {repo}#{pr}")
             if batch and batch == before:
-                raise CommentError(f"gh api answered page {page} of the comments of {repo}#{pr} with page "
-                                   f"{page - 1}'s again: stopped rather than page forever")  # fmt: skip
+                raise CommentError(
+                    f"gh api answered page {page} of the comments of {repo}#{pr} with page "
+                    f"{page - 1}'s again: stopped rather than page forever"
+                )
             found.extend(c for c in batch if isinstance(c, dict))  # anything else is no comment of this tool's
             if len(batch) < PAGE_SIZE:
                 return found
@@ -155,8 +161,10 @@ class GitHub:
 def _comment(answer: Any, call: str) -> dict[str, Any]:
     """The comment a create or update answered, which must carry its id."""
     if not isinstance(answer, dict) or comment_id(answer) is None:
-        raise CommentError(f"{call} answered no comment ({str(answer)[:100]!r}): nothing was posted as far as "
-                           "syncguard can tell; look at the pull request")  # fmt: skip
+        raise CommentError(
+            f"{call} answered no comment ({str(answer)[:100]!r}): nothing was posted as far as "
+            "syncguard can tell; look at the pull request"
+        )
     return answer
 
 

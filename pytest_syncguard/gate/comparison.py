@@ -24,6 +24,7 @@ from ..document.comparison import (
     Spread,
 )
 from ..metrics import Metrics, metric
+from ..status import Status
 
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
@@ -76,14 +77,22 @@ def calibrated_tolerance(name: str, spread: Spread | None) -> float | None:
     return max(floor, SPREAD_DEVIATIONS * deviation)
 
 
+def within_band(name: str, reference: float, value: float, tolerance: float) -> bool:
+    """Whether ``value`` lies within ``tolerance`` (relative) of ``reference``, or within metric ``name``'s floor:
+    the one band a noisy metric is judged within, a pull request's value and a default-branch run's alike."""
+    spec = metric(name)
+    floor = spec.floor if spec is not None else 0.0
+    return abs(value - reference) <= max(floor, tolerance * abs(reference))
+
+
 def count_status(name: str, old: float, new: float) -> str:
     """A count against its baseline (or base) value, exactly: any increase is a regression. The one judgement of
     a count, at test time, in ``syncguard report``, ``syncguard baselines OLD NEW`` and ``syncguard ab``."""
     if new == old:
-        return "unchanged"
+        return Status.UNCHANGED
     spec = metric(name)
     worse = new < old if spec is not None and spec.higher_is_better else new > old
-    return "regression" if worse else "improvement"
+    return Status.REGRESSION if worse else Status.IMPROVEMENT
 
 
 def _change(
@@ -100,11 +109,10 @@ def _change(
     if runs < MIN_RUNS and not calibrated:  # calibrated recordings are of as many runs as this one
         return Change(name, old, new, "not compared", within, spread)
     worse = new < old if spec.higher_is_better else new > old
-    delta = abs(new - old)
-    if delta <= spec.floor or delta <= within * abs(old):
-        status = "unchanged"
+    if within_band(name, old, new, within):
+        status = Status.UNCHANGED
     else:
-        status = "regression" if worse else "improvement"
+        status = Status.REGRESSION if worse else Status.IMPROVEMENT
     return Change(name, old, new, status, within, spread)
 
 
@@ -144,9 +152,16 @@ def compare(
     statuses = {c.status for c in changes}
     # A count the baseline holds that this run could not measure (its probe could not run) is no "unchanged".
     lost = any(c.status == "missing" and _counted(c.metric) for c in changes)
-    overall = ("regression" if "regression" in statuses else "improvement" if "improvement" in statuses
-               else NOT_MEASURED if lost else "unchanged")  # fmt: skip
-    moved = [c.metric for c in changes if c.status in ("regression", "improvement") and _counted(c.metric)]
+    overall = (
+        Status.REGRESSION
+        if Status.REGRESSION in statuses
+        else Status.IMPROVEMENT
+        if Status.IMPROVEMENT in statuses
+        else NOT_MEASURED
+        if lost
+        else Status.UNCHANGED
+    )
+    moved = [c.metric for c in changes if c.status in (Status.REGRESSION, Status.IMPROVEMENT) and _counted(c.metric)]
     explanation = explain(*details, moved) if moved else Explanation()
     return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift, explanation, host_timings)
 

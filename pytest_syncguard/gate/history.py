@@ -129,8 +129,11 @@ def read(folder: Path, slug: str) -> History | None:
         known = {f.name for f in fields(Run)}
         unknown = sorted({key for line in raw if isinstance(line, dict) for key in line} - known)
         runs = tuple(_filled(decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2)))
-        details = decode(dict[str, Details], loads(details_path.read_text(encoding="utf-8")), "details") if (
-            details_path.exists()) else {}  # fmt: skip
+        details = (
+            decode(dict[str, Details], loads(details_path.read_text(encoding="utf-8")), "details")
+            if (details_path.exists())
+            else {}
+        )
     except (OSError, ValueError, RecursionError) as exc:  # CodecError and bad JSON are ValueErrors
         if isinstance(exc, HistoryError):
             raise
@@ -164,8 +167,11 @@ def _compact(runs: Sequence[Run]) -> list[Run]:
         tests = {}
         for nodeid, values in run.tests.items():
             before = last.get(nodeid, {})
-            tests[nodeid] = {n: v for n, v in values.items() if not ((spec := metric(n)) is not None and spec.counted
-                                                                     and before.get(n) == v)}  # fmt: skip
+            tests[nodeid] = {
+                n: v
+                for n, v in values.items()
+                if not ((spec := metric(n)) is not None and spec.counted and before.get(n) == v)
+            }
             last[nodeid] = {**before, **{n: v for n, v in values.items() if (s := metric(n)) is None or s.counted}}
         compact.append(Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out))
     return compact
@@ -198,8 +204,9 @@ class Recorded:
         if self.left_out:
             named = ", ".join(f"{why}: {nodeid}" for nodeid, why in sorted(self.left_out.items())[:10])
             more = f" and {len(self.left_out) - 10} more" if len(self.left_out) > 10 else ""
-            notes.append(f"{plural(len(self.left_out), 'test')} left out, judged against their last good run: "
-                         f"{named}{more}")  # fmt: skip
+            notes.append(
+                f"{plural(len(self.left_out), 'test')} left out, judged against their last good run: {named}{more}"
+            )
         return f"{slug}: {plural(self.runs, 'run')}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -215,9 +222,11 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
             raise HistoryError("a result names no device slug: it was written by a pytest-syncguard before 0.1")
         history = read(folder, slug) or History(slug)
         if history.unknown:
-            raise HistoryError(f"{paths(folder, slug)[0]}: written by a newer pytest-syncguard (its runs hold "
-                               f"{', '.join(history.unknown)}, which this version does not know): not rewritten; "
-                               "upgrade pytest-syncguard")  # fmt: skip
+            raise HistoryError(
+                f"{paths(folder, slug)[0]}: written by a newer pytest-syncguard (its runs hold "
+                f"{', '.join(history.unknown)}, which this version does not know): not rewritten; "
+                "upgrade pytest-syncguard"
+            )
         run = run_of(tests, commit, when)
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         same = next((i for i, r in enumerate(history.runs) if r.commit == commit), None)
@@ -286,8 +295,10 @@ def describe(history: History, nodeid: str | None = None, name: str | None = Non
                 level, outliers = split(metric_name, kept)
                 if outliers:
                     moved = statistics.median(r.value for r in outliers) / statistics.median(r.value for r in level)
-                    text += (f" (main's last {plural(len(outliers), 'run')} lie beyond it, {moved - 1:+.1%}: "
-                             f"{CONFIRM} in a row start a new level)")  # fmt: skip
+                    text += (
+                        f" (main's last {plural(len(outliers), 'run')} lie beyond it, {moved - 1:+.1%}: "
+                        f"{CONFIRM} in a row start a new level)"
+                    )
         if nodeid in replayed.stale:
             why, commit = replayed.stale[nodeid]
             text += f", main's last run {why}: judged against its last good run ({commit[:12]})"

@@ -43,8 +43,14 @@ def _git(
     checkout: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     try:
-        done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, check=False, env={**os.environ, **(env or {})})  # fmt: skip
+        done = subprocess.run(
+            ["git", "-C", str(checkout), *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+            env={**os.environ, **(env or {})},
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise BranchError(f"git {args[0]} could not run: {exc}") from exc
     if check and done.returncode != 0:
@@ -98,8 +104,12 @@ def _history_files(files: Sequence[tuple[str, str, int]]) -> list[tuple[str, str
     """Of a branch's files, the history files of device slugs (``<slug>.jsonl``, ``<slug>.details.json``)."""
     from ..environment import is_slug
 
-    return [f for f in files if is_slug(f[0].removesuffix(".jsonl").removesuffix(".details.json"))
-            and f[0].endswith((".jsonl", ".details.json"))]  # fmt: skip
+    return [
+        f
+        for f in files
+        if is_slug(f[0].removesuffix(".jsonl").removesuffix(".details.json"))
+        and f[0].endswith((".jsonl", ".details.json"))
+    ]
 
 
 def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = BRANCH) -> bool:
@@ -112,16 +122,22 @@ def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = B
     into.mkdir(parents=True, exist_ok=True)
     for name, blob, size in _history_files(_files(checkout, tip)):
         if size > history.MAX_FILE_BYTES:
-            raise BranchError(f"{remote} {branch}: {name} is {size} bytes, over the "
-                              f"{history.MAX_FILE_BYTES >> 20} MB a history file may hold")  # fmt: skip
+            raise BranchError(
+                f"{remote} {branch}: {name} is {size} bytes, over the "
+                f"{history.MAX_FILE_BYTES >> 20} MB a history file may hold"
+            )
         (into / name).write_bytes(_blob(checkout, blob))
     return True
 
 
 def _blob(checkout: Path, blob: str) -> bytes:
     try:
-        done = subprocess.run(["git", "-C", str(checkout), "cat-file", "blob", blob], capture_output=True,
-                              timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["git", "-C", str(checkout), "cat-file", "blob", blob],
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise BranchError(f"git cat-file could not run: {exc}") from exc
     if done.returncode != 0:
@@ -170,8 +186,10 @@ def push(
             index = {"GIT_INDEX_FILE": str(folder / "index")}
             if tip is not None:
                 if not _holds_history(checkout, tip, _files(checkout, tip)):
-                    raise BranchError(f"{remote} {branch} exists and holds no syncguard history: not written (name "
-                                      f"the history's own branch, default {BRANCH})")  # fmt: skip
+                    raise BranchError(
+                        f"{remote} {branch} exists and holds no syncguard history: not written (name "
+                        f"the history's own branch, default {BRANCH})"
+                    )
                 fetch(checkout, files, remote=remote, branch=branch)
                 _git(checkout, "read-tree", "--end-of-options", tip, env=index)
             held = history.record(files, results, commit, when)
@@ -181,11 +199,16 @@ def push(
             tree = _git(checkout, "write-tree", env=index).stdout.strip()
             message = f"syncguard history: {commit[:12]} ({', '.join(f'{s}: run {r.runs}' for s, r in held.items())})"
             parents = ["-p", tip] if tip is not None else []
-            identity = {"GIT_AUTHOR_NAME": "syncguard", "GIT_AUTHOR_EMAIL": "syncguard@localhost",
-                        "GIT_COMMITTER_NAME": "syncguard", "GIT_COMMITTER_EMAIL": "syncguard@localhost"}  # fmt: skip
+            identity = {
+                "GIT_AUTHOR_NAME": "syncguard",
+                "GIT_AUTHOR_EMAIL": "syncguard@localhost",
+                "GIT_COMMITTER_NAME": "syncguard",
+                "GIT_COMMITTER_EMAIL": "syncguard@localhost",
+            }
             made = _git(checkout, "commit-tree", tree, *parents, "-m", message, env=identity).stdout.strip()
-            pushed = _git(checkout, "push", "--quiet", "--end-of-options", remote, f"{made}:{_ref(branch)}",
-                          check=False)  # fmt: skip
+            pushed = _git(
+                checkout, "push", "--quiet", "--end-of-options", remote, f"{made}:{_ref(branch)}", check=False
+            )
             if pushed.returncode == 0:
                 say(f"{message} pushed to {remote} {branch}")
                 for slug, recorded in held.items():
@@ -196,8 +219,10 @@ def push(
             pause = random.uniform(0, min(PAUSE_MAX_S, PAUSE_S * 2**attempt))
             if not retryable or time.monotonic() - started + pause > within_s:
                 raise BranchError(f"git push of {branch} to {remote} failed after {attempt} tries: {said[:400]}")
-            say(f"syncguard history: {remote} {branch} moved on (another job pushed): again on its new tip in "
-                f"{pause:.1f} s")  # fmt: skip
+            say(
+                f"syncguard history: {remote} {branch} moved on (another job pushed): again on its new tip in "
+                f"{pause:.1f} s"
+            )
             time.sleep(pause)
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -26,8 +26,9 @@ def path_problem(command: str, outputs: Sequence[tuple[str, str | None, str]]) -
     return None
 
 
-def clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
-              inputs: Sequence[tuple[str, str | None]]) -> str | None:  # fmt: skip
+def clobbers(
+    command: str, outputs: Sequence[tuple[str, str | None, str]], inputs: Sequence[tuple[str, str | None]]
+) -> str | None:
     """Why an output path would overwrite one of the command's inputs, or another of its outputs (the same file, by
     any name), if so."""
     for index, (option, value, _) in enumerate(outputs):
@@ -35,8 +36,10 @@ def clobbers(command: str, outputs: Sequence[tuple[str, str | None, str]],
             continue
         for other, given, _ in outputs[index + 1 :]:
             if given and (Path(value).resolve() == Path(given).resolve() or same_file(value, given)):
-                return (f"syncguard {command}: {option} {value} and {other} {given} are one file: one would replace "
-                        "the other")  # fmt: skip
+                return (
+                    f"syncguard {command}: {option} {value} and {other} {given} are one file: one would replace "
+                    "the other"
+                )
         if not Path(value).exists():
             continue
         for source, given in inputs:

@@ -61,8 +61,11 @@ def report(args: ReportRequest) -> int:
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
-    outputs = [("--json", args.json, "file"), ("--markdown", args.markdown, "file"),
-               ("--markdown's full report", full, "file")]  # fmt: skip
+    outputs = [
+        ("--json", args.json, "file"),
+        ("--markdown", args.markdown, "file"),
+        ("--markdown's full report", full, "file"),
+    ]
     inputs = [*(("RESULTS", p) for p in args.files), ("--ab", args.ab)]
     if args.baselines:
         inputs += [("--baselines", str(p)) for p in Path(args.baselines).glob("*.json")]
@@ -79,25 +82,36 @@ def report(args: ReportRequest) -> int:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
     if args.history is not None and not Path(args.history).is_dir():
-        print(f"syncguard report: --history {args.history}: not a folder (syncguard history fetch makes it)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"syncguard report: --history {args.history}: not a folder (syncguard history fetch makes it)",
+            file=sys.stderr,
+        )
         return 2
     if args.base_ref is not None and not args.baselines:
-        print("syncguard report: --base-ref judges against that commit's files of --baselines DIR: give both",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "syncguard report: --base-ref judges against that commit's files of --baselines DIR: give both",
+            file=sys.stderr,
+        )
         return 2
     try:
         run = compare_run(
-            paths, Path(args.baselines) if args.baselines else None, args.tolerance, args.judge_host_timings,
-            base_ref=args.base_ref, history=Path(args.history) if args.history else None,
-        )  # fmt: skip
+            paths,
+            Path(args.baselines) if args.baselines else None,
+            args.tolerance,
+            args.judge_host_timings,
+            base_ref=args.base_ref,
+            history=Path(args.history) if args.history else None,
+        )
         run.history_unavailable = args.history_unavailable
     except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
     if not run.cases:
-        print(f"syncguard report: no measured test in {', '.join(map(str, paths))} (run pytest with --syncguard "
-              "and --syncguard-json or --junitxml)", file=sys.stderr)  # fmt: skip
+        print(
+            f"syncguard report: no measured test in {', '.join(map(str, paths))} (run pytest with --syncguard "
+            "and --syncguard-json or --junitxml)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.json:
@@ -121,6 +135,9 @@ def report(args: ReportRequest) -> int:
         print(f"syncguard report: cannot write the report: {exc}", file=sys.stderr)
         return 2
     verdict = Verdict.of(run, ab)
-    print(f"syncguard report: {verdict.sentence()}" + (f"; markdown truncated, full report in {full_path}"
-          if truncated else ""), file=sys.stderr)  # fmt: skip
+    print(
+        f"syncguard report: {verdict.sentence()}"
+        + (f"; markdown truncated, full report in {full_path}" if truncated else ""),
+        file=sys.stderr,
+    )
     return verdict.exit_status(args.fail_on_regression)

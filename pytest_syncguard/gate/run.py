@@ -20,6 +20,7 @@ from ..document import file as results_file
 from ..document.comparison import Comparison, Drift
 from ..document.measured import PARTIAL
 from ..environment import fingerprint_changes
+from ..status import Status
 from .baselines import Baseline, of_device, path_for, read
 from .cases import RunCase
 from .comparison import compare
@@ -71,14 +72,21 @@ class RunComparison:
         """Tests that failed for another reason than a regression (a budget, an error). A test the run failed only
         as a regression against the baseline it compared with is judged again here, against this report's
         baseline (:attr:`rejudged`), not counted as failed."""
-        return [c for c in self.cases if c.case.outcome in ("failed", "error") and c.comparison.status != "regression"
-                and c.case.verdict != "regression"]  # fmt: skip
+        return [
+            c
+            for c in self.cases
+            if c.case.outcome in ("failed", "error")
+            and c.comparison.status != Status.REGRESSION
+            and c.case.verdict != Status.REGRESSION
+        ]
 
     @property
     def rejudged(self) -> list[CaseComparison]:
         """Tests the run failed as regressions against its baseline that this report, judging against another
         (a history, the merge base's files, other options), finds not regressed."""
-        return [c for c in self.cases if c.case.verdict == "regression" and c.comparison.status != "regression"]
+        return [
+            c for c in self.cases if c.case.verdict == Status.REGRESSION and c.comparison.status != Status.REGRESSION
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +122,7 @@ def read_run(paths: Sequence[Path], unknown: dict[str, list[str]] | None = None)
 
 def _severity(case: RunCase) -> int:
     """How badly a case went: failed (a budget, an error, a regression) 2, measured 1, skipped 0."""
-    if case.broken or case.outcome in ("failed", "error") or case.baseline_status == "regression":
+    if case.broken or case.outcome in ("failed", "error") or case.baseline_status == Status.REGRESSION:
         return 2
     return 0 if case.outcome == "skipped" else 1
 
@@ -171,10 +179,17 @@ def compare_run(
             run.cases.append(CaseComparison(case, Comparison(slug, str(path), "not compared", (), within)))
             continue
         comparison = compare(
-            entry, case.metrics, device=slug, file=str(path), tolerance=within, fingerprint=case.fingerprint,
-            drift=drift, host_timings=host_timings or case.host_timings, details=(recorded, case.details),
+            entry,
+            case.metrics,
+            device=slug,
+            file=str(path),
+            tolerance=within,
+            fingerprint=case.fingerprint,
+            drift=drift,
+            host_timings=host_timings or case.host_timings,
+            details=(recorded, case.details),
             spreads=spreads,
-        )  # fmt: skip
+        )
         if baselines is None and not comparison.explanation and case.explanation:
             # Without the baseline's details, what the run itself found changed (the results document keeps it).
             comparison = replace(comparison, explanation=case.explanation)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..status import Status
 from ..words import plural
 from .loosened import Loosened
 from .run import RunComparison
@@ -62,7 +63,7 @@ class Verdict:
         for case in run.cases:
             if case.case.broken:
                 fail(case.key, FAILED_BUDGET)
-            if case.comparison.status == "regression":
+            if case.comparison.status == Status.REGRESSION:
                 fail(case.key, REGRESSED)
         for case in run.failed_tests:
             if not case.case.broken:
@@ -71,7 +72,7 @@ class Verdict:
         undecided: tuple[str, ...] = ()
         if ab is not None:
             device = ab.device
-            for test in ab.with_verdict("regression"):
+            for test in ab.with_verdict(Status.REGRESSION):
                 fail((device, test.nodeid), AB_REGRESSED)
             for nodeid, how in ab.failed_in.get("head", {}).items():
                 fail((device, nodeid), AB_FAILED if {"failed", "error"} & set(how) else AB_UNMEASURED)
@@ -82,8 +83,14 @@ class Verdict:
             keys |= {(device, nodeid) for nodeid in ab.unreached}
         keys |= set(reasons)
         ordered = {key: tuple(sorted(found, key=REASONS.index)) for key, found in sorted(reasons.items())}
-        return cls(ordered, len(keys), undecided, tuple(run.loosened), tuple(sorted(run.unknown)),
-                   run.history_unavailable is not None)  # fmt: skip
+        return cls(
+            ordered,
+            len(keys),
+            undecided,
+            tuple(run.loosened),
+            tuple(sorted(run.unknown)),
+            run.history_unavailable is not None,
+        )
 
     @property
     def failed(self) -> bool:

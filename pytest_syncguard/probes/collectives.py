@@ -35,24 +35,41 @@ _DISPATCH_KEY = "BackendSelect"
 #: The collective operators, by namespace, and the name each is shown by.
 CATALOGUE: dict[str, dict[str, str]] = {
     "c10d": {
-        "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced", "allgather_": "all_gather",
-        "_allgather_base_": "all_gather_into_tensor", "allgather_coalesced_": "all_gather_coalesced",
-        "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced", "reduce_scatter_": "reduce_scatter",
+        "allreduce_": "all_reduce",
+        "allreduce_coalesced_": "all_reduce_coalesced",
+        "allgather_": "all_gather",
+        "_allgather_base_": "all_gather_into_tensor",
+        "allgather_coalesced_": "all_gather_coalesced",
+        "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+        "reduce_scatter_": "reduce_scatter",
         "_reduce_scatter_base_": "reduce_scatter_tensor",
-        "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced", "broadcast_": "broadcast",
-        "reduce_": "reduce", "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "gather_": "gather",
-        "scatter_": "scatter", "barrier": "barrier", "send": "send", "recv_": "recv",
+        "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+        "broadcast_": "broadcast",
+        "reduce_": "reduce",
+        "alltoall_": "all_to_all",
+        "alltoall_base_": "all_to_all_single",
+        "gather_": "gather",
+        "scatter_": "scatter",
+        "barrier": "barrier",
+        "send": "send",
+        "recv_": "recv",
     },
     "_c10d_functional": {
-        "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce_coalesced",
-        "all_reduce_coalesced_": "all_reduce_coalesced", "all_gather_into_tensor": "all_gather_into_tensor",
+        "all_reduce": "all_reduce",
+        "all_reduce_": "all_reduce",
+        "all_reduce_coalesced": "all_reduce_coalesced",
+        "all_reduce_coalesced_": "all_reduce_coalesced",
+        "all_gather_into_tensor": "all_gather_into_tensor",
         "all_gather_into_tensor_out": "all_gather_into_tensor",
         "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-        "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_out": "reduce_scatter_tensor",
+        "reduce_scatter_tensor": "reduce_scatter_tensor",
+        "reduce_scatter_tensor_out": "reduce_scatter_tensor",
         "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-        "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "broadcast_": "broadcast",
+        "all_to_all_single": "all_to_all_single",
+        "broadcast": "broadcast",
+        "broadcast_": "broadcast",
     },
-}  # fmt: skip
+}
 
 
 class _Inside(threading.local):
@@ -123,8 +140,9 @@ class CollectiveProbe:
                     if not torch._C._dispatch_has_kernel(qualified):
                         continue  # not in this build of torch
                     if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, _DISPATCH_KEY):
-                        raise RuntimeError(f"syncguard: {qualified} already has a {_DISPATCH_KEY} kernel; refusing to "
-                                           "replace it")  # fmt: skip
+                        raise RuntimeError(
+                            f"syncguard: {qualified} already has a {_DISPATCH_KEY} kernel; refusing to replace it"
+                        )
                     op = getattr(getattr(torch.ops, namespace), name).default
                     library.impl(name, self._kernel(op, shown), _DISPATCH_KEY, with_keyset=True)  # type: ignore[no-untyped-call]
         except BaseException:

@@ -125,17 +125,39 @@ BLOCKING: Mapping[int, Mapping[str, BlockingCall]] = {
 #: said, and that region's transfers are not counted (a budget on them is not measured, never passed). Copies that
 #: stay on the devices (``cudaMemcpyPeer``, ``cuMemcpyDtoD``, ``cuMemcpyAtoA``) move nothing across the host's bus.
 NOT_READ: Mapping[int, frozenset[str]] = {
-    RUNTIME: frozenset({
-        "cudaMemcpy3D", "cudaMemcpy3DAsync", "cudaMemcpyToArray", "cudaMemcpyFromArray", "cudaMemcpyToArrayAsync",
-        "cudaMemcpyFromArrayAsync", "cudaMemcpy2DToArray", "cudaMemcpy2DFromArray", "cudaMemcpy2DToArrayAsync",
-        "cudaMemcpy2DFromArrayAsync", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol", "cudaMemcpyToSymbolAsync",
-        "cudaMemcpyFromSymbolAsync", "cudaMemcpyBatchAsync", "cudaMemcpy3DBatchAsync",
-    }),
-    DRIVER: frozenset({
-        "cuMemcpy3D", "cuMemcpy3DAsync", "cuMemcpyHtoA", "cuMemcpyAtoH", "cuMemcpyHtoAAsync", "cuMemcpyAtoHAsync",
-        "cuMemcpyBatchAsync", "cuMemcpy3DBatchAsync",
-    }),
-}  # fmt: skip
+    RUNTIME: frozenset(
+        {
+            "cudaMemcpy3D",
+            "cudaMemcpy3DAsync",
+            "cudaMemcpyToArray",
+            "cudaMemcpyFromArray",
+            "cudaMemcpyToArrayAsync",
+            "cudaMemcpyFromArrayAsync",
+            "cudaMemcpy2DToArray",
+            "cudaMemcpy2DFromArray",
+            "cudaMemcpy2DToArrayAsync",
+            "cudaMemcpy2DFromArrayAsync",
+            "cudaMemcpyToSymbol",
+            "cudaMemcpyFromSymbol",
+            "cudaMemcpyToSymbolAsync",
+            "cudaMemcpyFromSymbolAsync",
+            "cudaMemcpyBatchAsync",
+            "cudaMemcpy3DBatchAsync",
+        }
+    ),
+    DRIVER: frozenset(
+        {
+            "cuMemcpy3D",
+            "cuMemcpy3DAsync",
+            "cuMemcpyHtoA",
+            "cuMemcpyAtoH",
+            "cuMemcpyHtoAAsync",
+            "cuMemcpyAtoHAsync",
+            "cuMemcpyBatchAsync",
+            "cuMemcpy3DBatchAsync",
+        }
+    ),
+}
 
 _SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
 
@@ -167,20 +189,36 @@ class Memcpy2D(ctypes.Structure):
     """The driver's ``CUDA_MEMCPY2D``, as cuda.h lays it out."""
 
     _fields_ = (
-        ("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
-        ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-        ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
-        ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
-        ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
+        ("srcXInBytes", ctypes.c_size_t),
+        ("srcY", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64),
+        ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t),
+        ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t),
         ("Height", ctypes.c_size_t),
-    )  # fmt: skip
+    )
 
     @classmethod
     def of(cls, src: tuple[int, int], dst: tuple[int, int], width: int, height: int, pitch: int) -> Memcpy2D:
         """A copy of ``height`` rows of ``width`` bytes, rows ``pitch`` bytes apart, from ``src`` to ``dst``, each a
         (CUmemorytype, pointer): a host pointer for host memory, a device pointer for the others."""
-        copy = cls(srcMemoryType=src[0], dstMemoryType=dst[0], srcPitch=pitch, dstPitch=pitch, WidthInBytes=width,
-                   Height=height)  # fmt: skip
+        copy = cls(
+            srcMemoryType=src[0],
+            dstMemoryType=dst[0],
+            srcPitch=pitch,
+            dstPitch=pitch,
+            WidthInBytes=width,
+            Height=height,
+        )
         if src[0] == _HOST_TYPE:
             copy.srcHost = src[1]
         else:

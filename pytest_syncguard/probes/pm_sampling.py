@@ -136,9 +136,14 @@ class Samples:
 
     @classmethod
     def of_rows(
-        cls, metrics: Sequence[str], start_ns: Sequence[int], end_ns: Sequence[int],
-        rows: Sequence[Sequence[float]], overflow: bool = False, interval_ns: int = 0,
-    ) -> Samples:  # fmt: skip
+        cls,
+        metrics: Sequence[str],
+        start_ns: Sequence[int],
+        end_ns: Sequence[int],
+        rows: Sequence[Sequence[float]],
+        overflow: bool = False,
+        interval_ns: int = 0,
+    ) -> Samples:
         """Samples given as one row of values per sample (recorded data, tests)."""
         columns = tuple(array("d", (row[i] for row in rows)) for i in range(len(metrics)))
         return cls(
@@ -151,11 +156,14 @@ class Samples:
     def picked(self, indices: Sequence[int]) -> Samples:
         """The samples at ``indices`` (in time order)."""
         return Samples(
-            self.metrics, len(indices), array("q", (self.start_ns[i] for i in indices)),
+            self.metrics,
+            len(indices),
+            array("q", (self.start_ns[i] for i in indices)),
             array("q", (self.end_ns[i] for i in indices)),
-            tuple(array("d", (column[i] for i in indices)) for column in self.columns), self.overflow,
+            tuple(array("d", (column[i] for i in indices)) for column in self.columns),
+            self.overflow,
             self.interval_ns,
-        )  # fmt: skip
+        )
 
     def compacted(self, active: str, elapsed: str, idle_below: float) -> Samples:
         """The samples with each run of touching ones that read wholly active (``active`` cycles at least
@@ -167,8 +175,9 @@ class Samples:
         count = len(starts)
         module = _native()
         if module is not None:
-            kept = module.pm_compact(_address(starts), _address(ends), _address(on), _address(cycles), count,
-                                     idle_below)  # fmt: skip
+            kept = module.pm_compact(
+                _address(starts), _address(ends), _address(on), _address(cycles), count, idle_below
+            )
         else:
             kept = _compact(starts, ends, on, cycles, idle_below)
         for column in (starts, ends, on, cycles):
@@ -383,19 +392,33 @@ class PmSampler:
         hosts = [self._host, *self._evaluators[: wanted - 1]]  # one host object per evaluating thread
         values = [(ctypes.c_double * max(len(self.metrics), 1))() for _ in hosts]
         evaluations = [
-            _Evaluate(pHostObject=host, pCounterDataImage=image, counterDataImageSize=length,
-                      ppMetricNames=names, numMetrics=len(self.metrics), pMetricValues=buffer)
+            _Evaluate(
+                pHostObject=host,
+                pCounterDataImage=image,
+                counterDataImageSize=length,
+                ppMetricNames=names,
+                numMetrics=len(self.metrics),
+                pMetricValues=buffer,
+            )
             for host, buffer in zip(hosts, values, strict=True)
-        ]  # fmt: skip
+        ]
         if module is not None and count:
             status, call, index = module.pm_decode(
                 ctypes.cast(lib.cuptiPmSamplingCounterDataGetSampleInfo, _ptr).value,
                 ctypes.cast(lib.cuptiProfilerHostEvaluateToGpuValues, _ptr).value,
-                ctypes.addressof(sample), _SampleInfo.sampleIndex.offset, _SampleInfo.startTimestamp.offset,
-                _SampleInfo.endTimestamp.offset, [ctypes.addressof(e) for e in evaluations],
-                _Evaluate.rangeIndex.offset, [ctypes.addressof(v) for v in values], len(self.metrics), count,
-                _address(starts), _address(ends), [_address(column) for column in columns],
-            )  # fmt: skip
+                ctypes.addressof(sample),
+                _SampleInfo.sampleIndex.offset,
+                _SampleInfo.startTimestamp.offset,
+                _SampleInfo.endTimestamp.offset,
+                [ctypes.addressof(e) for e in evaluations],
+                _Evaluate.rangeIndex.offset,
+                [ctypes.addressof(v) for v in values],
+                len(self.metrics),
+                count,
+                _address(starts),
+                _address(ends),
+                [_address(column) for column in columns],
+            )
             if status:
                 raise CuptiError(f"{call} (sample {index})", status)
         else:

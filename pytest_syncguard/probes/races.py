@@ -170,9 +170,14 @@ class RaceProbe:
                 return
             self._native.race_unwatch(ident)
             event = RaceEvent(
-                "device->host" if copy.to_host else "host->device", "write" if wrote else "read", op, copy.site,
-                _user_site(frame), copy.stream, _current(),
-            )  # fmt: skip
+                "device->host" if copy.to_host else "host->device",
+                "write" if wrote else "read",
+                op,
+                copy.site,
+                _user_site(frame),
+                copy.stream,
+                _current(),
+            )
             for found in self._found:
                 found.append(event)
 

@@ -238,8 +238,12 @@ def _rows(samples: Samples) -> Samples:
 
 def _enabled_sampler() -> PmSampler:
     """The sampler of the timeline's metrics on the current device, enabled; :class:`CuptiError` says why not."""
-    sampler = PmSampler((ACTIVE_CYCLES, ELAPSED_CYCLES), interval_ns=INTERVAL_NS,
-                        device=torch.cuda.current_device(), buffer_bytes=BUFFER_BYTES)  # fmt: skip
+    sampler = PmSampler(
+        (ACTIVE_CYCLES, ELAPSED_CYCLES),
+        interval_ns=INTERVAL_NS,
+        device=torch.cuda.current_device(),
+        buffer_bytes=BUFFER_BYTES,
+    )
     try:
         sampler.enable()
     except CuptiError as exc:

@@ -68,6 +68,8 @@ def note(started: list[str]) -> str | None:
     if not started:
         return None
     named = ", ".join(dict.fromkeys(started))
-    return (f"syncguard: this test started {len(started)} process(es) ({named}): syncguard measured this process "
-            "alone; their syncs, collectives and GPU work are not in its numbers. Launch ranks with torchrun to "
-            "measure each (docs/howto/torchrun.md)")  # fmt: skip
+    return (
+        f"syncguard: this test started {len(started)} process(es) ({named}): syncguard measured this process "
+        "alone; their syncs, collectives and GPU work are not in its numbers. Launch ranks with torchrun to "
+        "measure each (docs/howto/torchrun.md)"
+    )

@@ -124,8 +124,10 @@ def _equal(args: Args, kwargs: Kwargs, on_device: bool) -> tuple[int, SyncKind] 
     if (on_device and _on_host(self)) or self.shape != other.shape or self.numel() == 0:
         return None
     same = _same_view(self, other) and (self.dtype, self.is_neg(), self.is_conj()) == (
-        other.dtype, other.is_neg(), other.is_conj(),
-    )  # fmt: skip
+        other.dtype,
+        other.is_neg(),
+        other.is_conj(),
+    )
     return None if same else (1, SyncKind.SCALAR_READ)
 
 

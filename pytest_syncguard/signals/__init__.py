@@ -12,9 +12,17 @@ from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
 #: Every signal, in the order of the metrics and the summary's columns (the markers' order: :data:`KINDS`).
 SIGNALS: tuple[Signal, ...] = (
-    syncs.SIGNAL, ops.SIGNAL, timeline.SIGNAL, transfers.SIGNAL, memory.SIGNAL, compiles.SIGNAL, races.SIGNAL,
-    graphs.SIGNAL, collectives.SIGNAL, wall_time.SIGNAL,
-)  # fmt: skip
+    syncs.SIGNAL,
+    ops.SIGNAL,
+    timeline.SIGNAL,
+    transfers.SIGNAL,
+    memory.SIGNAL,
+    compiles.SIGNAL,
+    races.SIGNAL,
+    graphs.SIGNAL,
+    collectives.SIGNAL,
+    wall_time.SIGNAL,
+)
 BY_NAME: dict[str, Signal] = {signal.name: signal for signal in SIGNALS}
 #: The fields of a measurement the signals fill, with how each merges across regions and runs.
 PARTS: tuple[Part, ...] = tuple(part for signal in SIGNALS for part in signal.parts)
@@ -50,6 +58,19 @@ def needs(signal_names: Iterable[str]) -> frozenset[Need]:
 
 
 __all__ = [
-    "BY_NAME", "COUNTED_RUNS", "COUNTERS", "EXPLAINED_BY", "FEWEST", "ITEMIZED", "KINDS", "PARTS", "SIGNALS",
-    "BudgetKind", "CounterSpec", "Need", "Part", "Signal", "needs",
-]  # fmt: skip
+    "BY_NAME",
+    "COUNTED_RUNS",
+    "COUNTERS",
+    "EXPLAINED_BY",
+    "FEWEST",
+    "ITEMIZED",
+    "KINDS",
+    "PARTS",
+    "SIGNALS",
+    "BudgetKind",
+    "CounterSpec",
+    "Need",
+    "Part",
+    "Signal",
+    "needs",
+]

@@ -75,18 +75,31 @@ def _join(ranks: Mapping[int, Collectives]) -> tuple[CollectiveWaits | str | Non
 SIGNAL = Signal(
     "collectives",
     counters=(
-        CounterSpec("collectives", "collectives called (torch.distributed's and the functional collectives, any "
-                    "process group)", quiet_when_zero=True, per_token=True, items="collectives (operation and call "
-                    "site)", budget="max_collectives_per_token"),
+        CounterSpec(
+            "collectives",
+            "collectives called (torch.distributed's and the functional collectives, any process group)",
+            quiet_when_zero=True,
+            per_token=True,
+            items="collectives (operation and call site)",
+            budget="max_collectives_per_token",
+        ),
     ),
     metrics=(
-        Metric(WAIT_METRIC, "us", counted=False, higher_is_better=False, floor=20.0, runs=_joined_only, host=True,
-               description="the longest wait of any rank of a launch for the last rank to arrive at its "
-               "collectives, per token (median over steps; joined by the report from the ranks' traced runs)"),
+        Metric(
+            WAIT_METRIC,
+            "us",
+            counted=False,
+            higher_is_better=False,
+            floor=20.0,
+            runs=_joined_only,
+            host=True,
+            description="the longest wait of any rank of a launch for the last rank to arrive at its "
+            "collectives, per token (median over steps; joined by the report from the ranks' traced runs)",
+        ),
     ),
     # Per region number: its tokens and calls in order (every run), and its collective kernels' (start, end) with
     # how many were left out (traced runs).
     parts=(Part(CALLS, united, Runs.EVERY, empty=dict), Part(KERNELS, united, Runs.EVERY, empty=dict)),
     traced=(Traced(KERNELS, kernels_in),),
     kept=Kept(Collectives, _kept, _problem, CollectiveWaits | str, _join, _joined_problem),
-)  # fmt: skip
+)

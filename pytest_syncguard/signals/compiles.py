@@ -17,9 +17,22 @@ SIGNAL = Signal(
     "compiles",
     counters=(
         CounterSpec("frames_compiled", "frames torch.compile compiled", quiet_when_zero=True),
-        CounterSpec("recompiles", "recompilations of an already compiled frame", quiet_when_zero=True,
-                    column="recompiles", items="recompile reasons", budget="max_recompiles", sentence=_recompiles),
-        CounterSpec("graph_breaks", "graph breaks taken while compiling", quiet_when_zero=True,
-                    column="graph breaks", items="graph breaks", budget="max_graph_breaks"),
+        CounterSpec(
+            "recompiles",
+            "recompilations of an already compiled frame",
+            quiet_when_zero=True,
+            column="recompiles",
+            items="recompile reasons",
+            budget="max_recompiles",
+            sentence=_recompiles,
+        ),
+        CounterSpec(
+            "graph_breaks",
+            "graph breaks taken while compiling",
+            quiet_when_zero=True,
+            column="graph breaks",
+            items="graph breaks",
+            budget="max_graph_breaks",
+        ),
     ),
-)  # fmt: skip
+)

@@ -29,20 +29,41 @@ def _skips(budget: Limit, value: float, m: Measured, example: int) -> str:
 SIGNAL = Signal(
     "graphs",
     counters=(
-        CounterSpec("graph_recordings", "CUDA graphs recorded (captures begun: new graphs, and CUDA graph trees' "
-                    "recordings and re-recordings of compiled functions)", quiet_when_zero=True,
-                    column="graphs recorded", items="recordings (what recorded, and where)",
-                    budget="max_graph_recordings", sentence=_recordings),
-        CounterSpec("graph_skips", "graphs torch.compile decided to run without CUDA graphs (inductor's "
-                    "cudagraph_skips counter)", quiet_when_zero=True, items="skips (torch's reason, and where)"),
-        CounterSpec("eager_graph_calls", "calls of compiled graphs that ran without the CUDA graphs torch skipped "
-                    "(steps that fell back to eager)", quiet_when_zero=True, column="graph skips",
-                    items="calls without CUDA graphs (torch's reason, and where)"),
+        CounterSpec(
+            "graph_recordings",
+            "CUDA graphs recorded (captures begun: new graphs, and CUDA graph trees' "
+            "recordings and re-recordings of compiled functions)",
+            quiet_when_zero=True,
+            column="graphs recorded",
+            items="recordings (what recorded, and where)",
+            budget="max_graph_recordings",
+            sentence=_recordings,
+        ),
+        CounterSpec(
+            "graph_skips",
+            "graphs torch.compile decided to run without CUDA graphs (inductor's cudagraph_skips counter)",
+            quiet_when_zero=True,
+            items="skips (torch's reason, and where)",
+        ),
+        CounterSpec(
+            "eager_graph_calls",
+            "calls of compiled graphs that ran without the CUDA graphs torch skipped (steps that fell back to eager)",
+            quiet_when_zero=True,
+            column="graph skips",
+            items="calls without CUDA graphs (torch's reason, and where)",
+        ),
     ),
     kinds=(
-        BudgetKind("no_graph_skips", no_graph_skips, "graphs", named("eager_graph_calls"), _skips,
-                   limit_argument=None, counter="eager_graph_calls"),
+        BudgetKind(
+            "no_graph_skips",
+            no_graph_skips,
+            "graphs",
+            named("eager_graph_calls"),
+            _skips,
+            limit_argument=None,
+            counter="eager_graph_calls",
+        ),
     ),
     cuda=True,
     needs_text=" Needs CUDA.",
-)  # fmt: skip
+)

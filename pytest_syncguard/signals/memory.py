@@ -59,22 +59,48 @@ SIGNAL = Signal(
     metrics=(
         # Its floor follows reserved_mb's 2%: a reserved peak within that moves 1 - allocated/reserved by up to
         # 0.02 x (1 - fragmentation) for the same allocated peak, a packing of blocks, not a regression.
-        Metric("fragmentation", "", counted=False, higher_is_better=False, floor=0.02,
-               runs=lambda m: [s.fragmentation for s in _own_memory(m)], tolerance=0.02, min_tolerance=0.02,
-               aggregate=worst, description="1 - allocated peak / reserved peak of the caching allocator in a region"),
-        Metric("reserved_mb", "MiB", counted=False, higher_is_better=False, floor=2.0,
-               runs=lambda m: [s.reserved_peak / MIB for s in _own_memory(m)], tolerance=0.02, min_tolerance=0.02,
-               aggregate=worst, description="the caching allocator's reserved peak in a region"),
+        Metric(
+            "fragmentation",
+            "",
+            counted=False,
+            higher_is_better=False,
+            floor=0.02,
+            runs=lambda m: [s.fragmentation for s in _own_memory(m)],
+            tolerance=0.02,
+            min_tolerance=0.02,
+            aggregate=worst,
+            description="1 - allocated peak / reserved peak of the caching allocator in a region",
+        ),
+        Metric(
+            "reserved_mb",
+            "MiB",
+            counted=False,
+            higher_is_better=False,
+            floor=2.0,
+            runs=lambda m: [s.reserved_peak / MIB for s in _own_memory(m)],
+            tolerance=0.02,
+            min_tolerance=0.02,
+            aggregate=worst,
+            description="the caching allocator's reserved peak in a region",
+        ),
     ),
     counters=(
         CounterSpec("device_mallocs", "cudaMalloc calls of the caching allocator", of_runs="fewest"),
         CounterSpec("device_frees", "cudaFree calls of the caching allocator", of_runs="fewest"),
     ),
     kinds=(
-        BudgetKind("max_fragmentation", max_fragmentation, "memory", named("fragmentation"), _fragmentation,
-                   fraction=True, unmeasured=NO_OWN_MEMORY),
-        BudgetKind("max_reserved_mb", max_reserved_mb, "memory", named("reserved_mb"), _reserved,
-                   unmeasured=NO_OWN_MEMORY),
+        BudgetKind(
+            "max_fragmentation",
+            max_fragmentation,
+            "memory",
+            named("fragmentation"),
+            _fragmentation,
+            fraction=True,
+            unmeasured=NO_OWN_MEMORY,
+        ),
+        BudgetKind(
+            "max_reserved_mb", max_reserved_mb, "memory", named("reserved_mb"), _reserved, unmeasured=NO_OWN_MEMORY
+        ),
     ),
     cuda=True,
     needs_text=" Needs CUDA.",
@@ -82,4 +108,4 @@ SIGNAL = Signal(
     needs=frozenset({Need.ALLOCATOR}),
     shows=frozenset({Section.ALLOCATOR}),
     parts=(Part("memory", chained, Runs.EVERY),),  # per region and device: a budget holds in every run
-)  # fmt: skip
+)

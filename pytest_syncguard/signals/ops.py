@@ -16,9 +16,16 @@ def _ops(budget: Limit, value: float, m: Measured, example: int) -> str:
 SIGNAL = Signal(
     "ops",
     counters=(
-        CounterSpec("ops", "operators dispatched (aten and other dispatcher ops, nested calls included, as "
-                    "torch.profiler's cpu_op events count them)", per_token=True, column="ops/token",
-                    items="operators", budget="max_ops_per_token", sentence=_ops),
+        CounterSpec(
+            "ops",
+            "operators dispatched (aten and other dispatcher ops, nested calls included, as "
+            "torch.profiler's cpu_op events count them)",
+            per_token=True,
+            column="ops/token",
+            items="operators",
+            budget="max_ops_per_token",
+            sentence=_ops,
+        ),
     ),
     needs_text=" Needs the native extension.",
-)  # fmt: skip
+)

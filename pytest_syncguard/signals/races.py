@@ -22,15 +22,26 @@ def _races(budget: Limit, value: float, m: Measured, example: int) -> str:
 SIGNAL = Signal(
     "races",
     counters=(
-        CounterSpec("async_races", "host accesses of memory whose non_blocking copy the host had not waited for",
-                    quiet_when_zero=True, column="races"),
+        CounterSpec(
+            "async_races",
+            "host accesses of memory whose non_blocking copy the host had not waited for",
+            quiet_when_zero=True,
+            column="races",
+        ),
     ),
     kinds=(
-        BudgetKind("no_async_races", no_async_races, "races", named("async_races"), _races, limit_argument=None,
-                   counter="async_races"),
+        BudgetKind(
+            "no_async_races",
+            no_async_races,
+            "races",
+            named("async_races"),
+            _races,
+            limit_argument=None,
+            counter="async_races",
+        ),
     ),
     cuda=True,
     needs_text=" Needs CUDA and the native extension.",
     needs=frozenset({Need.RACE_WATCH}),
     parts=(Part("races", chained, Runs.EVERY),),
-)  # fmt: skip
+)

@@ -35,18 +35,35 @@ def _per_token_runs(m: Measured) -> list[float]:
 SIGNAL = Signal(
     "syncs",
     metrics=(
-        Metric("syncs", "", counted=True, higher_is_better=False, floor=0.0, runs=lambda m: [float(m.syncs)],
-               aggregate=worst, description="host-device syncs in the measured regions"),
-        Metric("syncs_per_token", "", counted=True, higher_is_better=False, floor=0.0, runs=_per_token_runs,
-               aggregate=worst, description="host-device syncs per token (decode step)"),
+        Metric(
+            "syncs",
+            "",
+            counted=True,
+            higher_is_better=False,
+            floor=0.0,
+            runs=lambda m: [float(m.syncs)],
+            aggregate=worst,
+            description="host-device syncs in the measured regions",
+        ),
+        Metric(
+            "syncs_per_token",
+            "",
+            counted=True,
+            higher_is_better=False,
+            floor=0.0,
+            runs=_per_token_runs,
+            aggregate=worst,
+            description="host-device syncs per token (decode step)",
+        ),
     ),
     kinds=(
-        BudgetKind("max_syncs_per_token", max_syncs_per_token, "syncs", named("syncs_per_token"), _per_token,
-                   needs_tokens=True),
+        BudgetKind(
+            "max_syncs_per_token", max_syncs_per_token, "syncs", named("syncs_per_token"), _per_token, needs_tokens=True
+        ),
         BudgetKind("max_syncs", max_syncs, "syncs", named("syncs"), _total),
     ),
     shows=frozenset({Section.SITES}),
     # A measure() keeps its worst run's syncs; where a run could not count the CUDA calls made outside torch (a
     # trace held CUPTI), a run that could is the worst.
     parts=(Part("events", chained), Part("cuda_calls_uncounted", first_reason)),
-)  # fmt: skip
+)

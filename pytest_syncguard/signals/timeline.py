@@ -55,10 +55,15 @@ def gap_stat_of(name: str) -> str | None:
 def gap_metric(stat: str) -> Metric:
     """The metric of an idle-gap statistic (``max``, ``mean``, a percentile), the one a budget asks for too."""
     return Metric(
-        gap_metric_name(stat), "us", counted=False, higher_is_better=False, floor=2.0,
-        runs=lambda m: [t.gap_stat(stat) for t in m.gpu_timelines], host=True,
+        gap_metric_name(stat),
+        "us",
+        counted=False,
+        higher_is_better=False,
+        floor=2.0,
+        runs=lambda m: [t.gap_stat(stat) for t in m.gpu_timelines],
+        host=True,
         description=f"the {stat} idle gap of the device over the region's judged steps, all streams merged",
-    )  # fmt: skip
+    )
 
 
 def _judged_steps(m: Measured, example: int) -> str:
@@ -100,9 +105,10 @@ def _copies(way: str, words: str) -> tuple[CounterSpec, CounterSpec]:
     copies = f"copies_{way}"
     return (
         CounterSpec(copies, f"{words} copies", items="copies (kind and size)"),
-        CounterSpec(f"copy_bytes_{way}", f"bytes copied {words.replace('-to-', ' to ')}", explained_by=copies,
-                    unit="B"),
-    )  # fmt: skip
+        CounterSpec(
+            f"copy_bytes_{way}", f"bytes copied {words.replace('-to-', ' to ')}", explained_by=copies, unit="B"
+        ),
+    )
 
 
 def _no_timeline(m: Measured) -> str | None:
@@ -116,30 +122,66 @@ SIGNAL = Signal(
     metrics=(
         gap_metric("max"),
         gap_metric("p99"),
-        Metric("busy_fraction", "", counted=False, higher_is_better=True, floor=0.01,
-               runs=lambda m: [t.busy_fraction for t in m.gpu_timelines], host=True,
-               description="the device's busy time over the span of the region's judged steps"),
-        Metric(DEVICE_TIME, "us", counted=False, higher_is_better=False, floor=1.0,
-               runs=lambda m: m.device_us_per_token(), tolerance=0.05, min_tolerance=0.015, ab_min_effect=0.01,
-               description="the device's busy time per judged decode step, from the kernels' records of the traced "
-               "runs (a measure()'s counting run)"),
+        Metric(
+            "busy_fraction",
+            "",
+            counted=False,
+            higher_is_better=True,
+            floor=0.01,
+            runs=lambda m: [t.busy_fraction for t in m.gpu_timelines],
+            host=True,
+            description="the device's busy time over the span of the region's judged steps",
+        ),
+        Metric(
+            DEVICE_TIME,
+            "us",
+            counted=False,
+            higher_is_better=False,
+            floor=1.0,
+            runs=lambda m: m.device_us_per_token(),
+            tolerance=0.05,
+            min_tolerance=0.015,
+            ab_min_effect=0.01,
+            description="the device's busy time per judged decode step, from the kernels' records of the traced "
+            "runs (a measure()'s counting run)",
+        ),
     ),
     counters=(
-        CounterSpec("launches", "kernel launches (a CUDA graph launch counts one)", per_token=True,
-                    column="launches/token", items="kernels", budget="max_launches_per_token", sentence=_launches),
+        CounterSpec(
+            "launches",
+            "kernel launches (a CUDA graph launch counts one)",
+            per_token=True,
+            column="launches/token",
+            items="kernels",
+            budget="max_launches_per_token",
+            sentence=_launches,
+        ),
         CounterSpec("graph_launches", "CUDA graph launches", column="graph launches"),
-        CounterSpec("graph_kernels", "kernels and copy nodes run by CUDA graph launches",
-                    items="kernels and copy nodes in CUDA graphs"),
+        CounterSpec(
+            "graph_kernels",
+            "kernels and copy nodes run by CUDA graph launches",
+            items="kernels and copy nodes in CUDA graphs",
+        ),
         *_copies("h2d", "host-to-device"),
         *_copies("d2h", "device-to-host"),
         *_copies("d2d", "device-to-device"),
         CounterSpec("memsets", "memsets", items="memsets (size)"),
     ),
     kinds=(
-        BudgetKind("max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, _idle, unmeasured=NO_GPU_WORK,
-                   stat="stat"),
-        BudgetKind("min_gpu_busy", min_gpu_busy, "timeline", named("busy_fraction"), _busy, limit_argument="fraction",
-                   upper=False, fraction=True, unmeasured=NO_GPU_WORK),
+        BudgetKind(
+            "max_gpu_idle_us", max_gpu_idle_us, "timeline", gap_metric_name, _idle, unmeasured=NO_GPU_WORK, stat="stat"
+        ),
+        BudgetKind(
+            "min_gpu_busy",
+            min_gpu_busy,
+            "timeline",
+            named("busy_fraction"),
+            _busy,
+            limit_argument="fraction",
+            upper=False,
+            fraction=True,
+            unmeasured=NO_GPU_WORK,
+        ),
     ),
     cuda=True,
     needs_text=" Needs CUDA; counted from the timeline capture.",
@@ -150,7 +192,8 @@ SIGNAL = Signal(
     # Filled after the call by its instrument (:meth:`..instruments.Instrument.timelines`): the timed runs'
     # timelines, the traced runs' device time.
     parts=(
-        Part("timelines", chained, Runs.TIMED), Part("unreliable_timeline", first_reason, Runs.EVERY),
+        Part("timelines", chained, Runs.TIMED),
+        Part("unreliable_timeline", first_reason, Runs.EVERY),
         Part("device_times", united, Runs.EVERY),
     ),
-)  # fmt: skip
+)

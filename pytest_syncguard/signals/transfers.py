@@ -25,17 +25,27 @@ def _bytes(way: str) -> CounterSpec:
             f"{m.tokens} tokens"
         )
 
-    return CounterSpec(f"transfer_bytes{suffix}", f"bytes transferred {words} (memcpy calls of any library)",
-                       per_token=True, unit="B", explained_by=f"transfers{suffix}", counted_runs=True,
-                       budget=f"max_transfer_bytes{suffix}_per_token", sentence=sentence)  # fmt: skip
+    return CounterSpec(
+        f"transfer_bytes{suffix}",
+        f"bytes transferred {words} (memcpy calls of any library)",
+        per_token=True,
+        unit="B",
+        explained_by=f"transfers{suffix}",
+        counted_runs=True,
+        budget=f"max_transfer_bytes{suffix}_per_token",
+        sentence=sentence,
+    )
 
 
 def _calls(way: str) -> CounterSpec:
     suffix = f"_{way}" if way else ""
     words = DIRECTIONS[way] if way else "host-device"
-    return CounterSpec(f"transfers{suffix}", f"{words} transfers (memcpy calls of any library, at the CUDA API)",
-                       items="transfers (call site, CUDA function, direction and size)",
-                       counted_runs=True)  # fmt: skip
+    return CounterSpec(
+        f"transfers{suffix}",
+        f"{words} transfers (memcpy calls of any library, at the CUDA API)",
+        items="transfers (call site, CUDA function, direction and size)",
+        counted_runs=True,
+    )
 
 
 SIGNAL = Signal(

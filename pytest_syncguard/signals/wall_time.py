@@ -13,11 +13,27 @@ def _rates(m: Measured) -> list[float]:
 SIGNAL = Signal(
     "wall_time",
     metrics=(
-        Metric("seconds", "s", counted=False, higher_is_better=False, floor=0.0,
-               runs=lambda m: [t.seconds for t in m.timings], host=True, description="wall time of a measured run"),
-        Metric("tokens_per_second", "tok/s", counted=False, higher_is_better=True, floor=0.0, runs=_rates, host=True,
-               description="tokens over the wall time of a measured run"),
+        Metric(
+            "seconds",
+            "s",
+            counted=False,
+            higher_is_better=False,
+            floor=0.0,
+            runs=lambda m: [t.seconds for t in m.timings],
+            host=True,
+            description="wall time of a measured run",
+        ),
+        Metric(
+            "tokens_per_second",
+            "tok/s",
+            counted=False,
+            higher_is_better=True,
+            floor=0.0,
+            runs=_rates,
+            host=True,
+            description="tokens over the wall time of a measured run",
+        ),
     ),
     timed=True,
     parts=(Part("timings", chained, Runs.TIMED),),
-)  # fmt: skip
+)

@@ -67,10 +67,14 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
 def page(histories: Sequence[History], repository: str | None = None) -> str:
     """A static HTML page: per GPU model, per test, a small SVG chart of each metric the history keeps, each point a
     link to its commit (on GitHub where ``repository`` is given) with its value and host in its title."""
-    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8"><title>syncguard history</title>',
-             "<style>body{font-family:sans-serif;margin:2em}svg{background:#fafafa;border:1px solid #ddd;margin:4px}"
-             "h2{margin-top:2em}figure{display:inline-block;margin:0 8px}figcaption{font-size:12px}</style>",
-             "</head><body>", "<h1>syncguard history</h1>"]  # fmt: skip
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>syncguard history</title>',
+        "<style>body{font-family:sans-serif;margin:2em}svg{background:#fafafa;border:1px solid #ddd;margin:4px}"
+        "h2{margin-top:2em}figure{display:inline-block;margin:0 8px}figcaption{font-size:12px}</style>",
+        "</head><body>",
+        "<h1>syncguard history</h1>",
+    ]
     for history in histories:
         hosts = sorted({h for run in history.runs for h in run.host.split(",") if h})
         parts.append(f"<h2>{html.escape(history.device)}: {len(history.runs)} runs on {len(hosts)} hosts</h2>")
@@ -112,9 +116,11 @@ def _chart(points: Sequence[tuple[Run, float]], name: str, repository: str | Non
         dot = f'<circle cx="{x:.1f}" cy="{yy:.1f}" r="3" fill="#1f6feb"><title>{title}</title></circle>'
         dots.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
     label = html.escape(f"{name}: {values[-1]:g} (last), {low:g} to {high:g}")
-    return (f'<figure><svg width="{width}" height="{height}" role="img" aria-label="{label}">'
-            f'<polyline points="{line}" fill="none" stroke="#888"/>{"".join(dots)}</svg>'
-            f"<figcaption>{label}</figcaption></figure>")  # fmt: skip
+    return (
+        f'<figure><svg width="{width}" height="{height}" role="img" aria-label="{label}">'
+        f'<polyline points="{line}" fill="none" stroke="#888"/>{"".join(dots)}</svg>'
+        f"<figcaption>{label}</figcaption></figure>"
+    )
 
 
 def _first(name: str) -> tuple[int, str]:

@@ -49,7 +49,8 @@ def properties(result: MeasuredTest) -> list[tuple[str, object]]:
         )
     if result.error is not None:
         props.append((Prop.ERROR, result.error))
-    return [(PREFIX + name, value) for name, value in props]
+    # Plain strings: a status is a str subclass (:class:`...status.Status`), which xdist's channel does not carry.
+    return [(PREFIX + name, str(value) if isinstance(value, str) else value) for name, value in props]
 
 
 def _number(value: float) -> object:

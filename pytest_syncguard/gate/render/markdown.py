@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ...document.comparison import Change
 from ...metrics import DEVICE_TIME, timing_order
+from ...status import Status
 from ...words import plural
 from ..cases import RunCase
 from ..chain import (
@@ -134,7 +135,7 @@ def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
 def device_time_block(run: RunComparison) -> list[str]:
     """Every test's device time per token against its baseline, regressions first, with the tolerance it was
     judged within and the recorded spread that set it."""
-    order = {"regression": 0, "improvement": 1, "not compared": 2, "unchanged": 3}
+    order = {Status.REGRESSION: 0, Status.IMPROVEMENT: 1, "not compared": 2, Status.UNCHANGED: 3}
     rows = sorted(
         ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
         key=lambda pair: (order.get(pair[1].status, 2), pair[0].case.nodeid),
@@ -179,8 +180,13 @@ def _listing(title: str, tests: Sequence[tuple[str, str]]) -> list[str]:
 def summary_line(run: RunComparison) -> str:
     """The run in one line: tests, devices, what judged them."""
     devices = ", ".join(code(d) for d in run.devices) or "no device"
-    named = {"regression": "regressed", "improvement": "improved", "unchanged": "unchanged", "new": "new",
-             "not compared": "not compared"}  # fmt: skip
+    named = {
+        Status.REGRESSION: "regressed",
+        Status.IMPROVEMENT: "improved",
+        Status.UNCHANGED: Status.UNCHANGED,
+        "new": "new",
+        "not compared": "not compared",
+    }
     counts = {word: len(run.with_status(status)) for status, word in named.items()}
     files = sorted({Path(v.comparison.file).name for v in run.cases if v.comparison.status not in ("new",)})
     files = [f for f in files if not f.startswith("history:")]
@@ -189,14 +195,17 @@ def summary_line(run: RunComparison) -> str:
         from ..history import describe
 
         histories = "; ".join(said(describe(h)) for _, h in sorted(run.histories.items()))
-        judged = f"judged against the default branch's {histories}" + (f" and {', '.join(map(code, files))}"
-                                                                        if files else "")  # fmt: skip
+        judged = f"judged against the default branch's {histories}" + (
+            f" and {', '.join(map(code, files))}" if files else ""
+        )
     host = "host timings judged" if any(v.comparison.host_timings for v in run.cases) else "host timings not judged"
     rest = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
     missing = f", {len(run.missing)} missing" if run.missing else ""
     if run.rejudged:
-        missing += (f", {plural(len(run.rejudged), 'test')} the run failed against its own baseline and this one "
-                    "finds not regressed")  # fmt: skip
+        missing += (
+            f", {plural(len(run.rejudged), 'test')} the run failed against its own baseline and this one "
+            "finds not regressed"
+        )
     return f"{plural(len(run.cases), 'test')} on {devices}, {judged}: {rest or 'none compared'}{missing}; {host}."
 
 
@@ -214,8 +223,10 @@ def history_lines(run: RunComparison) -> list[str]:
     """Where the default branch's history could not be read: said, with why."""
     if run.history_unavailable is None:
         return []
-    return [f"⚠️ The default branch's history could not be read ({code(run.history_unavailable)}): judged against "
-            "the baselines folder instead.\n"]  # fmt: skip
+    return [
+        f"⚠️ The default branch's history could not be read ({code(run.history_unavailable)}): judged against "
+        "the baselines folder instead.\n"
+    ]
 
 
 def stale_lines(run: RunComparison) -> list[str]:
@@ -228,8 +239,10 @@ def stale_lines(run: RunComparison) -> list[str]:
     for slug, found in sorted(run.histories.items()):
         stale = [(n, why, commit) for n, (why, commit) in sorted(levels(found).stale.items()) if (slug, n) in judged]
         for nodeid, why, commit in stale[:10]:
-            lines.append(f"⚠️ The default branch's last run left out {code(nodeid)} ({said(why)}): judged against "
-                         f"its last good run ({code(commit[:12])}).\n")  # fmt: skip
+            lines.append(
+                f"⚠️ The default branch's last run left out {code(nodeid)} ({said(why)}): judged against "
+                f"its last good run ({code(commit[:12])}).\n"
+            )
         if len(stale) > 10:
             lines.append(f"⚠️ ... and {plural(len(stale) - 10, 'more test')} the last run left out.\n")
     return lines
@@ -246,9 +259,9 @@ def trend_block(run: RunComparison) -> list[str]:
     from .charts import mermaid
 
     lines: list[str] = []
-    for verdict in run.with_status("regression"):
+    for verdict in run.with_status(Status.REGRESSION):
         history = run.histories.get(verdict.case.device_slug)
-        regressed = [c.metric for c in verdict.comparison.of("regression")]
+        regressed = [c.metric for c in verdict.comparison.of(Status.REGRESSION)]
         if history is None or not regressed:
             continue
         name = DEVICE_TIME if DEVICE_TIME in regressed else regressed[0]
@@ -256,8 +269,13 @@ def trend_block(run: RunComparison) -> list[str]:
         chart = mermaid(history, verdict.case.nodeid, name, now) if now is not None else []
         if chart:
             held = describe(history, verdict.case.nodeid, name)
-            lines += [f"{code(verdict.case.nodeid)}: {code(name)} over the default branch's last runs, then this run "
-                      f"({code(held)})", "", *chart, ""]  # fmt: skip
+            lines += [
+                f"{code(verdict.case.nodeid)}: {code(name)} over the default branch's last runs, then this run "
+                f"({code(held)})",
+                "",
+                *chart,
+                "",
+            ]
     return ["#### Trend", "", *lines] if lines else []
 
 
@@ -271,10 +289,15 @@ def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
         for item in loosened
     ]
     return [
-        f"### ⚠️ This change loosens its own baselines ({plural(len(loosened), 'value')})", "",
-        "Judged against the base's baseline files; a reviewer approves these as the new level:", "",
-        "| test | device | metric | base → head |", "|---|---|---|---|", *rows, "",
-    ]  # fmt: skip
+        f"### ⚠️ This change loosens its own baselines ({plural(len(loosened), 'value')})",
+        "",
+        "Judged against the base's baseline files; a reviewer approves these as the new level:",
+        "",
+        "| test | device | metric | base → head |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | None = None) -> list[list[str]]:
@@ -295,10 +318,14 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
         blocks.append(trend_block(run))
     other = [v for v in run.failed_tests if not v.case.broken]
     if other:
-        blocks.append([
-            f"### ❌ Failed tests ({plural(len(other), 'test')})", "",
-            *(line for v in other for line in _failed_test(v.case, links)), "",
-        ])  # fmt: skip
+        blocks.append(
+            [
+                f"### ❌ Failed tests ({plural(len(other), 'test')})",
+                "",
+                *(line for v in other for line in _failed_test(v.case, links)),
+                "",
+            ]
+        )
     if ab is not None:
         blocks.append(ab_lines(ab))
     blocks.append(_details(run))
@@ -317,10 +344,15 @@ def _details(run: RunComparison) -> list[str]:
     """Everything else, collapsed: device time of every test, improvements, new and missing tests, timings not
     judged, the environment, and every test's verdict."""
     inside: list[str] = [*device_time_block(run), *joined_block(run)]
-    improved = _pairs(run.with_status("improvement"), "improvement")
+    improved = _pairs(run.with_status(Status.IMPROVEMENT), Status.IMPROVEMENT)
     if improved:
-        inside += ["**Improvements** (record them with `pytest --syncguard --syncguard-update-baselines` on the same "
-                   "GPU model)", "", *_change_rows(improved), ""]  # fmt: skip
+        inside += [
+            "**Improvements** (record them with `pytest --syncguard --syncguard-update-baselines` on the same "
+            "GPU model)",
+            "",
+            *_change_rows(improved),
+            "",
+        ]
     new = [(v.case.device_slug, v.case.nodeid) for v in run.with_status("new")]
     if new:
         inside += _listing("**New tests** (no baseline entry)", new)
@@ -328,9 +360,14 @@ def _details(run: RunComparison) -> list[str]:
         inside += _listing("**In the baselines, not in this run**", run.missing)
     host = _pairs(run.cases, "not judged")
     if host:
-        inside += ["**Host timings, not judged** (time, tokens/s, gaps, busy fraction against a baseline: judged "
-                   "A/B on one runner, or with --syncguard-judge-host-timings where this runner recorded the "
-                   "baseline)", "", *_change_rows(host), ""]  # fmt: skip
+        inside += [
+            "**Host timings, not judged** (time, tokens/s, gaps, busy fraction against a baseline: judged "
+            "A/B on one runner, or with --syncguard-judge-host-timings where this runner recorded the "
+            "baseline)",
+            "",
+            *_change_rows(host),
+            "",
+        ]
     if run.environment:
         inside += ["**Environment differs from the baseline's**", ""]
         for device, changes in sorted(run.environment.items()):
@@ -343,7 +380,7 @@ def _details(run: RunComparison) -> list[str]:
         f"{said(v.case.verdict, cell=True)} | {said(v.comparison.status, cell=True)} |"
         for v in run.cases
     ]
-    unchanged = len(run.with_status("unchanged"))
+    unchanged = len(run.with_status(Status.UNCHANGED))
     summary = f"Details: {plural(unchanged, 'test')} unchanged, device time and verdict of every test"
     return [f"<details><summary>{summary}</summary>", "", *inside, "", "</details>", ""]
 
@@ -353,7 +390,7 @@ def ab_lines(report: ABReport) -> list[str]:
     changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
     from ..ab import failure_text
 
-    regressed = report.with_verdict("regression")
+    regressed = report.with_verdict(Status.REGRESSION)
     failed = report.failed_in.get("head", {})
     missing = report.only_in.get("base", ())
     stopped = report.stopped or "no test compared"
@@ -432,11 +469,13 @@ def _ab_rows(report: ABReport) -> list[str]:
             f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | {ratio_text(v)} | "
             f"{said(v.verdict + verdict_note(v, name), cell=True)} |"
             for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0]))
-            if v.verdict != "unchanged"
+            if v.verdict != Status.UNCHANGED
         ]
-        cells += [f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | | {said(why, cell=True)} |"
-                  for name, why in sorted(test.unmeasured.items())]  # fmt: skip
-        if not cells or (test.verdict == "unchanged" and not test.unmeasured):
+        cells += [
+            f"| {code(test.nodeid, cell=True)} | {code(name, cell=True)} | | {said(why, cell=True)} |"
+            for name, why in sorted(test.unmeasured.items())
+        ]
+        if not cells or (test.verdict == Status.UNCHANGED and not test.unmeasured):
             quiet.append(test.nodeid)
             continue
         rows.extend(cells)
@@ -451,8 +490,10 @@ def _ab_rows(report: ABReport) -> list[str]:
     if ids := report.only_in.get("head"):
         lines.append(f"Measured only in the head, not compared: {', '.join(code(i) for i in ids)}")
     if report.unreached:
-        lines.append(f"⚠️ Not A/B-tested, undecided (the time budget ran out first): "
-                     f"{', '.join(code(nodeid) for nodeid in report.unreached)}")  # fmt: skip
+        lines.append(
+            f"⚠️ Not A/B-tested, undecided (the time budget ran out first): "
+            f"{', '.join(code(nodeid) for nodeid in report.unreached)}"
+        )
     if report.judged_by_baseline:
         files = ", ".join(code(Path(f).name) for f in sorted(set(report.judged_by_baseline.values())))
         tests = ", ".join(code(nodeid) for nodeid in report.judged_by_baseline)

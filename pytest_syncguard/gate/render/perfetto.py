@@ -68,34 +68,65 @@ def render(nodeid: str, source: str, regions: Sequence[Region]) -> dict[str, Any
         events += _names(pid, f"region {place.region} of {nodeid}", place.region)
         events += _busy(pid, timeline.runs, origin)
         events += [
-            {"ph": "X", "cat": "step", "name": f"step {s.step}", "pid": pid, "tid": TRACKS[STEPS],
-             "ts": s.start - origin, "dur": s.end - s.start, "args": {"step": s.step}}
+            {
+                "ph": "X",
+                "cat": "step",
+                "name": f"step {s.step}",
+                "pid": pid,
+                "tid": TRACKS[STEPS],
+                "ts": s.start - origin,
+                "dur": s.end - s.start,
+                "args": {"step": s.step},
+            }
             for s in timeline.step_spans
-        ]  # fmt: skip
+        ]
         events += _gaps(pid, timeline, origin)
         events += [
-            {"ph": "i", "s": "t", "cat": "sync", "name": m.label, "pid": pid, "tid": TRACKS[SYNCS],
-             "ts": m.time - origin, "args": {"site": m.label}}
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "sync",
+                "name": m.label,
+                "pid": pid,
+                "tid": TRACKS[SYNCS],
+                "ts": m.time - origin,
+                "args": {"site": m.label},
+            }
             for m in timeline.syncs
-        ]  # fmt: skip
-        described.append({
-            "region": place.region, "shown": place.shown, "steps": timeline.steps,
-            "warmup_steps": timeline.warmup_steps, "judged_steps": timeline.judged_steps,
-            "gpu_ops": timeline.gpu_ops, "steps_from": timeline.steps_from,
-        })  # fmt: skip
+        ]
+        described.append(
+            {
+                "region": place.region,
+                "shown": place.shown,
+                "steps": timeline.steps,
+                "warmup_steps": timeline.warmup_steps,
+                "judged_steps": timeline.judged_steps,
+                "gpu_ops": timeline.gpu_ops,
+                "steps_from": timeline.steps_from,
+            }
+        )
     # The entry that identifies the file comes first, so that a reader can tell it from a profiler trace at once.
     return {
-        KEY: {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "nodeid": nodeid, "source": source,
-              "origin_us": first, "regions": described},
+        KEY: {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "nodeid": nodeid,
+            "source": source,
+            "origin_us": first,
+            "regions": described,
+        },
         "displayTimeUnit": "ns",
         "traceEvents": events,
-    }  # fmt: skip
+    }
 
 
 def _earliest(timeline: Timeline) -> float:
     """The earliest time a timeline draws (a sync may come before the device's first busy stretch)."""
-    times = [*(r.start for r in timeline.runs[:1]), *(m.time for m in timeline.syncs),
-             *(s.start for s in timeline.step_spans)]  # fmt: skip
+    times = [
+        *(r.start for r in timeline.runs[:1]),
+        *(m.time for m in timeline.syncs),
+        *(s.start for s in timeline.step_spans),
+    ]
     return min(times, default=0.0)
 
 
@@ -138,8 +169,18 @@ def _gaps(pid: int, timeline: Timeline, origin: float) -> list[dict[str, Any]]:
         else:
             args |= {"cause": NOT_ATTRIBUTED, "detail": f"only the {len(timeline.top_gaps)} widest gaps are attributed"}
         name = f"{args['cause']} gap" if found is not None else "gap"
-        events.append({"ph": "X", "cat": "gap", "name": name, "pid": pid, "tid": TRACKS[GAPS],
-                       "ts": before.end - origin, "dur": length, "args": args})  # fmt: skip
+        events.append(
+            {
+                "ph": "X",
+                "cat": "gap",
+                "name": name,
+                "pid": pid,
+                "tid": TRACKS[GAPS],
+                "ts": before.end - origin,
+                "dur": length,
+                "args": args,
+            }
+        )
     return events
 
 
@@ -185,8 +226,18 @@ def load(path: Path, limit: int = MAX_UNPACKED_BYTES, raise_with: str = "") -> t
             by_pid.setdefault(int(event["pid"]), []).append(event)
         origin = float(meta["origin_us"])
         regions = [_region(entry, by_pid.get(int(entry["region"]), []), origin) for entry in meta["regions"]]
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
-            OverflowError, RecursionError) as exc:  # fmt: skip
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+        UnicodeDecodeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
         if isinstance(exc, TimelineFileError):
             raise
         raise TimelineFileError(f"{path}: not a readable syncguard timeline ({exc!r})") from exc
@@ -202,19 +253,37 @@ def _region(entry: dict[str, Any], events: Sequence[dict[str, Any]], origin: flo
     slices = sorted((e for e in events if e["ph"] == "X"), key=lambda e: float(e["ts"]))
     gaps = [e for e in slices if e.get("cat") == "gap"]
     attributed = [
-        AttributedGap(float(e["dur"]), float(e["ts"]), e["args"].get("step"), e["args"]["cause"],
-                      e["args"]["detail"], e["args"].get("next_op", ""))
-        for e in gaps if e["args"]["cause"] != NOT_ATTRIBUTED
-    ]  # fmt: skip
-    steps = [StepSpan(int(e["args"]["step"]), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-             for e in slices if e.get("cat") == "step"]  # fmt: skip
+        AttributedGap(
+            float(e["dur"]),
+            float(e["ts"]),
+            e["args"].get("step"),
+            e["args"]["cause"],
+            e["args"]["detail"],
+            e["args"].get("next_op", ""),
+        )
+        for e in gaps
+        if e["args"]["cause"] != NOT_ATTRIBUTED
+    ]
+    steps = [
+        StepSpan(int(e["args"]["step"]), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in slices
+        if e.get("cat") == "step"
+    ]
     syncs = [SyncMark(float(e["ts"]), str(e["name"])) for e in events if e["ph"] == "i"]
     span = counter[-1][0] - counter[0][0] if counter else 0.0
     timeline = Timeline(
-        steps=int(entry["steps"]), warmup_steps=int(entry["warmup_steps"]), judged_steps=int(entry["judged_steps"]),
-        gpu_ops=int(entry["gpu_ops"]), span_us=span, busy_us=sum(r.busy for r in runs),
+        steps=int(entry["steps"]),
+        warmup_steps=int(entry["warmup_steps"]),
+        judged_steps=int(entry["judged_steps"]),
+        gpu_ops=int(entry["gpu_ops"]),
+        span_us=span,
+        busy_us=sum(r.busy for r in runs),
         gaps_us=tuple(float(e["dur"]) for e in gaps),
-        top_gaps=tuple(sorted(attributed, key=lambda g: -g.duration_us)), steps_from=str(entry["steps_from"]),
-        origin_us=origin, runs=tuple(runs), step_spans=tuple(steps), syncs=tuple(sorted(syncs)),
-    )  # fmt: skip
+        top_gaps=tuple(sorted(attributed, key=lambda g: -g.duration_us)),
+        steps_from=str(entry["steps_from"]),
+        origin_us=origin,
+        runs=tuple(runs),
+        step_spans=tuple(steps),
+        syncs=tuple(sorted(syncs)),
+    )
     return Region(int(entry["region"]), timeline, bool(entry["shown"]))

@@ -13,6 +13,7 @@ from ...document.measured import MeasuredTest, SiteRecord
 from ...metrics import METRICS
 from ...signals import EXPLAINED_BY, ITEMIZED
 from ...signals.base import MIB, Section
+from ...status import Status
 from .perfetto import SUFFIX
 
 STACK_LINES = 4
@@ -28,16 +29,16 @@ def failure_text(result: MeasuredTest) -> str:
     if broken:
         lines.append(f"syncguard: {len(broken)} of {len(result.checks)} budgets exceeded on {result.device}")
         lines.extend(f"  {c.text}" for c in broken)
-    if result.comparison is not None and result.comparison.status == "regression":
+    if result.comparison is not None and result.comparison.status == Status.REGRESSION:
         device = result.comparison.device
-        lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of("regression"))
+        lines.extend(f"syncguard: baseline {device}: {c.describe()}" for c in result.comparison.of(Status.REGRESSION))
         lines.extend(f"  {line}" for line in result.comparison.explanation.lines())
         lines.extend(consequence_lines(result))
     if Section.SITES in shown or not broken:
         lines.extend(site_lines(result))
     counters = [c.budget.kind.counter for c in broken if c.budget.kind.counter]
     if result.comparison is not None:  # a counter that regressed against the baseline
-        counters += [c.metric.removesuffix("_per_token") for c in result.comparison.of("regression")]
+        counters += [c.metric.removesuffix("_per_token") for c in result.comparison.of(Status.REGRESSION)]
     lines.extend(count_lines(result, counters))
     if result.timeline_source is not None and Section.TIMELINE in shown:
         lines.append(f"syncguard: {result.timeline_source.describe()}")
@@ -273,12 +274,16 @@ def baseline_lines(results: Iterable[MeasuredTest], updating: bool, notes: Itera
     compared = [(r, r.comparison) for r in results if r.comparison]
     if not updating:
         for r, c in compared:
-            lines.extend(f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("regression"))
-            if c.status == "regression":
+            lines.extend(
+                f"REGRESSION {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of(Status.REGRESSION)
+            )
+            if c.status == Status.REGRESSION:
                 lines.extend(f"  {line}" for line in c.explanation.lines())
-        improved = [(r, c) for r, c in compared if c.status == "improvement"]
+        improved = [(r, c) for r, c in compared if c.status == Status.IMPROVEMENT]
         for r, c in improved:
-            lines.extend(f"improvement {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of("improvement"))
+            lines.extend(
+                f"improvement {r.nodeid}: baseline {c.device}: {ch.describe()}" for ch in c.of(Status.IMPROVEMENT)
+            )
         new = [r.nodeid for r, c in compared if c.status == "new"]
         if new:
             lines.append(f"new (no baseline entry): {', '.join(new)}")

@@ -63,8 +63,10 @@ class NativeKernel:
                 name = _name()  # the sources read and hashed once
                 if not _built(name):
                     # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
-                    print("syncguard: building the native kernels (once per machine, torch version and sources)",
-                          file=sys.__stderr__)  # fmt: skip
+                    print(
+                        "syncguard: building the native kernels (once per machine, torch version and sources)",
+                        file=sys.__stderr__,
+                    )
                 self._module = _build(name)
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
                 self.unavailable = f"could not be built ({type(exc).__name__}: {_reason(exc)})"
