@@ -235,15 +235,16 @@ def test_a_failed_budget_is_a_failed_status_the_prs_code_does_not_set(tmp_path: 
     assert _state(gh)["statuses"][0]["state"] == "failure"
 
 
+@pytest.mark.parametrize("name", ["results-nvidia-h100-80gb-hbm3.json", "ab-nvidia-h100-80gb-hbm3.json"])
 @pytest.mark.parametrize("kind", ["symlink", "oversize"])
-def test_a_results_file_left_out_is_named_and_nothing_passes(tmp_path: Path, kind: str) -> None:
+def test_a_results_file_left_out_is_named_and_nothing_passes(tmp_path: Path, kind: str, name: str) -> None:
     """A results file that is a symbolic link, or over the size read, is named and nothing is posted (it was dropped
     with its failed budget, and the rest posted as a pass); the fork's approval goes all the same."""
     outside = tmp_path / "outside.json"
     outside.write_text("{}")
 
     def plant(artifact: Path) -> None:
-        target = artifact / "results-nvidia-h100-80gb-hbm3.json"
+        target = artifact / name
         if kind == "symlink":
             target.symlink_to(outside)
         else:
@@ -251,7 +252,7 @@ def test_a_results_file_left_out_is_named_and_nothing_passes(tmp_path: Path, kin
                 sparse.truncate((50 << 20) + 1)
 
     gh, done = poster(tmp_path, "12", plant=plant)
-    assert done.returncode == 1 and "results-nvidia-h100-80gb-hbm3.json: not a regular file" in done.stderr
+    assert done.returncode == 1 and f"{name}: not a regular file" in done.stderr
     assert not gh.comments and "statuses" not in _state(gh)
     assert _state(gh)["pulls"]["12"]["labels"] == [{"name": "perf"}]
 

@@ -151,6 +151,9 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
     with_ab = small_regular_file(ab, MAX_FILE_BYTES)
+    if not with_ab and (ab.is_symlink() or ab.exists()):
+        raise ArtifactError(f"artifact file {ab.name}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB; "
+                            "nothing posted")  # fmt: skip
     history, unread = _history(work / "history")
     request = ReportRequest(
         tuple(map(str, results)),
