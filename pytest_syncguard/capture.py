@@ -149,15 +149,14 @@ class CallCapture:
         return self.instrument.source
 
     @property
-    def races(self) -> bool:
-        """Whether its budgets check races (the guard's regions check them when it says so)."""
-        return Need.RACE_WATCH in needs(b.kind.signal for b in self.budgets)
+    def needs(self) -> frozenset[Need]:
+        """What its budgets need the test's regions to record, asked once (the allocator's numbers too where it
+        tracks memory: a diagnostic rerun)."""
+        return needs(b.kind.signal for b in self.budgets) | ({Need.ALLOCATOR} if self.memory else frozenset())
 
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
-        self.whole_call = GenerationRegion(
-            None, self.guard.default_device(), track_memory=self.memory, check_races=self.races, run=WHOLE_CALL
-        )
+        self.whole_call = GenerationRegion(None, self.guard.default_device(), needs=self.needs, run=WHOLE_CALL)
         try:
             with ExitStack() as stack:
                 stack.enter_context(self.instrument.recording())

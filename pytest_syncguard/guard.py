@@ -25,6 +25,7 @@ from .probes.memory import driver_calls, region_memory
 from .probes.races import RACES
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
+from .signals.base import Need
 
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
@@ -59,11 +60,12 @@ class GenerationRegion:
     """What the region measured, after its block."""
     forward_calls: int = 0
     """Forward calls of :attr:`model` in the region."""
-    track_memory: bool = False
+    needs: frozenset[Need] = frozenset()
+    """What the test's budgets need its regions to record beyond what every region records (the allocator's
+    numbers, the race watch: :class:`.signals.base.Need`), asked once for the test; a probe that records for a need
+    runs where it is among them (:attr:`RegionProbe.need`)."""
     count_ops: bool = True
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
-    check_races: bool = False
-    """Check host accesses of memory whose non_blocking copy the host has not waited for (CUDA)."""
     run: str = TIMED_RUN
     """What it runs as: :data:`.instruments.TIMED_RUN` or :data:`.instruments.COUNTING_RUN` (a ``measure()``'s
     counting run, whose trace gives the device time and the exact device-work counts)."""
@@ -145,7 +147,7 @@ class GenerationRegion:
                 with ExitStack() as stack:
                     self._open = stack
                     for probe in REGION_PROBES:
-                        if probe.wanted(self):
+                        if (probe.need is None or probe.need in self.needs) and probe.wanted(self):
                             stack.enter_context(probe.recording(self))
                     yield self
                 seconds = self._clock() - start
@@ -241,6 +243,8 @@ class RegionProbe:
     fills: Callable[[GenerationRegion], dict[str, Any]] | None = None
     """The parts of the measurement it fills (:data:`.measurement.PARTS`), by field (empty where it was not
     wanted)."""
+    need: Need | None = None
+    """What a test's budgets must need for it to run (None: every region runs it, where ``wanted``)."""
 
 
 def _always(region: GenerationRegion) -> bool:
@@ -259,9 +263,10 @@ REGION_PROBES = (
     RegionProbe(
         "allocator",
         "memory",
-        lambda r: r.track_memory and r._on_cuda,
+        lambda r: r._on_cuda,
         lambda r: region_memory(r._memory),
         lambda r: {"memory": tuple(r._memory)},
+        Need.ALLOCATOR,
     ),
     RegionProbe(
         "syncs",
@@ -281,9 +286,10 @@ REGION_PROBES = (
     RegionProbe(
         "races",
         "races",
-        lambda r: r.check_races and r._on_cuda,
+        lambda r: r._on_cuda,
         lambda r: RACES.watching(r._races, r._counts),
         lambda r: {"races": tuple(r._races)},
+        Need.RACE_WATCH,
     ),
     RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
     RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
@@ -337,14 +343,13 @@ class SyncGuard:
         device: str | None = None,
         warmup: int = 1,
         *,
-        track_memory: bool = False,
-        check_races: bool = False,
+        needs: frozenset[Need] = frozenset(),
     ) -> None:
         self.nodeid = nodeid
         self._device = device
         self._warmup = warmup
-        self.track_memory = track_memory
-        self.check_races = check_races
+        self.needs = needs
+        """What the test's budgets need its regions to record (:attr:`GenerationRegion.needs`)."""
         self.measurements: list[Measurement] = []
         """The measurements of the test's outermost regions: what its budgets judge."""
         self._open: list[GenerationRegion] = []
@@ -416,9 +421,8 @@ class SyncGuard:
             tokens,
             device,
             model,
-            track_memory=self.track_memory,
+            needs=self.needs,
             count_ops=count_ops,
-            check_races=self.check_races,
             run=run,
         )
         outermost = not self._open

@@ -263,8 +263,8 @@ def _guard_of(item: pytest.Item) -> SyncGuard:
     guard = item.stash.get(_GUARD, None)
     if guard is None:
         options = item.stash.get(_OPTIONS, GuardOptions())
-        memory = Need.ALLOCATOR in needs(b.kind.signal for b in item.stash.get(_BUDGETS, ()))
-        guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup, track_memory=memory)
+        needed = needs(b.kind.signal for b in item.stash.get(_BUDGETS, ()))
+        guard = SyncGuard(item.nodeid, device=options.device, warmup=options.warmup, needs=needed)
         item.stash[_GUARD] = guard
     return guard
 
@@ -497,7 +497,6 @@ class SyncguardSession:
             untimed = self.repeat == 0  # the traced run alone: no timed run has a timeline to judge
             budgets = tuple(b for b in budgets if b.signal.timed and not (untimed and Need.TIMELINE in b.signal.needs))
         guard.timings_only, guard.repeat = self.timings_only, self.repeat
-        guard.track_memory = Need.ALLOCATOR in needs(b.kind.signal for b in budgets)
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
             item.nodeid,
@@ -507,7 +506,7 @@ class SyncguardSession:
             default_checks=self.enabled and not self.timings_only,
             source=self.timeline_source,
         )
-        guard.check_races = capture.races
+        guard.needs = capture.needs  # asked once: every region of the test records what its budgets need
         raised: BaseException | None = None
         from .probes.spawned import note, watching
 
