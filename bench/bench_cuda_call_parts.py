@@ -24,8 +24,8 @@ from contextlib import ExitStack
 import torch
 
 from bench.bench_timeline_capture import NEW_TOKENS, timed, workload
-from devtools.cupti_callbacks import torch_runtime
 from examples.strategies import STRATEGIES
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.cuda_calls import CudaCallProbe
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
 
@@ -73,7 +73,9 @@ def per_call(probe: CountingProbe, calls: int) -> float:
     """Part 2; returns the probe's time per callback on a torch sync (what the suite's loops make)."""
     one = torch.ones(1, device="cuda")
     x = torch.zeros(1 << 10, device="cuda")
-    runtime = torch_runtime()
+    torch.cuda.init()
+    runtime = cupti.process_library("/libcudart")  # the runtime torch loaded: the same state
+    assert runtime is not None, "no shared libcudart in this process"
     loops: dict[str, Callable[[], object]] = {
         "torch sync (.item())": one.item,
         "cudaStreamSynchronize through ctypes": lambda: runtime.cudaStreamSynchronize(None),

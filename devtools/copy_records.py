@@ -12,14 +12,16 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.cuda_calls import Memcpy2D
 
 ROWS, WIDTH, PITCH, FLAT = 32, 512, 1024, 4096
 
 
 def _runtime() -> ctypes.CDLL:
-    with open("/proc/self/maps") as maps:
-        return ctypes.CDLL(sorted({line.split()[-1] for line in maps if "/libcudart" in line})[0])
+    runtime = cupti.process_library("/libcudart")  # the runtime torch loaded: the same state
+    assert runtime is not None, "no shared libcudart in this process"
+    return runtime
 
 
 def main() -> None:

@@ -91,7 +91,7 @@ class Recorder:
 
 def torch_runtime() -> ctypes.CDLL:
     """The CUDA runtime torch loaded (a shared libcudart in its process), as ctypes sees it: the same library, so
-    the same state (bench/bench_cuda_call_parts.py calls through it too)."""
+    the same state."""
     torch.cuda.init()
     runtime = cupti.process_library("/libcudart")
     if runtime is None:

@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Callable
 from functools import cache
 
-from . import __version__
+from .version import __version__
 
 CPU_SLUG = "cpu"
 #: The fingerprint's keys, in the order reports show them.

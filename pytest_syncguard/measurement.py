@@ -14,6 +14,7 @@ from .analysis.memory import MemoryStats
 from .analysis.races import RaceEvent
 from .analysis.sites import SyncEvent, SyncSite, budgeted_syncs, group_sites
 from .probes.sync_ops import CPU_VISIBLE_KINDS, SyncKind
+from .signals import COUNTED_RUNS, FEWEST
 from .signals import PARTS as SIGNAL_PARTS
 from .signals.base import Part, Runs, chained, first_reason, known_sum, last, one_part, united
 
@@ -101,11 +102,11 @@ class Measurement:
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""
-        return total(self._count_runs(), name)
+        return total(self._count_runs(), name, fewest=name in FEWEST, counted_runs=name in COUNTED_RUNS)
 
     def count_top(self, name: str) -> tuple[tuple[str, int], ...]:
         """The largest contributors to a counter: operators, kernels, recompile reasons, graph breaks."""
-        return top_over(self._count_runs(), name)
+        return top_over(self._count_runs(), name, fewest=name in FEWEST)
 
     def uncounted(self, name: str) -> str | None:
         """Why the measurement has no value of a counter its probe was asked for (a region could not count it), if

@@ -46,6 +46,7 @@ from pytest_syncguard.gate.ab import (
 from pytest_syncguard.gate.ab_sides import read_results
 from pytest_syncguard.gate.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
+from pytest_syncguard.signals import EXPLAIN
 
 
 def test_the_signed_rank_distribution_is_the_enumeration_of_sign_patterns() -> None:
@@ -205,9 +206,9 @@ def test_a_site_is_matched_by_its_source_text_across_a_line_inserted_above_it() 
 def test_movers_say_when_an_item_was_beyond_a_cut_list() -> None:
     old = Details(top={"ops": (("aten::add", 300), ("aten::mm", 200))}, top_limit=2)
     new = Details(top={"ops": (("aten::add", 400), ("aten::mm", 200))}, top_limit=2)
-    explanation = explain(old, new, ["ops_per_token"])
+    explanation = explain(old, new, ["ops_per_token"], EXPLAIN)
     assert [m.describe() for m in explanation.movers] == ["operators of ops: aten::add 300 -> 400 (+100)"]
-    cut = explain(old, Details(top={"ops": (("aten::add", 300), ("aten::item", 250))}, top_limit=2), ["ops"])
+    cut = explain(old, Details(top={"ops": (("aten::add", 300), ("aten::item", 250))}, top_limit=2), ["ops"], EXPLAIN)
     # aten::item (250) is above the old list's smallest (200): it moved; aten::mm (200) may be just below 250.
     assert {m.item: (m.old, m.new) for m in cut.movers} == {"aten::item": (None, 250)}
 
@@ -217,9 +218,9 @@ def test_a_copy_regression_names_its_copies_even_against_a_baseline_that_kept_no
     old = Details(top={"launches": (("gemm", 100),)}, top_limit=2)
     copy = "Memcpy DtoD (Device -> Device), 256 B"
     new = Details(top={"launches": (("gemm", 100),), "copies_d2d": ((copy, 99),)}, top_limit=2)
-    (mover,) = explain(old, new, ["copy_bytes_d2d_per_token"]).movers
+    (mover,) = explain(old, new, ["copy_bytes_d2d_per_token"], EXPLAIN).movers
     assert (mover.counter, mover.item, mover.old, mover.new) == ("copies_d2d", copy, None, 99)
-    assert explain(old, new, ["launches_per_token"]).movers == ()
+    assert explain(old, new, ["launches_per_token"], EXPLAIN).movers == ()
 
 
 def test_baselines_keep_the_details_that_explain_a_count_regression(tmp_path: Path) -> None:

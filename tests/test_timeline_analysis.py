@@ -262,3 +262,13 @@ def test_every_gaps_idle_time_is_given_a_cause_a_sync_that_returned_in_it_or_oth
     assert idle_by_cause(gaps, syncs, 1.0) == {HOST_SYNC: 31.0, OTHER: 10.0}  # 59.5 lies within the slack of 60
     assert idle_by_cause(gaps, syncs, 0.0) == {HOST_SYNC: 30.0, OTHER: 11.0}
     assert idle_by_cause(gaps, [], 1.0) == {HOST_SYNC: 0.0, OTHER: 41.0}
+
+
+def test_the_device_works_counters_are_the_timeline_signals() -> None:
+    """The analysis names the counters it gives a region; the timeline signal declares them: one list, held equal
+    here (the analysis reads no catalogue above it)."""
+    from pytest_syncguard.analysis.device_work import COUNTED_HERE, ITEMIZED_HERE
+    from pytest_syncguard.signals.timeline import SIGNAL
+
+    assert set(COUNTED_HERE) == {spec.name for spec in SIGNAL.counters}
+    assert set(ITEMIZED_HERE) == {spec.name for spec in SIGNAL.counters if spec.items and spec.name != "launches"}

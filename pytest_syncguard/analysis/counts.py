@@ -1,9 +1,10 @@
 """One region's exact counters with the largest contributors to each, and how a test's regions and runs add them
-up (pure data, no torch). What each counter counts is its signal's (:data:`..signals.COUNTERS`).
+up (pure data, no torch). What each counter counts is its signal's (:data:`..signals.COUNTERS`), which hands the rules
+here what they need (which counters take the fewest of a ``measure()``'s runs, which count from its counted runs).
 
 Counts are the same run to run and machine to machine for the same code and software, so they are compared
 exactly, like syncs. Each signal's probe counts its own (:mod:`..signals`); of a ``measure()``'s runs the largest
-count, or the fewest (:data:`..signals.FEWEST`).
+count, or the fewest.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-from ..signals import COUNTED_RUNS, FEWEST
 
 #: How many of the largest contributors a region keeps per counter (operators, kernels, reasons): enough for
 #: baselines to name what moved; failure texts show fewer (:data:`SHOWN`).
@@ -46,15 +45,16 @@ class RegionCounts:
         )
 
 
-def total(parts: Sequence[Sequence[RegionCounts]], name: str) -> int | None:
+def total(
+    parts: Sequence[Sequence[RegionCounts]], name: str, *, fewest: bool = False, counted_runs: bool = False
+) -> int | None:
     """A counter over a test's regions: the parts add up, and of the runs of one part (``measure(repeat=...)``)
-    the largest counts (the fewest for :data:`FEWEST`). None when no region measured it, or one could not (of a
-    :data:`FEWEST` or :data:`COUNTED_RUNS` counter: a part none of whose runs could)."""
-    fewest = name in FEWEST
+    the largest counts (the fewest where ``fewest``). None when no region measured it, or one could not (of a
+    ``fewest`` or ``counted_runs`` counter: a part none of whose runs could)."""
     values = []
     for runs in parts:
         found = [run.values[name] for run in runs if name in run.values]
-        if any(name in run.unmeasured for run in runs) and not (name in COUNTED_RUNS and found):
+        if any(name in run.unmeasured for run in runs) and not ((counted_runs or fewest) and found):
             return None
         values.append(found)
     if not any(values):
@@ -62,10 +62,10 @@ def total(parts: Sequence[Sequence[RegionCounts]], name: str) -> int | None:
     return sum((min if fewest else max)(found) for found in values if found)
 
 
-def top_over(parts: Sequence[Sequence[RegionCounts]], name: str, limit: int = TOP) -> Items:
+def top_over(parts: Sequence[Sequence[RegionCounts]], name: str, limit: int = TOP, *, fewest: bool = False) -> Items:
     """The largest contributors to a counter over a test's regions: per part, those of the run whose count
     :func:`total` takes, added up."""
-    pick = min if name in FEWEST else max
+    pick = min if fewest else max
     summed: Counter[str] = Counter()
     for runs in parts:
         measured = [run for run in runs if name in run.values]

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from ..signals.timeline import SIGNAL as TIMELINE
 from .counts import RegionCounts, top_items
 from .trace_file import GRAPH_LAUNCHES, KERNEL_LAUNCHES, HostCall, Trace
 
@@ -35,9 +34,11 @@ class DeviceTime(NamedTuple):
     """Decode steps seen in the region (0: none were seen, and the time is over the whole region)."""
 
 
-#: The counters here whose contributors a region keeps (besides launches, by kernel): those of the timeline
-#: capture that :data:`.counts.COUNTERS` itemizes.
-ITEMIZED_HERE = tuple(spec.name for spec in TIMELINE.counters if spec.items and spec.name != "launches")
+#: The counters here whose contributors a region keeps besides the launches (by kernel).
+ITEMIZED_HERE = ("graph_kernels", "copies_h2d", "copies_d2h", "copies_d2d", "memsets")
+#: Every counter the device work gives a region (the timeline signal's counters: ``signals/timeline.py`` declares
+#: them, and a test holds the two lists equal).
+COUNTED_HERE = ("launches", "graph_launches", *ITEMIZED_HERE, "copy_bytes_h2d", "copy_bytes_d2h", "copy_bytes_d2d")
 
 
 def _sized(name: str, size: int) -> str:
@@ -126,7 +127,7 @@ def unreliable_counts(reason: str) -> RegionCounts:
 
 def uncounted(reason: str) -> RegionCounts:
     """No device-work count: each counter of the timeline says why."""
-    return RegionCounts(unmeasured={spec.name: reason for spec in TIMELINE.counters})
+    return RegionCounts(unmeasured=dict.fromkeys(COUNTED_HERE, reason))
 
 
 #: Why a sampled region has no device-work count.

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..signals import EXPLAINED_BY, ITEMIZED
 from .counts import Items
 
 #: How many site changes and movers per counter an explanation lists.
@@ -84,13 +83,25 @@ class Mover:
     """None: not among the baseline's listed contributors (it had at most the smallest listed count)."""
     new: int | None
     """None: not among this run's listed contributors."""
+    items: str = ""
+    """What the counter's contributors are (``operators``), as its signal says; "" in a record written before it was
+    kept: said as contributors."""
 
     def describe(self) -> str:
         old = "-" if self.old is None else str(self.old)
         new = "-" if self.new is None else str(self.new)
         delta = "" if self.old is None or self.new is None else f" ({self.new - self.old:+d})"
-        # A counter of another version's record has no name here: its contributors, said as such.
-        return f"{ITEMIZED.get(self.counter, 'contributors')} of {self.counter}: {self.item} {old} -> {new}{delta}"
+        return f"{self.items or 'contributors'} of {self.counter}: {self.item} {old} -> {new}{delta}"
+
+
+@dataclass(frozen=True)
+class ExplainRules:
+    """What explaining a change needs of the signal catalogue, handed in (:data:`..signals.EXPLAIN`)."""
+
+    itemized: Mapping[str, str]
+    """The counters whose largest contributors a region keeps, and what those are."""
+    explained_by: Mapping[str, str] = field(default_factory=dict)
+    """A counter whose change another counter's contributors explain (``copy_bytes_d2d`` by ``copies_d2d``)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ def site_changes(old: Iterable[SiteCount], new: Iterable[SiteCount]) -> list[Sit
     return sorted(changes, key=lambda c: (-(c.new - c.old), c.site.where))
 
 
-def movers(counter: str, old: Items, new: Items, old_limit: int, new_limit: int) -> list[Mover]:
+def movers(counter: str, old: Items, new: Items, old_limit: int, new_limit: int, items: str = "") -> list[Mover]:
     """The contributors to ``counter`` whose count changed, largest change first. An item missing from a list
     that was cut at its limit has at most the list's smallest count there: it is listed only where its count on
     the other side is larger than that (so it surely moved), as unknown on the cut side."""
@@ -155,24 +166,25 @@ def movers(counter: str, old: Items, new: Items, old_limit: int, new_limit: int)
         else:
             was, now = was or 0, now or 0
         if was != now:
-            found.append(Mover(counter, item, was, now))
+            found.append(Mover(counter, item, was, now, items))
     return sorted(found, key=lambda m: (-abs((m.new or 0) - (m.old or 0)), m.item))
 
 
-def explain(old: Details | None, new: Details | None, counters: Iterable[str]) -> Explanation:
+def explain(old: Details | None, new: Details | None, counters: Iterable[str], rules: ExplainRules) -> Explanation:
     """Why the counted metrics ``counters`` (e.g. ``syncs``, ``ops_per_token``) changed between a baseline's
     details and this run's."""
     if old is None or new is None:
         return Explanation()
     names = {c.removesuffix("_per_token") for c in counters}
-    names |= {EXPLAINED_BY[n] for n in names if n in EXPLAINED_BY}
+    names |= {rules.explained_by[n] for n in names if n in rules.explained_by}
     sites = site_changes(old.sites, new.sites)[:LISTED] if "syncs" in names else []
     moved: list[Mover] = []
-    for name in ITEMIZED:
+    for name, items in rules.itemized.items():
         if name not in names:
             continue
         if name not in old.top and name in new.top:  # the baseline kept none of them (none, or not itemized then)
-            moved += [Mover(name, item, None, n) for item, n in new.top[name][:LISTED]]
+            moved += [Mover(name, item, None, n, items) for item, n in new.top[name][:LISTED]]
             continue
-        moved += movers(name, old.top.get(name, ()), new.top.get(name, ()), old.top_limit, new.top_limit)[:LISTED]
+        found = movers(name, old.top.get(name, ()), new.top.get(name, ()), old.top_limit, new.top_limit, items)
+        moved += found[:LISTED]
     return Explanation(tuple(sites), tuple(moved))

@@ -13,13 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..codec import CodecError, decode, encode, read_document
 from ..environment import is_slug
 from ..files import write_atomically
 from ..metrics import metric, value_problem
 from ..ranks import stopped_at
 from ..signals import BY_NAME, ITEMIZED, KINDS
+from ..version import __version__
 from . import upgrades
 from .launch import Launch, LaunchError, RankDocument, join
 from .measured import MeasuredTest

@@ -45,6 +45,7 @@ from ..document import upgrades
 from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
+from ..signals import EXPLAIN
 from ..status import Status
 from .ab_sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
 from .comparison import count_status
@@ -489,7 +490,7 @@ def _head_against_base(
                 processes=processes,
             )
     moved = [c.metric for c in counts if c.status in (Status.REGRESSION, Status.IMPROVEMENT)]
-    explanation = explain(b[0].details(), h[0].details(), moved) if moved else Explanation()
+    explanation = explain(b[0].details(), h[0].details(), moved, EXPLAIN) if moved else Explanation()
     return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
 
 

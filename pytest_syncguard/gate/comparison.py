@@ -24,6 +24,7 @@ from ..document.comparison import (
     Spread,
 )
 from ..metrics import Metrics, metric
+from ..signals import EXPLAIN
 from ..status import Status
 
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
@@ -162,7 +163,7 @@ def compare(
         else Status.UNCHANGED
     )
     moved = [c.metric for c in changes if c.status in (Status.REGRESSION, Status.IMPROVEMENT) and _counted(c.metric)]
-    explanation = explain(*details, moved) if moved else Explanation()
+    explanation = explain(*details, moved, EXPLAIN) if moved else Explanation()
     return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift, explanation, host_timings)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..analysis.explain import ExplainRules
 from . import collectives, compiles, graphs, memory, ops, races, syncs, timeline, transfers, wall_time
 from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
 
@@ -50,6 +51,8 @@ COUNTED_RUNS = frozenset(name for name, spec in COUNTERS.items() if spec.counted
 ITEMIZED = {name: spec.items for name, spec in COUNTERS.items() if spec.items is not None}
 #: Counters explained by another's contributors: the bytes copied by the copies.
 EXPLAINED_BY = {name: spec.explained_by for name, spec in COUNTERS.items() if spec.explained_by is not None}
+#: What explaining a count's change needs of the catalogue (:func:`..analysis.explain.explain`).
+EXPLAIN = ExplainRules(ITEMIZED, EXPLAINED_BY)
 
 
 def needs(signal_names: Iterable[str]) -> frozenset[Need]:
