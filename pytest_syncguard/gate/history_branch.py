@@ -47,6 +47,7 @@ def _git(
             ["git", "-C", str(checkout), *args],
             capture_output=True,
             text=True,
+            errors="replace",  # a file name in another encoding is no slug's: never a traceback
             timeout=GIT_TIMEOUT_S,
             check=False,
             env={**os.environ, **(env or {})},
