@@ -11,18 +11,20 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..codec import encode
 from ..files import MAX_UNPACKED_BYTES, write_atomically
 from ..words import plural
+from .ab import MAX_PROCESSES
 from .comment import GH_TIMEOUT_S
 from .outputs import clobbers, path_problem
 
 #: The most timed runs a test's measure() makes in an A/B round (each run is a whole generation).
 MAX_TIMED_RUNS = 1000
+T = TypeVar("T", int, float)
 
 if TYPE_CHECKING:
     from .baselines import Baseline
@@ -436,70 +438,37 @@ def _tolerance(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (0.5 <= value < 1):
-        raise argparse.ArgumentTypeError(f"expected a confidence from 0.5 to below 1 (e.g. 0.95), got {text!r}")
-    return value
-
-
-def _effect(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (0 < value < 1):
-        raise argparse.ArgumentTypeError(f"expected a relative change above 0 and below 1 (0.01: 1%), got {text!r}")
-    return value
-
-
-def _timed_runs(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_TIMED_RUNS:
-        raise argparse.ArgumentTypeError(f"expected a number of runs from 0 to {MAX_TIMED_RUNS}, got {text!r}")
+def _whole(text: str) -> int:
+    """A whole number written in ASCII digits alone (no sign, no space, no other script's digits)."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
     return int(text)
 
 
-def _pairs(text: str) -> int:
-    from .ab import MAX_PROCESSES
+def _bounded(convert: Callable[[str], T], accept: Callable[[T], bool], expected: str) -> Callable[[str], T]:
+    """An option's type: ``convert`` of its text where ``accept`` takes the value, else an argparse error saying what
+    was ``expected`` and what was given. The one way every number option of the command is checked."""
 
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_PROCESSES:
-        raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to {MAX_PROCESSES}, got {text!r}")
-    return int(text)
+    def parse(text: str) -> T:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
 
-
-def _rounds(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"expected a number of rounds from 1 to 1000, got {text!r}")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a pull request number, got {text!r}")
-    return int(text)
+    return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (0 < value < math.inf):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def _megabytes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of megabytes > 0, got {text!r}")
-    return value
+_probability = _bounded(float, lambda v: 0.5 <= v < 1, "a confidence from 0.5 to below 1 (e.g. 0.95)")
+_effect = _bounded(float, lambda v: 0 < v < 1, "a relative change above 0 and below 1 (0.01: 1%)")
+_timed_runs = _bounded(_whole, lambda v: v <= MAX_TIMED_RUNS, f"a number of runs from 0 to {MAX_TIMED_RUNS}")
+_pairs = _bounded(_whole, lambda v: 1 <= v <= MAX_PROCESSES, f"a number of processes from 1 to {MAX_PROCESSES}")
+_rounds = _bounded(_whole, lambda v: 1 <= v <= 1000, "a number of rounds from 1 to 1000")
+_positive = _bounded(_whole, lambda v: v > 0, "a pull request number")
+_seconds = _bounded(float, lambda v: 0 < v < math.inf, "a number of seconds > 0")
+_megabytes = _bounded(_whole, lambda v: v > 0, "a whole number of megabytes > 0")
 
 
 def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
