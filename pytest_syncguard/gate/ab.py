@@ -46,7 +46,7 @@ from ..document.measured import MeasuredTest
 from ..files import ignored_folder
 from ..metrics import DEVICE_TIME, metric, timing_order
 from ..signals import EXPLAIN
-from ..status import Status
+from ..status import MOVED, Status
 from .ab_sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
 from .comparison import count_status
 
@@ -124,7 +124,7 @@ def stopping_on_signals() -> Iterator[None]:
 
 #: The verdicts of a count or a timing this version knows; any other word (another version wrote it) is read as a
 #: regression, never as a pass.
-KNOWN_VERDICTS = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED, "varies", INCONCLUSIVE})
+KNOWN_VERDICTS = JUDGED | {Status.VARIES, INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
@@ -489,7 +489,7 @@ def _head_against_base(
                 blocks=blocks,
                 processes=processes,
             )
-    moved = [c.metric for c in counts if c.status in (Status.REGRESSION, Status.IMPROVEMENT)]
+    moved = [c.metric for c in counts if c.status in MOVED]
     explanation = explain(b[0].details(), h[0].details(), moved, EXPLAIN) if moved else Explanation()
     return HeadAgainstBase(nodeid, tuple(counts), timings, explanation, unmeasured)
 

@@ -52,16 +52,21 @@ def results_files(folder: Path) -> list[Path]:
     not a regular file of at most :data:`MAX_FILE_BYTES` (a link, a FIFO, a file too large): never left out unsaid,
     which would post a pass without its failed budgets."""
     for pattern in ("results-*.json", "junit-*.xml"):
-        found = sorted(folder.glob(pattern))
-        bad = [p.name for p in found if not small_regular_file(p, MAX_FILE_BYTES)]
-        if bad:
-            raise ArtifactError(
-                f"artifact file {', '.join(bad)}: not a regular file of at most "
-                f"{MAX_FILE_BYTES >> 20} MB; nothing posted"
-            )
+        found = _usable(sorted(folder.glob(pattern)))
         if found:
             return found
     raise ArtifactError("artifact has no results-*.json or junit-*.xml file")
+
+
+def _usable(paths: list[Path]) -> list[Path]:
+    """``paths``, each a regular file of at most :data:`MAX_FILE_BYTES`; :class:`ArtifactError` naming those that are
+    not (a link, a FIFO, a file too large)."""
+    bad = [p.name for p in paths if not small_regular_file(p, MAX_FILE_BYTES)]
+    if bad:
+        raise ArtifactError(
+            f"artifact file {', '.join(bad)}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB; nothing posted"
+        )
+    return paths
 
 
 def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
@@ -150,10 +155,9 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
         )
     ab = folder / f"ab-{slug}.json"
     body = work / "syncguard-comment.md"
-    with_ab = small_regular_file(ab, MAX_FILE_BYTES)
-    if not with_ab and (ab.is_symlink() or ab.exists()):
-        raise ArtifactError(f"artifact file {ab.name}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB; "
-                            "nothing posted")  # fmt: skip
+    with_ab = ab.is_symlink() or ab.exists()
+    if with_ab:
+        _usable([ab])  # one that is there and is no regular file is named, never left out
     history, unread = _history(work / "history")
     request = ReportRequest(
         tuple(map(str, results)),

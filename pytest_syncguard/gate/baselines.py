@@ -346,9 +346,9 @@ def recorded(
     for name, value in metrics.items():
         if not _calibrated(name):
             continue
-        history[name], started = level_after(name, earlier.get(name, ()), Recording(value, host), limit)
+        level, outliers, started = level_after(name, earlier.get(name, ()), Recording(value, host), limit)
+        history[name] = (*level, *outliers)
         restarted += [name] if started else []
-        level, _ = split(name, history[name])
         entry[name] = rounded(statistics.median(r.value for r in level))
     return entry, history, restarted
 
@@ -366,8 +366,8 @@ MAX_WINDOWS = 4
 
 def level_after(
     name: str, kept: tuple[Recording, ...], new: Recording, limit: int = HISTORY_LIMIT
-) -> tuple[tuple[Recording, ...], bool]:
-    """A calibrated metric's recordings after ``new``, and whether it started a new level.
+) -> tuple[tuple[Recording, ...], tuple[Recording, ...], bool]:
+    """A calibrated metric's level and outliers after ``new``, and whether it started a new level.
 
     The recordings are a level, then the outliers beyond it since (:func:`split`). A level is fixed by its first
     runs: its first ``limit`` recordings, and the first :data:`HOST_RUNS` of each host that joins later; a run after
@@ -378,18 +378,18 @@ def level_after(
     level drops the outliers before it."""
     level, outliers = split(name, kept)
     if not level:
-        return (new,), False
+        return (new,), (), False
     side = _beyond(name, level, new.value, new.host)
     if side == 0:
         hosts = [r.host for r in level]
         room = len(level) < limit or (hosts.count(new.host) < HOST_RUNS and len(level) < MAX_WINDOWS * limit)
-        return ((*level, new) if room else level), False
+        return ((*level, new) if room else level), (), False
     outliers = (
         (*outliers, new) if outliers and _beyond(name, level, outliers[0].value, outliers[0].host) == side else (new,)
     )
     if len(outliers) < CONFIRM:
-        return (*level, *outliers), False
-    return _agreeing(name, outliers), True
+        return level, outliers, False
+    return _agreeing(name, outliers), (), True
 
 
 def split(name: str, kept: Sequence[Recording]) -> tuple[tuple[Recording, ...], tuple[Recording, ...]]:

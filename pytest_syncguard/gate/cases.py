@@ -21,10 +21,10 @@ _OUTCOMES = {"error": "error", "failed": "failed", "fail": "failed", Status.REGR
 _PASSING = frozenset({"pass", "measured", "not measured", "xfailed"})
 
 
-def outcome_of(verdict: str, passed: str = "passed") -> str:
-    """pytest's outcome of a test of ``verdict``: ``passed`` where the verdict is a pass; a word this version does not
+def outcome_of(verdict: str) -> str:
+    """pytest's outcome of a test of ``verdict``: passed where the verdict is a pass; a word this version does not
     know (``timeout``, ``crashed``: another version wrote it) is a failure, never read as a pass."""
-    return _OUTCOMES.get(verdict) or (passed if verdict in _PASSING else "failed")
+    return _OUTCOMES.get(verdict) or ("passed" if verdict in _PASSING else "failed")
 
 
 @dataclass(frozen=True)

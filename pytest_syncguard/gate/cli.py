@@ -567,17 +567,16 @@ def _history(args: argparse.Namespace) -> int:
 
 def _histories(folder: Path) -> list[History]:
     """Every GPU model's history in ``folder``."""
-    from ..environment import is_slug
     from . import history
 
-    slugs = [path.stem for path in sorted(folder.glob("*.jsonl"))]
-    for other in (s for s in slugs if not is_slug(s)):
+    files = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
+    for other in (path for path in files if history.slug_of(path.name) is None):
         print(
-            f"syncguard history: {folder / other}.jsonl: not a GPU model's history (its name is no device slug): "
-            "left out",
+            f"syncguard history: {other}: not a GPU model's history (its name is no device slug): left out",
             file=sys.stderr,
         )
-    return [found for slug in slugs if is_slug(slug) and (found := history.read(folder, slug)) is not None]
+    slugs = [slug for path in files if (slug := history.slug_of(path.name)) is not None]
+    return [found for slug in slugs if (found := history.read(folder, slug)) is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:

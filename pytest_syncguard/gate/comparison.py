@@ -25,7 +25,7 @@ from ..document.comparison import (
 )
 from ..metrics import Metrics, metric
 from ..signals import EXPLAIN
-from ..status import Status
+from ..status import MOVED, Status
 
 #: The relative tolerance of host timings judged against a baseline (opted in) and of a metric with none of its own.
 DEFAULT_TOLERANCE = 0.10
@@ -162,7 +162,7 @@ def compare(
         if lost
         else Status.UNCHANGED
     )
-    moved = [c.metric for c in changes if c.status in (Status.REGRESSION, Status.IMPROVEMENT) and _counted(c.metric)]
+    moved = [c.metric for c in changes if c.status in MOVED and _counted(c.metric)]
     explanation = explain(*details, moved, EXPLAIN) if moved else Explanation()
     return Comparison(device, file, overall, tuple(changes), tolerance, fingerprint, drift, explanation, host_timings)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..analysis.explain import Details
 from ..codec import decode, encode, loads
 from ..document.measured import MeasuredTest
+from ..environment import is_slug
 from ..files import small_regular_file, write_atomically
 from ..metrics import metric, rounded, value_problem
 from ..words import plural
@@ -103,10 +104,23 @@ def run_of(results: Iterable[MeasuredTest], commit: str, when: str) -> Run:
     return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests, left_out=left_out)
 
 
+#: A GPU model's history file and its details file: ``<slug>.jsonl``, ``<slug>.details.json``.
+RUNS_SUFFIX, DETAILS_SUFFIX = ".jsonl", ".details.json"
+
+
 def paths(folder: Path, slug: str) -> tuple[Path, Path]:
     """The history file of GPU model ``slug`` in ``folder``, and its details file."""
     base = path_for(folder, slug)
-    return base.with_suffix(".jsonl"), base.with_suffix(".details.json")
+    return base.with_suffix(RUNS_SUFFIX), base.with_suffix(DETAILS_SUFFIX)
+
+
+def slug_of(name: str) -> str | None:
+    """The GPU model whose history file (or details file) is named ``name``; None for any other file (a README, a
+    name that is no device slug)."""
+    for suffix in (DETAILS_SUFFIX, RUNS_SUFFIX):
+        if name.endswith(suffix) and is_slug(stem := name.removesuffix(suffix)):
+            return stem
+    return None
 
 
 def read(folder: Path, slug: str) -> History | None:

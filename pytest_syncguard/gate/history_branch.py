@@ -103,14 +103,7 @@ def _files(checkout: Path, tip: str) -> list[tuple[str, str, int]]:
 
 def _history_files(files: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
     """Of a branch's files, the history files of device slugs (``<slug>.jsonl``, ``<slug>.details.json``)."""
-    from ..environment import is_slug
-
-    return [
-        f
-        for f in files
-        if is_slug(f[0].removesuffix(".jsonl").removesuffix(".details.json"))
-        and f[0].endswith((".jsonl", ".details.json"))
-    ]
+    return [f for f in files if history.slug_of(f[0]) is not None]
 
 
 def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = BRANCH) -> bool:
@@ -152,7 +145,7 @@ def _holds_history(checkout: Path, tip: str, files: Sequence[tuple[str, str, int
     if message.startswith("syncguard history:"):
         return True
     for name, blob, size in _history_files(files):
-        if name.endswith(".jsonl") and size <= history.MAX_FILE_BYTES:
+        if name.endswith(history.RUNS_SUFFIX) and size <= history.MAX_FILE_BYTES:
             first = _blob(checkout, blob).split(b"\n", 1)[0]
             if f'"schema": "{history.SCHEMA}"'.encode() in first:
                 return True

@@ -123,11 +123,14 @@ def _case(nodeid: str, outcome: str, found: Mapping[str, str]) -> RunCase:
     )
 
 
+#: Every property name of :class:`Prop`, and those that are prefixes of a metric's name.
+_NAMED = frozenset(v for k, v in vars(Prop).items() if k.isupper() and isinstance(v, str))
+_PREFIXES = tuple(p for p in _NAMED if p.endswith("."))
+
+
 def _unknown_metrics(found: Mapping[str, str]) -> set[str]:
     """The properties of a case that name no property nor metric this version knows (a newer version's metric)."""
-    named = {v for k, v in vars(Prop).items() if k.isupper() and isinstance(v, str)}
-    prefixes = tuple(p for p in named if p.endswith("."))
-    return {key for key in found if key not in named and not key.startswith(prefixes) and metric(key) is None}
+    return {key for key in found if key not in _NAMED and not key.startswith(_PREFIXES) and metric(key) is None}
 
 
 def read_cases(path: Path, unknown: dict[str, list[str]] | None = None) -> list[RunCase]:
