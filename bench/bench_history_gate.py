@@ -2,7 +2,7 @@
 tests, 30 pushes to main, each on one of a pool of ``--hosts`` runners, a change of +3% merged on purpose at push 15,
 then pull requests of 0%, +1%, +1.5%, +2% and +3% against the history, each on a runner of the pool (and, in its
 own columns, on a runner the history has never seen), each judged by the gate's own code
-(:meth:`pytest_syncguard.gate.baselines.Baseline.reference` of :func:`...history.baseline`, and
+(:meth:`pytest_syncguard.judge.baselines.Baseline.reference` of :func:`...history.baseline`, and
 :func:`...comparison.compare`). Repeated over ``--trials`` seeds: how often each PR is a regression, the false alarms
 over 30 unchanged PRs, the tolerance after 10 and 30 runs, and what the intended change does to its own PR and to
 the PRs after its merge. CPU.
@@ -28,9 +28,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pytest_syncguard.gate import history as histories
-from pytest_syncguard.gate.comparison import compare, tolerance_of
-from pytest_syncguard.gate.history import History, Run, baseline
+from pytest_syncguard.judge import history as histories
+from pytest_syncguard.judge.comparison import compare, tolerance_of
+from pytest_syncguard.judge.history import History, Run, baseline
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
 
 ROOT = Path(__file__).parents[1]

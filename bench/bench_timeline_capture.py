@@ -59,8 +59,9 @@ from torch._C._profiler import ProfilerActivity, RecordScope, _ExperimentalConfi
 
 from examples import models
 from examples.strategies import STRATEGIES
-from pytest_syncguard.analysis import ab_stats, gaps, trace_file
+from pytest_syncguard.analysis import gaps, trace_file
 from pytest_syncguard.analysis.reliability import sentinel_problem
+from pytest_syncguard.gate.ab import stats as ab_stats
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import TIMED_RUN
 from pytest_syncguard.probes import cupti

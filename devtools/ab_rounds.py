@@ -14,8 +14,8 @@ import json
 import re
 from pathlib import Path
 
-from pytest_syncguard.gate.ab import first_round_of, pair_of_round
-from pytest_syncguard.gate.ab_sides import read_results
+from pytest_syncguard.gate.ab.plan import first_round_of, pair_of_round
+from pytest_syncguard.gate.ab.sides import read_results
 
 ROUND = re.compile(r"t(\d+)-round(\d+)-(base|head)(?:-(\d+))?\.json")
 METRIC = "gpu_us_per_token"

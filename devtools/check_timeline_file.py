@@ -15,8 +15,8 @@ import torch
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.document.budget import Budget
-from pytest_syncguard.gate.render import perfetto
 from pytest_syncguard.guard import SyncGuard
+from pytest_syncguard.render import perfetto
 from pytest_syncguard.timeline_source import TimelineSource
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_syncguard.gate.ab_sides import hold_at_once, warm_sides
+from pytest_syncguard.gate.ab.sides import hold_at_once, warm_sides
 
 
 def main() -> None:

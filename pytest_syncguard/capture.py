@@ -25,12 +25,12 @@ from .budgets import GuardOptions, check_budgets, with_default_checks
 from .document.budget import Budget
 from .document.measured import MeasuredTest
 from .environment import host_id, slug_for
-from .gate.baselines import BaselineError, BaselineStore
-from .gate.render import perfetto
 from .guard import GenerationRegion, SyncGuard
 from .instruments import WHOLE_CALL, Instrument, Traced
+from .judge.baselines import BaselineError, BaselineStore
 from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
+from .render import perfetto
 from .result import measured_test
 from .signals import Need, needs
 from .timeline_source import TRACE, TimelineSource

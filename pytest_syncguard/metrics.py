@@ -7,7 +7,7 @@ noisy: each measured run (region) gives one value, and a test's metric aggregate
 JSON results and the baseline, with the number of runs beside it. Of the noisy ones, device-side metrics (device
 time per token, allocator memory) are set by the GPU and the software and compared with a baseline within a
 tolerance; host-dependent ones (wall time, tokens/s, idle gaps, busy fraction) are set by the runner's CPU as
-much as by the GPU: they are judged A/B on one runner (:mod:`.ab`), and against a baseline only where the user
+much as by the GPU: they are judged A/B on one runner (:mod:`.gate.ab`), and against a baseline only where the user
 says the runner is the baseline's host.
 """
 

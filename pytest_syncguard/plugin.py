@@ -30,10 +30,10 @@ from .budgets import (
 from .document.budget import Budget
 from .document.comparison import NOT_UPDATED
 from .files import file_problem, folder_problem
-from .gate.baselines import BaselineStore
-from .gate.comparison import DEFAULT_TOLERANCE
-from .gate.render.perfetto import TimelineFiles
+from .judge.baselines import BaselineStore
+from .judge.comparison import DEFAULT_TOLERANCE
 from .metrics import parse_tolerance
+from .render.perfetto import TimelineFiles
 from .rootdir import space_form_problem
 from .signals import Need, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
@@ -561,7 +561,7 @@ class SyncguardSession:
         result = item.stash.get(_RESULT, None)
         if call.when != "call" or result is None:
             return report
-        from .gate.render.terminal import failure_text
+        from .render.terminal import failure_text
 
         expected = _expected_failure(item, report) if result.failed and not misused else None
         if expected is not None:
@@ -572,8 +572,8 @@ class SyncguardSession:
 
             setattr(report, REPORT_ATTRIBUTE, record(result))
         if self.enabled:
-            from .gate.junit import PREFIX
-            from .gate.render.junit import properties
+            from .judge.junit import PREFIX
+            from .render.junit import properties
 
             # --junitxml writes the properties of the teardown report, which pytest builds from the item's; a test
             # run again has only its last run's.
@@ -674,7 +674,7 @@ class SyncguardSession:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.enabled or self.is_worker:
             return
-        from .gate.render.terminal import baseline_lines, summary_lines
+        from .render.terminal import baseline_lines, summary_lines
 
         terminalreporter.write_sep("=", "syncguard summary")
         if self.interrupted:

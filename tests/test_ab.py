@@ -19,33 +19,22 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.analysis.ab_stats import (
-    IMPROVEMENT,
-    INCONCLUSIVE,
-    REGRESSION,
-    UNCHANGED,
-    _signed_rank_counts,
-    interval,
-    judge,
-    rounds_needed,
-    t_quantile,
-)
 from pytest_syncguard.analysis.explain import Details, SiteCount, explain, site_changes
+from pytest_syncguard.document.ab import IMPROVEMENT, INCONCLUSIVE, REGRESSION, UNCHANGED, read_report
 from pytest_syncguard.files import IGNORE_ALL
-from pytest_syncguard.gate.ab import (
+from pytest_syncguard.gate.ab.plan import (
     Plan,
     base_runs_first,
     baselines_changed,
     judged_by_baseline,
     pair_of_round,
-    read_report,
     run,
-    summary_lines,
-    verdict_note,
 )
-from pytest_syncguard.gate.ab_sides import read_results
-from pytest_syncguard.gate.baselines import BaselineStore, read, update
+from pytest_syncguard.gate.ab.sides import read_results
+from pytest_syncguard.gate.ab.stats import _signed_rank_counts, interval, judge, rounds_needed, t_quantile
+from pytest_syncguard.judge.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
+from pytest_syncguard.render.ab import summary_lines, verdict_note
 from pytest_syncguard.signals import EXPLAIN
 
 
@@ -552,7 +541,7 @@ def test_ab_stops_at_once_when_told_and_leaves_no_worktree(
 
 
 def test_a_result_without_a_baseline_is_filed_under_its_devices_slug_not_cuda(tmp_path: Path) -> None:
-    from pytest_syncguard.gate.ab_sides import read_results
+    from pytest_syncguard.gate.ab.sides import read_results
 
     # A results file of schema version 1 (written by the plugin before every result carried its slug), its one
     # record made into a CPU test, a CUDA test compared with no baseline and one compared with an H100's.
@@ -747,7 +736,7 @@ def test_the_suites_results_are_the_heads_first_round_and_the_time_budget_names_
     assert "NOT A/B-TESTED (undecided: the time budget ran out first): test_loop.py::test_steady" in summary_lines(
         short
     )
-    from pytest_syncguard.gate.render.markdown import ab_lines
+    from pytest_syncguard.render.markdown import ab_lines
 
     assert ab_lines(short)[0].startswith("### ❌")  # test_decode's count regression; test_steady named below it
     assert any("Not A/B-tested, undecided" in line and "test_steady" in line for line in ab_lines(short))
@@ -813,8 +802,8 @@ def test_an_ab_option_no_report_could_hold_is_refused(
 def test_outside_a_repository_or_with_a_path_outside_the_head_the_ab_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_syncguard.gate.ab import relative_paths
-    from pytest_syncguard.gate.ab_sides import ABError
+    from pytest_syncguard.gate.ab.plan import relative_paths
+    from pytest_syncguard.gate.ab.sides import ABError
     from pytest_syncguard.gate.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -855,7 +844,7 @@ def test_an_ab_run_from_a_subfolder_runs_the_base_from_the_same_subfolder_with_a
 def test_its_terminal_closed_stops_the_ab_as_a_cancelled_job_does() -> None:
     """SIGHUP (an ssh session dropped) left the base's worktree registered: it is one of the signals that stop the A/B
     (the worktree's removal on them is tested above with SIGTERM), and the handler before it comes back."""
-    from pytest_syncguard.gate.ab import STOP_SIGNALS, ABInterrupted, stopping_on_signals
+    from pytest_syncguard.gate.ab.plan import STOP_SIGNALS, ABInterrupted, stopping_on_signals
 
     assert signal.SIGHUP in STOP_SIGNALS
     before = signal.getsignal(signal.SIGHUP)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.gate.ab_sides import ABError, WarmSide
+from pytest_syncguard.gate.ab.sides import ABError, WarmSide
 
 CONFTEST = """
 import os

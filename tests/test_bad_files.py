@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.gate.baselines import SCHEMA, BaselineError, read
 from pytest_syncguard.gate.cli import main
+from pytest_syncguard.judge.baselines import SCHEMA, BaselineError, read
 
 
 def _baseline(path: Path, text: str | bytes) -> Path:
@@ -152,7 +152,7 @@ def test_a_gzip_that_unpacks_past_the_limit_is_refused_before_it_is_held(
 def test_a_timeline_file_with_a_number_past_a_float_names_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pytest_syncguard.gate.render.perfetto import KEY, SCHEMA, SCHEMA_VERSION
+    from pytest_syncguard.render.perfetto import KEY, SCHEMA, SCHEMA_VERSION
 
     meta = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "origin_us": 0, "nodeid": "t", "source": "trace"}
     path = tmp_path / "t.timeline.json"
@@ -378,7 +378,7 @@ def test_no_lock_file_is_left_beside_a_baseline_nor_an_ab_folder_in_git_status(t
     import subprocess
 
     from pytest_syncguard.files import ignored_folder
-    from pytest_syncguard.gate.baselines import update
+    from pytest_syncguard.judge.baselines import update
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     update(tmp_path / "baselines" / "cpu.json", "cpu", {"t::a": {"syncs": 1}}, {}, {})

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_syncguard.gate.baselines import SCHEMA, SCHEMA_VERSION, BaselineStore, read, update
-from pytest_syncguard.gate.comparison import compare
+from pytest_syncguard.judge.baselines import SCHEMA, SCHEMA_VERSION, BaselineStore, read, update
+from pytest_syncguard.judge.comparison import compare
 from pytest_syncguard.metrics import Metrics
 
 # READS (an environment variable) sets how many host reads each step makes, so that one test file can
@@ -379,7 +379,7 @@ def test_junit_properties_round_trip_through_junitparser(
     equal to the JSON results of the same run."""
     if workers:
         pytest.importorskip("xdist")
-    from pytest_syncguard.gate.junit import read_cases
+    from pytest_syncguard.judge.junit import read_cases
 
     monkeypatch.setenv("READS", "1")
     pytester.makepyfile(test_suite=JUNIT_SUITE)

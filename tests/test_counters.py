@@ -22,11 +22,11 @@ from pytest_syncguard.analysis.device_work import device_work
 from pytest_syncguard.analysis.trace_file import profiler_only
 from pytest_syncguard.budgets import check_budgets
 from pytest_syncguard.document.budget import Budget
-from pytest_syncguard.gate.comparison import compare
-from pytest_syncguard.gate.render.terminal import failure_text
+from pytest_syncguard.judge.comparison import compare
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.probes.native import NATIVE
+from pytest_syncguard.render.terminal import failure_text
 from pytest_syncguard.result import measured_test
 
 transformers = pytest.importorskip("transformers")

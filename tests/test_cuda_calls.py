@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from pytest_syncguard.document import file as results_file
-from pytest_syncguard.gate.render.terminal import baseline_lines, site_lines
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.probes.cuda_calls import (
     BLOCKING,
@@ -30,6 +29,7 @@ from pytest_syncguard.probes.cuda_calls import (
     transfer,
 )
 from pytest_syncguard.probes.cupti import Subscriber
+from pytest_syncguard.render.terminal import baseline_lines, site_lines
 
 DEVICE, PINNED, PAGEABLE = 0x7F0000000000, 0x200000000, 0x5555AAAA0000
 KINDS = {DEVICE: Memory.DEVICE, PINNED: Memory.PINNED, PAGEABLE: Memory.PAGEABLE}

@@ -13,19 +13,21 @@ from typing import Any
 import pytest
 
 from pytest_syncguard.analysis import gaps, trace_file
-from pytest_syncguard.analysis.ab_stats import INCONCLUSIVE, REGRESSION, UNCHANGED, judge
 from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
+from pytest_syncguard.document.ab import INCONCLUSIVE, REGRESSION, UNCHANGED, ABReport
 from pytest_syncguard.document.comparison import Spread
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate.ab import ABReport, _head_against_base, compare_sides, summary_lines
-from pytest_syncguard.gate.baselines import HISTORY_LIMIT, Recording, read, reset_history, spread_of, update
+from pytest_syncguard.gate.ab.plan import _head_against_base, compare_sides
+from pytest_syncguard.gate.ab.stats import judge
 from pytest_syncguard.gate.cli import main
-from pytest_syncguard.gate.comparison import SPREAD_DEVIATIONS, calibrated_tolerance, compare
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import CountingRuns
+from pytest_syncguard.judge.baselines import HISTORY_LIMIT, Recording, read, reset_history, spread_of, update
+from pytest_syncguard.judge.comparison import SPREAD_DEVIATIONS, calibrated_tolerance, compare
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import DEVICE_TIME, METRICS, Metrics
+from pytest_syncguard.render.ab import summary_lines
 
 DATA = Path(__file__).parent / "data"
 H100 = "nvidia-h100-80gb-hbm3"
@@ -262,7 +264,7 @@ def test_planted_device_time_on_another_h100_is_a_regression_of_device_time_alon
     """Real H100 runs (tests/data/README.md): against a baseline of the planted base recorded twice on host
     a68aba1e, 3% and 5% of device time planted per step of cuda_graph and static_compiled, run on host
     cf706d0b, regress in device time and nothing else; the base run again passes."""
-    from pytest_syncguard.gate.run import compare_run
+    from pytest_syncguard.judge.run import compare_run
 
     run = compare_run([_results(tmp_path, name)], _baselines_dir(tmp_path, "plant_baselines"))
     assert len(run.cases) == 2
@@ -279,7 +281,7 @@ def test_the_unchanged_suite_on_a_fourth_h100_passes_against_the_history_of_two_
     test's device time and counts unchanged, and static_compiled's allocator peak (1062 MiB there and on the first
     host, 1020 on the host that recorded twice) within the tolerance its history calibrates: no regression. (On
     the device it failed that peak against a baseline that kept only the last recording, at a fixed 2%.)"""
-    from pytest_syncguard.gate.run import compare_run
+    from pytest_syncguard.judge.run import compare_run
 
     run = compare_run([_results(tmp_path, "suite-4d192679.json.gz")], _baselines_dir(tmp_path, "suite_baselines"))
     assert len(run.cases) == 17
@@ -296,7 +298,7 @@ def test_the_unchanged_suite_on_a_fourth_h100_passes_against_the_history_of_two_
 
 
 def test_the_ab_of_planted_device_time_settled_in_the_fewest_rounds() -> None:
-    from pytest_syncguard.gate.ab import read_report
+    from pytest_syncguard.document.ab import read_report
 
     report = read_report(EVIDENCE / "ab-plant-3-cf706d0b.json")
     (test,) = report.tests
@@ -310,7 +312,7 @@ def test_with_warm_sides_the_planted_3_percent_settles_in_6_rounds_and_the_uncha
     """One warm pytest per side (fa20e4f6): the +3% planted in cuda_graph alone, and in cuda_graph and
     static_compiled at once, are device-time regressions after the 6 rounds a 95% interval needs; the unchanged code
     against a copy of itself, over 7 rounds, keeps every count and every device time within 1%."""
-    from pytest_syncguard.gate.ab import read_report
+    from pytest_syncguard.document.ab import read_report
 
     for name, strategies in (("ab-plant-3-fa20e4f6", 1), ("ab-plant-3-two-fa20e4f6", 2)):
         report = read_report(EVIDENCE / f"{name}.json")
@@ -329,8 +331,8 @@ def test_with_warm_sides_the_planted_3_percent_settles_in_6_rounds_and_the_uncha
 def test_a_metric_a_round_did_not_measure_is_judged_over_the_others_and_the_report_says_so(tmp_path: Path) -> None:
     """Device time that one side's trace lost in two rounds is judged over the other six, not dropped; a metric
     that only the head measures is named, not judged; both survive the A/B file and reach the Markdown."""
-    from pytest_syncguard.gate.ab import document, read_report
-    from pytest_syncguard.gate.render.markdown import ab_lines
+    from pytest_syncguard.document.ab import document, read_report
+    from pytest_syncguard.render.markdown import ab_lines
 
     base = [{"t::a": _measured("t::a", {DEVICE_TIME: 2000.0 + i, "seconds": 1.0})} for i in range(8)]
     head = [{"t::a": _measured("t::a", {DEVICE_TIME: 2100.0 + i, "seconds": 1.0, "launches": 300})} for i in range(8)]
@@ -355,8 +357,9 @@ def test_a_metric_a_round_did_not_measure_is_judged_over_the_others_and_the_repo
 def test_a_timing_more_rounds_cannot_settle_stops_and_says_what_the_host_resolves() -> None:
     """`syncguard ab` on unchanged code spent 11 rounds and its whole budget on an eager test whose wall time
     resolved only +-12.5% on the host, while its device time settled after 6: such a metric stops, and says so."""
-    from pytest_syncguard.analysis.ab_stats import INCONCLUSIVE, judge, rounds_needed
-    from pytest_syncguard.gate.ab import HeadAgainstBase, verdict_note
+    from pytest_syncguard.document.ab import INCONCLUSIVE, HeadAgainstBase
+    from pytest_syncguard.gate.ab.stats import judge, rounds_needed
+    from pytest_syncguard.render.ab import verdict_note
 
     noisy = [(1.0, r) for r in (0.88, 1.13, 0.95, 1.10, 0.90, 1.07, 0.93, 1.12)]  # +-12%, no shift
     quiet = [(1.0, r) for r in (1.004, 0.998, 1.001, 0.999, 1.002, 1.000, 0.997, 1.003)]
@@ -417,7 +420,7 @@ class _SleepingSide:
 def test_the_time_budget_is_spent_on_the_tests_still_running(tmp_path: Path) -> None:
     """Once three of four tests settle, the next round is judged by what the one left costs, not by the pace of the
     rounds that ran all four: the A/B goes on within its budget instead of stopping at the first settling."""
-    from pytest_syncguard.gate.ab import Plan, run_rounds
+    from pytest_syncguard.gate.ab.plan import Plan, run_rounds
 
     said: list[str] = []
     sides = {name: _SleepingSide(name, 0.15) for name in ("base", "head")}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.gate.render import perfetto
+from pytest_syncguard.render import perfetto
 
 pytestmark = pytest.mark.gpu
 

@@ -86,8 +86,8 @@ def test_the_ci_side_and_the_signal_catalogue_import_no_torch() -> None:
     import sys
 
     modules = (
-        "gate.cli", "gate.render.markdown", "gate.render.junit", "gate.render.terminal", "gate.ab", "gate.baselines",
-        "gate.comment", "document.file", "document.measured",
+        "gate.cli", "render.markdown", "render.junit", "render.terminal", "gate.ab.plan", "judge.baselines",
+        "gate.forge.github", "document.file", "document.measured", "document.ab",
         "signals", "budgets", "result", "metrics",
     )  # fmt: skip
     code = "import sys\n" + "".join(f"import pytest_syncguard.{m}\n" for m in modules) + "print('torch' in sys.modules)"

@@ -22,11 +22,12 @@ import pytest
 
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate import history, history_branch
-from pytest_syncguard.gate.render.charts import page
-from pytest_syncguard.gate.render.markdown import render
-from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.gate import history_branch
+from pytest_syncguard.judge import history
+from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
+from pytest_syncguard.render.charts import page
+from pytest_syncguard.render.markdown import render
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
 GRAPH = "examples/test_strategies.py::test_speed[cuda_graph]"
@@ -90,7 +91,7 @@ def test_a_pr_is_judged_against_the_recent_runs_and_the_tolerance_narrows(
     early = history.baseline(history.read(tmp_path, "nvidia-h100-80gb-hbm3"))  # type: ignore[arg-type]
     pushes(tmp_path / "more", suite, 12, rng, noise=0.002)  # the H100s' spread within a host: ±0.14-0.32%
     late = history.baseline(history.read(tmp_path / "more", "nvidia-h100-80gb-hbm3"))  # type: ignore[arg-type]
-    from pytest_syncguard.gate.comparison import tolerance_of
+    from pytest_syncguard.judge.comparison import tolerance_of
 
     within = [tolerance_of(DEVICE_TIME, None, b.reference(GRAPH, HOSTS[0])[1][DEVICE_TIME]) for b in (early, late)]
     assert within[1] < within[0] and within[1] < 0.015, within  # 12 runs on 4 hosts: below the 1.5% floor
@@ -182,7 +183,7 @@ def test_the_cli_records_fetches_and_writes_baselines_and_a_page(tmp_path: Path,
     assert done.stdout == "syncguard history: nvidia-h100-80gb-hbm3: 2 runs\n"
     done = subprocess.run([*cli, "baselines", "h", "--out", "b"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    from pytest_syncguard.gate.baselines import read
+    from pytest_syncguard.judge.baselines import read
 
     written = read(tmp_path / "b" / "nvidia-h100-80gb-hbm3.json")
     assert written is not None and GRAPH in written.tests and len(written.history[GRAPH][DEVICE_TIME]) == 2
@@ -254,7 +255,7 @@ def test_a_run_is_judged_against_its_own_hosts_runs_where_the_history_allows(
     assert not compare_run([same], None, history=tmp_path).with_status("regression")
 
     _, unseen = level.reference(GRAPH, "ffffffff")
-    from pytest_syncguard.gate.comparison import tolerance_of
+    from pytest_syncguard.judge.comparison import tolerance_of
 
     assert unseen[DEVICE_TIME].new_host and "none on this host" in unseen[DEVICE_TIME].describe()
     assert tolerance_of(DEVICE_TIME, None, unseen[DEVICE_TIME]) > tolerance_of(DEVICE_TIME, None, spread)

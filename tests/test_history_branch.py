@@ -15,7 +15,8 @@ import pytest
 
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate import history, history_branch
+from pytest_syncguard.gate import history_branch
+from pytest_syncguard.judge import history
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
 SLUG = "nvidia-h100-80gb-hbm3"

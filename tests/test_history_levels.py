@@ -15,9 +15,9 @@ import pytest
 
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate import history
-from pytest_syncguard.gate.comparison import tolerance_of
-from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.judge import history
+from pytest_syncguard.judge.comparison import tolerance_of
+from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
@@ -145,7 +145,7 @@ def test_a_test_main_last_left_out_is_judged_against_its_last_good_run(
     assert judged(tmp_path, folder, scaled(suite, 1.5, HOSTS[0], syncs=1000.0)) == "regression"
     found = history.read(folder, SLUG)
     assert found is not None
-    from pytest_syncguard.gate.render.markdown import render
+    from pytest_syncguard.render.markdown import render
 
     text, _ = render(compare_run([tmp_path / "pr.json"], None, history=folder))
     assert f"The default branch's last run left out `{GRAPH}` ({outcome}): judged against its last good run" in text
@@ -171,7 +171,7 @@ def test_a_chart_of_values_of_millions_is_one_mermaid_can_read(tmp_path: Path, s
     and small fractions are written positionally."""
     import re
 
-    from pytest_syncguard.gate.render.charts import mermaid, plain
+    from pytest_syncguard.render.charts import mermaid, plain
 
     assert [plain(v) for v in (12_800_000.0, 1234.5678, 0.000125, -3.0, 0.0)] == [
         "12800000", "1234.57", "0.000125", "-3", "0"]  # fmt: skip

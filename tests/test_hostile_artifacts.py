@@ -21,12 +21,12 @@ import cmarkgfm
 import pytest
 
 from pytest_syncguard.codec import encode
+from pytest_syncguard.document import ab
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.comparison import Change
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate import ab
-from pytest_syncguard.gate.render.junit import properties
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
+from pytest_syncguard.render.junit import properties
 
 #: One payload of every kind: a tag, a mention, an issue reference, a link, an autolink, emphasis, a table pipe, a
 #: backtick, a line break that would start a heading.
@@ -169,7 +169,7 @@ def test_a_junit_file_whose_device_is_no_slug_is_refused_naming_it(artifact: Pat
 
 def test_the_ab_reports_stop_is_inert_in_a_collapsed_summary() -> None:
     """A <summary> is raw HTML, where a code span is none: the A/B's ``stopped`` text never goes there as it is."""
-    from pytest_syncguard.gate.render.markdown import ab_lines
+    from pytest_syncguard.render.markdown import ab_lines
 
     report = replace(hostile(ab.ABReport), tests=(), failed_in={}, only_in={}, unreached=(), judged_by_baseline={})
     markdown = "\n".join(ab_lines(report))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_syncguard.gate.baselines import update
-from pytest_syncguard.gate.chain import Site
-from pytest_syncguard.gate.render.links import SiteLinks
+from pytest_syncguard.judge.baselines import update
+from pytest_syncguard.render.chain import Site
+from pytest_syncguard.render.links import SiteLinks
 from tests.test_outputs import TEST, cli
 
 

@@ -15,7 +15,7 @@ from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.launch import Launch
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate.cli import main
-from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import Metrics
 
 H100_JOB = Path(__file__).parent / "data" / "h100_pr" / "unchanged.json.gz"

@@ -483,12 +483,12 @@ def test_plain(syncguard):
     result.stdout.fnmatch_lines(["XFAIL *::test_expected_strictly - syncguard budget failed: known host read"])
     # The results say so, and the run's verdict fails on test_plain alone (two XFAILs read as failed budgets).
     from pytest_syncguard.document import file as results_file
-    from pytest_syncguard.gate.run import compare_run
+    from pytest_syncguard.judge.run import compare_run
 
     tests = {t.nodeid.split("::")[1]: t for t in results_file.read(pytester.path / "results.json")}
     assert tests["test_expected"].expected_failure == "syncguard budget failed: known host read"
     assert tests["test_plain"].expected_failure is None and tests["test_held"].expected_failure is None
-    from pytest_syncguard.gate.verdict import Verdict
+    from pytest_syncguard.judge.verdict import Verdict
 
     verdict = Verdict.of(compare_run([pytester.path / "results.json"], None))
     assert [key[1].split("::")[1] for key in verdict.failing] == ["test_plain"]

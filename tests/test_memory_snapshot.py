@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_syncguard.analysis.snapshot import SnapshotError, allocation_sites, load
-from pytest_syncguard.gate.render.terminal import allocation_site_lines
+from pytest_syncguard.render.terminal import allocation_site_lines
 
 SNAPSHOT = Path(__file__).parent / "data" / "grow24.memory.pickle.gz"
 

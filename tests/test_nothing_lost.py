@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_syncguard.document import file as results_file
-from pytest_syncguard.gate import history
+from pytest_syncguard.judge import history
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
 SLUG = "nvidia-h100-80gb-hbm3"
@@ -128,7 +128,7 @@ def test_an_ab_verdict_of_another_version_is_no_pass(tmp_path: Path, results: Pa
 def test_a_junit_metric_of_another_version_is_said_and_no_pass(tmp_path: Path, results: Path) -> None:
     from junitparser import JUnitXml, Properties, Property, TestCase, TestSuite
 
-    from pytest_syncguard.gate.render.junit import properties
+    from pytest_syncguard.render.junit import properties
 
     (test, *_) = results_file.read(results)
     case = TestCase("t", classname="c")
@@ -155,7 +155,7 @@ def test_a_junit_metric_of_another_version_is_said_and_no_pass(tmp_path: Path, r
 def test_links_of_a_repository_or_commit_with_a_newline_or_a_climb_are_refused(
     tmp_path: Path, results: Path, repository: str, commit: str
 ) -> None:
-    from pytest_syncguard.gate.render.links import SiteLinks
+    from pytest_syncguard.render.links import SiteLinks
 
     assert SiteLinks.problem(repository, commit) is not None
     done = syncguard(tmp_path, "report", str(results), "--repository", repository, "--commit", commit)

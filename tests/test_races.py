@@ -18,8 +18,8 @@ from pytest_syncguard.codec import decode, encode
 from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.document.file import from_record, record
 from pytest_syncguard.document.measured import MeasuredTest, race_record
-from pytest_syncguard.gate.render.terminal import failure_text
 from pytest_syncguard.probes import native
+from pytest_syncguard.render.terminal import failure_text
 
 MAIN, SIDE, OTHER_DEVICE = (0, 0), (0, 7), (1, 0)
 

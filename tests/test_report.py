@@ -15,9 +15,9 @@ from pathlib import Path
 import cmarkgfm
 import pytest
 
-from pytest_syncguard.gate.render.links import SiteLinks
-from pytest_syncguard.gate.render.markdown import COMMENT_LIMIT, code, render
-from pytest_syncguard.gate.run import compare_run
+from pytest_syncguard.judge.run import compare_run
+from pytest_syncguard.render.links import SiteLinks
+from pytest_syncguard.render.markdown import COMMENT_LIMIT, code, render
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
 # stays put between the baseline run and the PR run.
@@ -290,7 +290,7 @@ def test_report_of_a_real_h100_run(tmp_path: Path) -> None:
 def test_every_case_names_its_device_slug_and_an_older_cuda_case_without_one_is_not_filed_as_cuda(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    from pytest_syncguard.gate.junit import read_cases
+    from pytest_syncguard.judge.junit import read_cases
 
     # A test kept out of baselines has no comparison: its case still names the baseline file of its device.
     pytester.makepyfile(
@@ -324,7 +324,7 @@ def _h100(tmp_path: Path, name: str) -> Path:
 def test_a_real_unchanged_h100_job_reads_in_a_dozen_lines(tmp_path: Path) -> None:
     """The GPU job's comment on an H100 where nothing regressed and the A/B had nothing left to judge: the verdict,
     one line of summary, the rest collapsed; no unchanged test listed where it shows."""
-    from pytest_syncguard.gate.ab import read_report
+    from pytest_syncguard.document.ab import read_report
 
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-all-judged.json"))
@@ -378,7 +378,7 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
 
 
 def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Path) -> None:
-    from pytest_syncguard.gate.ab import read_report
+    from pytest_syncguard.document.ab import read_report
 
     run_ = compare_run([_h100(tmp_path, "unchanged")], Path(__file__).parents[1] / "baselines")
     text, _ = render(run_, ab=read_report(H100_PR / "ab-planted-cuda-graph.json"))
@@ -393,7 +393,7 @@ def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) ->
     """What a failing test prints in pytest's report: after what regressed and what changed, the GPU and cost links
     the PR comment shows."""
     from pytest_syncguard.document import file as results_file
-    from pytest_syncguard.gate.render.terminal import failure_text
+    from pytest_syncguard.render.terminal import failure_text
 
     tests = {t.nodeid.split("::")[1]: t for t in results_file.read(_h100(tmp_path, "planted-item"))}
     text = failure_text(tests["test_timeline[kv_cache]"]).splitlines()
@@ -426,7 +426,7 @@ def test_the_headline_the_exit_status_and_every_count_are_one_verdict_with_the_a
     """The H200 PR job's contradiction: a suite that regressed nowhere against its baseline, and an A/B whose head
     regressed. The headline, the command's last line and its exit status say the A/B's regression, and the A/B
     table's count rows show their verdict in the verdict column (4 cells under 4 headers)."""
-    from pytest_syncguard.gate.ab import CountChange, document, read_report
+    from pytest_syncguard.document.ab import CountChange, document, read_report
 
     results = _h100(tmp_path, "unchanged")
     planted = read_report(H100_PR / "ab-planted-cuda-graph.json")  # as the H200 job found it: the kernel counted too
@@ -480,7 +480,7 @@ def test_a_real_widest_gap_names_its_site_relative_to_the_checkout(tmp_path: Pat
 def test_a_tests_results_file_case_is_kept_over_its_junit_case_whatever_their_order(pytester: pytest.Pytester) -> None:
     """One run's results file and JUnit file name the same passed test: the case kept is the results file's, which
     carries the details that explain a change, in either order of the files."""
-    from pytest_syncguard.gate.run import merge_cases
+    from pytest_syncguard.judge.run import merge_cases
 
     pytester.makepyfile(
         test_one="""

@@ -24,12 +24,12 @@ from pytest_syncguard.budgets import check_budgets
 from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.document.file import from_record, record
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate.comparison import compare
-from pytest_syncguard.gate.junit import read_cases
-from pytest_syncguard.gate.render.terminal import failure_text, summary_lines
+from pytest_syncguard.judge.comparison import compare
+from pytest_syncguard.judge.junit import read_cases
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.metrics import Metrics, metric
 from pytest_syncguard.probes.sampler import SAMPLER
+from pytest_syncguard.render.terminal import failure_text, summary_lines
 from pytest_syncguard.result import measured_test
 from pytest_syncguard.signals import KINDS
 from pytest_syncguard.timeline_source import AUTO, SAMPLED, TRACE, SamplerUnavailable, choose
@@ -277,8 +277,8 @@ def test_a_budget_judges_the_value_the_summary_json_and_baseline_show() -> None:
 
 
 def test_a_counters_metrics_budget_and_column_are_views_of_its_one_registry_entry() -> None:
-    from pytest_syncguard.gate.render.terminal import _COUNTER_COLUMNS
     from pytest_syncguard.metrics import METRICS
+    from pytest_syncguard.render.terminal import _COUNTER_COLUMNS
     from pytest_syncguard.signals import COUNTERS
 
     for spec in COUNTERS.values():

@@ -110,7 +110,7 @@ def test_the_codec_ignores_keys_it_does_not_know_and_lists_every_record_of_the_l
 def test_a_real_h100_results_document_reads_and_reports_as_the_run_judged_it(tmp_path: Path) -> None:
     """The suite's results document from an H100 run (tests/data/h100_results), reported against the baseline
     that run compared with: each test's comparison agrees with the run's own, and every count is unchanged."""
-    from pytest_syncguard.gate.run import compare_run
+    from pytest_syncguard.judge.run import compare_run
 
     data = DATA / "h100_results"
     results = tmp_path / "results.json"
@@ -138,8 +138,8 @@ def test_a_record_of_another_version_reads_each_way_and_the_report_says_what_it_
     version does not know reads, is judged on what it knows, and the report names each unknown part. Older: a
     record without the fields added since (the host, the timeline's source, the CUDA calls' note, the diagnosis)
     reads with their defaults."""
-    from pytest_syncguard.gate.render.markdown import render
-    from pytest_syncguard.gate.run import compare_run
+    from pytest_syncguard.judge.run import compare_run
+    from pytest_syncguard.render.markdown import render
 
     data = json.loads(gzip.decompress((DATA / "h100_pr" / "unchanged.json.gz").read_bytes()))
     newer, older = json.loads(json.dumps(data)), json.loads(json.dumps(data))

@@ -19,11 +19,11 @@ from pytest_syncguard.budgets import GuardOptions
 from pytest_syncguard.capture import CallCapture
 from pytest_syncguard.document.budget import Budget
 from pytest_syncguard.document.measured import MeasuredTest
-from pytest_syncguard.gate.render import perfetto
-from pytest_syncguard.gate.render.terminal import failure_text
 from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import Traced
 from pytest_syncguard.measurement import Measurement
+from pytest_syncguard.render import perfetto
+from pytest_syncguard.render.terminal import failure_text
 from pytest_syncguard.signals import Need
 from pytest_syncguard.timeline_source import TRACE, TimelineSource
 

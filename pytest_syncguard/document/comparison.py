@@ -1,5 +1,5 @@
 """A test against its baseline as the results document records it: each metric's change, the spread of the
-recordings that calibrated its tolerance, and the overall status. How they are judged is :mod:`..gate.comparison`."""
+recordings that calibrated its tolerance, and the overall status. How they are judged is :mod:`..judge.comparison`."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def _usable(paths: list[Path]) -> list[Path]:
 def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
     """The PR's head commit, whether it comes from a fork, and its labels; :class:`ArtifactError` where GitHub's
     answer is not a pull request's."""
-    from .comment import CommentError
+    from .forge.github import CommentError
 
     try:
         pull = github.api(f"repos/{repo}/pulls/{pr}")
@@ -103,8 +103,8 @@ def _history(folder: Path) -> tuple[str | None, str | None]:
 def device_slugs(results: list[Path]) -> set[str]:
     """The GPU models the results measured (:class:`ArtifactError` where they cannot be read)."""
     from ..document.file import ResultsError
-    from .junit import JUnitError
-    from .run import merge_cases
+    from ..judge.junit import JUnitError
+    from ..judge.run import merge_cases
 
     try:
         return {case.device_slug for case in merge_cases(results)}
@@ -116,7 +116,8 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
     """Validate the artifact in ``folder``, render its report into ``work``, post it on the pull request it names in
     ``repo`` and set its verdict as the head's commit status, if that pull request is still at ``head_sha``; raises
     :class:`ArtifactError` saying why not."""
-    from .comment import CommentError, GitHub, is_repository
+    from ..render.links import is_repository
+    from .forge.github import CommentError, GitHub
 
     if not is_repository(repo) or not COMMIT.fullmatch(head_sha):
         raise ArtifactError("the repository or the head commit is malformed")
@@ -143,7 +144,7 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
 
 
 def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
-    from .comment import CommentError, post
+    from .forge.github import CommentError, post
     from .report import ReportRequest, report
 
     results = results_files(folder)

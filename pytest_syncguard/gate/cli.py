@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..codec import encode
+from ..document.ab import MAX_PROCESSES
 from ..files import MAX_UNPACKED_BYTES, write_atomically
 from ..words import plural
-from .ab import MAX_PROCESSES
-from .comment import GH_TIMEOUT_S
+from .forge.github import GH_TIMEOUT_S
 from .outputs import clobbers, path_problem
 
 #: The most timed runs a test's measure() makes in an A/B round (each run is a whole generation).
@@ -27,14 +27,14 @@ MAX_TIMED_RUNS = 1000
 T = TypeVar("T", int, float)
 
 if TYPE_CHECKING:
-    from .baselines import Baseline
-    from .history import History
+    from ..judge.baselines import Baseline
+    from ..judge.history import History
 
 
 def _timeline_file(args: argparse.Namespace) -> int:
     """``syncguard trace`` of a judged timeline the plugin wrote: each region's numbers, from its events."""
-    from .render.perfetto import TimelineFileError, load
-    from .render.terminal import gap_lines
+    from ..render.perfetto import TimelineFileError, load
+    from ..render.terminal import gap_lines
 
     try:
         meta, regions = load(Path(args.file), args.max_unpacked_mb << 20, "--max-unpacked-mb")
@@ -73,8 +73,8 @@ def _timeline_file(args: argparse.Namespace) -> int:
 
 def _trace(args: argparse.Namespace) -> int:
     from ..analysis import gaps, reliability, trace_file
-    from .render.perfetto import is_timeline_file
-    from .render.terminal import gap_lines
+    from ..render.perfetto import is_timeline_file
+    from ..render.terminal import gap_lines
 
     if is_timeline_file(Path(args.file)):
         return _timeline_file(args)
@@ -158,9 +158,11 @@ def _cuda() -> bool:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    from .ab import ABInterrupted, Plan, document, first_round_of, judged_by_baseline, run, summary_lines
-    from .ab_sides import ABError
-    from .render.markdown import ab_lines
+    from ..document.ab import document
+    from ..render.ab import summary_lines
+    from ..render.markdown import ab_lines
+    from .ab.plan import ABInterrupted, Plan, first_round_of, judged_by_baseline, run
+    from .ab.sides import ABError
 
     if not args.pytest_args:
         print("syncguard ab: give the pytest arguments after --, e.g. -- tests/test_speed.py", file=sys.stderr)
@@ -250,7 +252,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _comment(args: argparse.Namespace) -> int:
-    from .comment import CommentError, post
+    from .forge.github import CommentError, post
 
     try:
         body = Path(args.body_file).read_text(encoding="utf-8")
@@ -285,7 +287,7 @@ def _post_artifact(args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace) -> int:
-    from .baselines import BaselineError, read, reset_history
+    from ..judge.baselines import BaselineError, read, reset_history
 
     if args.record:
         return _record(args)
@@ -326,7 +328,7 @@ def _baselines(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     """``syncguard baselines DIR --record RESULTS...``: a finished run's results written into DIR's baselines."""
     from ..document.file import ResultsError, read_all
-    from .baselines import BaselineError, path_for, record
+    from ..judge.baselines import BaselineError, path_for, record
 
     if len(args.files) != 1 or Path(args.files[0]).is_file():
         given = Path(args.files[0])
@@ -367,8 +369,8 @@ def _record(args: argparse.Namespace) -> int:
 
 def _show_entry(nodeid: str, entry: Mapping[str, float], baseline: Baseline) -> None:
     """A test's entry, and under it each calibrated metric's recordings with the tolerance their spread sets."""
+    from ..judge.comparison import tolerance_of
     from ..metrics import metric as metric_named
-    from .comparison import tolerance_of
 
     metrics = ", ".join(f"{m} {spec.format(v) if (spec := metric_named(m)) else v}" for m, v in sorted(entry.items()))
     print(f"{nodeid}: {metrics}")
@@ -387,8 +389,8 @@ def _judge_baselines(old: Baseline, new: Baseline) -> int:
     metrics within their tolerance, host timings shown but not judged), with what explains a count's change.
     A baseline value is a recorded median, compared as one."""
     from ..environment import fingerprint_changes
+    from ..judge.comparison import MIN_RUNS, compare
     from ..metrics import Metrics
-    from .comparison import MIN_RUNS, compare
 
     changed = 0
     if old.device != new.device:
@@ -511,7 +513,8 @@ def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 def _history(args: argparse.Namespace) -> int:
     """``syncguard history record|fetch|baselines|page``."""
     from ..document.file import ResultsError, read_all
-    from . import history, history_branch
+    from ..judge import history
+    from . import history_branch
 
     try:
         if args.action == "record":
@@ -536,7 +539,7 @@ def _history(args: argparse.Namespace) -> int:
             return 0
         histories = _histories(Path(args.folder))
         if args.action == "baselines":
-            from .baselines import document
+            from ..judge.baselines import document
 
             for kept in histories:
                 reference = history.baseline(kept)
@@ -546,8 +549,8 @@ def _history(args: argparse.Namespace) -> int:
                 )
                 print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
             return 0
-        from .render.charts import page
-        from .render.links import SiteLinks
+        from ..render.charts import page
+        from ..render.links import SiteLinks
 
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
         if (problem := clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
@@ -567,7 +570,7 @@ def _history(args: argparse.Namespace) -> int:
 
 def _histories(folder: Path) -> list[History]:
     """Every GPU model's history in ``folder``."""
-    from . import history
+    from ..judge import history
 
     files = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
     for other in (path for path in files if history.slug_of(path.name) is None):
@@ -651,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(run=_report)
 
-    from .ab import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_PROCESSES, DEFAULT_ROUNDS
+    from .ab.plan import DEFAULT_CONFIDENCE, DEFAULT_MIN_EFFECT, DEFAULT_PROCESSES, DEFAULT_ROUNDS
 
     ab = commands.add_parser(
         "ab",

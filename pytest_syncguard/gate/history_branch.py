@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..document.measured import MeasuredTest
-from . import history
+from ..judge import history
 
 BRANCH = "syncguard-history"
 #: How long a push rejected by other jobs' pushes is tried again on the new tip, in all.

@@ -14,7 +14,7 @@ from ..files import write_atomically
 from .outputs import clobbers, path_problem
 
 if TYPE_CHECKING:
-    from .ab import ABReport
+    from ..document.ab import ABReport
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ReportRequest:
 
 def _ab_report(path: str | None) -> ABReport | None:
     """The A/B report a ``report --ab`` names (untrusted: validated); None without one."""
-    from .ab import read_report
+    from ..document.ab import read_report
 
     if path is None:
         return None
@@ -52,12 +52,12 @@ def report(args: ReportRequest) -> int:
     """``syncguard report``: the run of ``args.files`` judged, written as Markdown (and JSON) or printed; the
     verdict's exit status, 2 naming what is wrong with an input or an output."""
     from ..document.file import ResultsError
-    from .baselines import BaselineError
-    from .junit import JUnitError
-    from .render.links import SiteLinks
-    from .render.markdown import COMMENT_LIMIT, render
-    from .run import compare_run
-    from .verdict import Verdict
+    from ..judge.baselines import BaselineError
+    from ..judge.junit import JUnitError
+    from ..judge.run import compare_run
+    from ..judge.verdict import Verdict
+    from ..render.links import SiteLinks
+    from ..render.markdown import COMMENT_LIMIT, render
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None

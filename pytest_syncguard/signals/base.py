@@ -73,7 +73,7 @@ class Need(enum.Enum):
 
 
 class Section(enum.Enum):
-    """What a failure of a signal's budget shows after its sentence (:func:`..gate.render.terminal.failure_text`)."""
+    """What a failure of a signal's budget shows after its sentence (:func:`..render.terminal.failure_text`)."""
 
     SITES = "the sync sites, most frequent first"
     TIMELINE = "the GPU timeline's source, statistics and largest gaps"
@@ -102,14 +102,14 @@ class Metric:
     one, or (with :attr:`min_tolerance`) the baseline's recordings calibrate one."""
     min_tolerance: float | None = None
     """Device-side metrics whose baseline keeps a history of recordings: the least tolerance their spread may
-    calibrate (:func:`..gate.comparison.calibrated_tolerance`), what moves between hosts of one GPU model
+    calibrate (:func:`..judge.comparison.calibrated_tolerance`), what moves between hosts of one GPU model
     (docs/explanation/gate.md)."""
     aggregate: Callable[[Sequence[float]], float] = statistics.median
     """How a test's runs make its value, for its budget, the summary, the JSON results and the baseline alike: the
     median of a noisy metric, the worst run of memory (a budget must hold in every run), the largest count."""
     ab_min_effect: float | None = None
     """The smallest relative change ``syncguard ab`` calls a regression or improvement of it, unless
-    ``--min-effect`` says; None: :data:`..gate.ab.DEFAULT_MIN_EFFECT`."""
+    ``--min-effect`` says; None: :data:`..gate.ab.plan.DEFAULT_MIN_EFFECT`."""
     description: str = ""
     """What it is, in a few words (the reference's metric table)."""
     column: str | None = None

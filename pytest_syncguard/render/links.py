@@ -8,10 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ..chain import Site
-from ..comment import is_repository
+from .chain import Site
 
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
+_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def is_repository(name: str) -> bool:
+    """Whether ``name`` is an ``OWNER/NAME`` of a forge: letters, digits, ``_``, ``.`` and ``-`` on each side of one
+    ``/``, no side ``.`` or ``..`` (a link of it would climb), nothing after it (a newline included)."""
+    return bool(_REPO.fullmatch(name)) and not {".", ".."} & set(name.split("/"))
 
 
 @dataclass(frozen=True)

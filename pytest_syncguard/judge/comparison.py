@@ -6,7 +6,7 @@ memory) are compared beyond a relative tolerance and the metric's floor: the one
 the one the baseline's recordings of the metric calibrate (:func:`calibrated_tolerance`: from their spread, for a
 metric that keeps them), else the metric's own, which needs a value of at least :data:`MIN_RUNS` runs.
 Host-dependent timings are "not judged" against a baseline, which was recorded on another runner, unless the run
-says the runner is the baseline's host (``host_timings``); they are judged A/B (:mod:`.ab`).
+says the runner is the baseline's host (``host_timings``); they are judged A/B (:mod:`..gate.ab`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,7 @@ import math
 from collections.abc import Mapping
 
 from ..analysis.explain import Details, Explanation, explain
-from ..document.comparison import (
-    NOT_MEASURED,
-    Change,
-    Comparison,
-    Drift,
-    Fingerprint,
-    Spread,
-)
+from ..document.comparison import NOT_MEASURED, Change, Comparison, Drift, Fingerprint, Spread
 from ..metrics import Metrics, metric
 from ..signals import EXPLAIN
 from ..status import MOVED, Status

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...analysis.gaps import AttributedGap, BusyRun, StepSpan, SyncMark, Timeline
-from ...files import MAX_UNPACKED_BYTES, TooLarge, read_unpacked
+from ..analysis.gaps import AttributedGap, BusyRun, StepSpan, SyncMark, Timeline
+from ..files import MAX_UNPACKED_BYTES, TooLarge, read_unpacked
 
 KEY = "syncguardTimeline"
 SCHEMA = "pytest-syncguard/timeline"

@@ -18,9 +18,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
 
-from ..ab_channel import STACKS_ENV, WORKER_OPTION, Channel, ChannelClosed
-from ..document import file as results_file
-from ..document.measured import MeasuredTest
+from ...ab_channel import STACKS_ENV, WORKER_OPTION, Channel, ChannelClosed
+from ...document import file as results_file
+from ...document.measured import MeasuredTest
 
 #: Exit statuses of a round's pytest that still measured: all passed, or some test failed (a budget, say).
 MEASURED_EXITS = (0, 1)

@@ -2,11 +2,11 @@
 
 Each round runs the same pytest command's tests once in a checkout of the base (a git worktree of ``--base``) and
 once in the head (the working directory), in alternating order (base first in odd rounds), each side in one pytest
-kept warm across the rounds, or in a new one per round (:mod:`.ab_sides`). Then, per test measured on both sides:
+kept warm across the rounds, or in a new one per round (:mod:`.sides`). Then, per test measured on both sides:
 
 - counts (syncs, operators, launches, ...) are compared exactly, head against base, with what changed (sync sites
   that appeared or grew, the counters' contributors that moved);
-- every other metric is judged from its per-round pairs (:mod:`.analysis.ab_stats`): head/base with a confidence
+- every other metric is judged from its per-round pairs (:mod:`.stats`): head/base with a confidence
   interval and a verdict, regression, improvement, unchanged or inconclusive, against a minimum effect (each
   metric's own unless one is asked for), and what the rounds could resolve where it is inconclusive.
 
@@ -17,7 +17,6 @@ No torch here: the sides are pytest processes of their own."""
 
 from __future__ import annotations
 
-import math
 import shutil
 import signal
 import subprocess
@@ -28,40 +27,32 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from ..analysis.ab_stats import (
-    INCONCLUSIVE,
-    REGRESSION,
+from ...analysis.explain import Explanation, explain
+from ...document.ab import (
+    JUDGED,
+    ABReport,
+    CountChange,
+    HeadAgainstBase,
     RatioVerdict,
-    fewest_rounds,
-    judge,
-    rounds_needed,
-    settled,
 )
-from ..analysis.explain import Explanation, explain
-from ..codec import CodecError, decode, encode, read_document
-from ..document import upgrades
-from ..document.measured import MeasuredTest
-from ..files import ignored_folder
-from ..metrics import DEVICE_TIME, metric, timing_order
-from ..signals import EXPLAIN
-from ..status import MOVED, Status
-from .ab_sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
-from .comparison import count_status
+from ...document.measured import MeasuredTest
+from ...files import ignored_folder
+from ...judge.comparison import count_status
+from ...metrics import DEVICE_TIME, metric
+from ...render.ab import duration
+from ...signals import EXPLAIN
+from ...status import MOVED
+from .sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
+from .stats import fewest_rounds, judge, rounds_needed
 
-SCHEMA = "pytest-syncguard/ab"
-#: Version 2: records by :mod:`.codec` (a changed site's fields under ``site``); version 1 still reads.
-SCHEMA_VERSION = 2
 #: The most rounds, unless --rounds says otherwise; a test stops once its verdict is settled.
 DEFAULT_ROUNDS = 12
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_PROCESSES = 2
 """Warm pytests per side for held rounds: two pairs, so that one process's own offset is not read as a change."""
-MAX_PROCESSES = 8
-#: A baseline comparison's statuses of a metric that it judged.
-JUDGED = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED})
 #: Judged through another metric (tokens/s is tokens over time): not listed twice.
 DERIVED = frozenset({"tokens_per_second"})
 
@@ -122,175 +113,6 @@ def stopping_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-#: The verdicts of a count or a timing this version knows; any other word (another version wrote it) is read as a
-#: regression, never as a pass.
-KNOWN_VERDICTS = JUDGED | {Status.VARIES, INCONCLUSIVE}
-
-
-@dataclass(frozen=True)
-class CountChange:
-    metric: str
-    base: float
-    head: float
-    status: str
-    """regression, improvement or "varies" (the value was not the same in every round of one side)."""
-
-
-@dataclass(frozen=True)
-class HeadAgainstBase:
-    """One test, head against base."""
-
-    nodeid: str
-    counts: tuple[CountChange, ...]
-    timings: Mapping[str, RatioVerdict]
-    explanation: Explanation = field(default_factory=Explanation)
-    unmeasured: Mapping[str, str] = field(default_factory=dict)
-    """Metrics that were not judged over every round it ran, and why (a side did not measure them)."""
-
-    DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
-
-    @property
-    def settled(self) -> bool:
-        """More rounds could not change its verdict (:func:`.analysis.ab_stats.settled`)."""
-        return settled([c.status for c in self.counts], list(self.timings.values()))
-
-    @property
-    def verdict(self) -> str:
-        """The worst of its verdicts; a host timing that this runner cannot resolve (inconclusive past settling)
-        gives way to a device-side timing judged conclusively: the test reads as its device verdict, with the host
-        timing's note beside it. A verdict word this version does not know reads as a regression."""
-        judged = {n for n, v in self.timings.items() if not _is_host(n) and v.verdict != INCONCLUSIVE}
-        statuses = {c.status for c in self.counts} | {
-            v.verdict
-            for n, v in self.timings.items()
-            if not (judged and _is_host(n) and v.verdict == INCONCLUSIVE and not v.undecided)
-        }
-        if statuses - KNOWN_VERDICTS:  # a word of another version this one does not know: never a pass
-            return Status.REGRESSION
-        for status in (Status.REGRESSION, "varies", Status.IMPROVEMENT, INCONCLUSIVE):
-            if status in statuses:
-                return status
-        return Status.UNCHANGED
-
-
-@dataclass(frozen=True)
-class ABReport:
-    base: str
-    head: str
-    rounds: int
-    """The rounds run (a test settled earlier ran fewer: its verdicts say how many)."""
-    min_effect: float | None
-    """The minimum effect asked for; None: each metric's own (:func:`min_effect_of`)."""
-    confidence: float
-    device: str
-    command: tuple[str, ...]
-    tests: tuple[HeadAgainstBase, ...]
-    only_in: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Tests measured on one side only ("base" or "head")."""
-    stopped: str = ""
-    """Why the rounds ended: every test settled, the most rounds run, or the time budget."""
-    warm_sides: bool = False
-    """Each side was one pytest kept warm across the rounds; False: a pytest per side per round (as every A/B
-    before there were warm sides)."""
-    elapsed_s: float | None = None
-    """Seconds from the A/B's start to the end of its last round (None in reports written before it was kept)."""
-    judged_by_baseline: Mapping[str, str] = field(default_factory=dict)
-    """Tests the A/B left out because the suite judged their device time against a baseline (node id -> its
-    file): their verdict is that comparison's (``--skip-judged``)."""
-    timed_rounds: bool = False
-    """The rounds after the first measured timed runs only (``--syncguard-timings-only``): the counts are the
-    first round's."""
-    timed_runs: int | None = None
-    """Timed runs per test in those rounds (None: as each test asks)."""
-    host_timings: bool = True
-    """Host timings were judged; False: counts and device-side metrics only (``--no-host-timings``)."""
-    failed_in: Mapping[str, Mapping[str, Mapping[str, tuple[int, ...]]]] = field(default_factory=dict)
-    """Per side ("base" or "head"), the tests whose call raised in a round: node id -> how (failed, error or
-    skipped) -> the rounds (:func:`failures`). Not compared: on the head, a verdict of its own, the report's
-    first."""
-    held: bool = False
-    """Test by test: each test's rounds ran one after another, its fixtures kept set up on each side, a later round
-    its call alone, warm (:func:`run_held`); False: every test once per round."""
-    head_first: str = ""
-    """The results file whose measurements were the head's first round (the suite's run of the same head on this
-    runner, ``--head-results``), or ""."""
-    unreached: tuple[str, ...] = ()
-    """Tests that the time budget left without a round: not A/B-tested, undecided."""
-    costs: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
-    """Per test held: the seconds of its first round on both sides (set-up, warm-up and the measured call), and
-    the mean seconds of a later round on both sides (None where it ran none)."""
-    processes: int = 1
-    """Pairs of processes (a warm base and head pytest each) whose rounds were judged: held rounds take them in
-    turn, and a timing's interval is the hull of theirs (:func:`.analysis.ab_stats.judge`)."""
-
-    def with_verdict(self, verdict: str) -> list[HeadAgainstBase]:
-        return [t for t in self.tests if t.verdict == verdict]
-
-    @property
-    def regressions(self) -> int:
-        """Regressed tests, and tests the base measured that the head did not (failed, errored or skipped in a
-        round, or not run at all): what ``--fail-on-regression`` fails on. A head that skips its regressing test
-        does not pass."""
-        unmeasured = set(self.failed_in.get("head", {})) | set(self.only_in.get("base", ()))
-        return len(self.with_verdict(Status.REGRESSION)) + len(unmeasured)
-
-
-def _is_host(name: str) -> bool:
-    spec = metric(name)
-    return spec is not None and spec.host
-
-
-def document(report: ABReport) -> dict[str, Any]:
-    """The A/B file's content: the report's record, schema-versioned."""
-    data: dict[str, Any] = encode(report)
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **data}
-
-
-def read_report(path: Path) -> ABReport:
-    """The report of an A/B JSON file; ValueError naming what is wrong on anything else (it may be untrusted)."""
-    data, version = read_document(path, SCHEMA, SCHEMA_VERSION, "syncguard A/B report")
-    try:
-        report = decode(ABReport, upgrades.ab_v1(data) if version == 1 else data)
-    except CodecError as exc:
-        raise ValueError(f"A/B report is malformed: {exc}") from exc
-    problems = [
-        f"rounds {report.rounds}: not a number of rounds (0 or more)" if report.rounds < 0 else "",
-        f"confidence {report.confidence}: not a probability between 0 and 1" if not 0 < report.confidence < 1 else "",
-        f"min_effect {report.min_effect}: not a fraction > 0"
-        if report.min_effect is not None and not 0 < report.min_effect < 1e6
-        else "",
-        f"processes {report.processes}: not a number of pairs of processes (1 to {MAX_PROCESSES})"
-        if not 1 <= report.processes <= MAX_PROCESSES
-        else "",
-    ]
-    problems += [f"{test.nodeid}: {problem}" for test in report.tests if (problem := _impossible(test)) is not None]
-    if any(problems):
-        raise ValueError(f"A/B report is malformed: {'; '.join(p for p in problems if p)}")
-    return report
-
-
-def _impossible(test: HeadAgainstBase) -> str | None:
-    """What in a test's A/B no rounds can give (a ratio below zero or not finite, an interval that ends before it
-    starts or misses its estimate, rounds below zero, a count below zero), if anything."""
-    for change in test.counts:
-        if not all(math.isfinite(v) and v >= 0 for v in (change.base, change.head)):
-            return f"{change.metric}: {change.base} -> {change.head}: no count"
-    for name, timing in test.timings.items():
-        numbers = [
-            v
-            for v in (timing.ratio, timing.low, timing.high, timing.resolvable, timing.spread, *timing.pairs)
-            if v is not None
-        ]
-        if timing.rounds < 0 or not all(math.isfinite(v) and v >= 0 for v in numbers):
-            return f"{name}: a ratio, an interval or rounds no A/B can give"
-        if timing.low is not None and timing.high is not None and timing.low > timing.high:
-            return f"{name}: its interval [{timing.low}, {timing.high}] ends before it starts"
-        ratio, low, high = timing.ratio, timing.low, timing.high
-        if ratio is not None and low is not None and high is not None and not low <= ratio <= high:
-            return f"{name}: its estimate x{timing.ratio} lies outside its interval"
-    return None
-
-
 # -- comparing the two sides --------------------------------------------------------------------------------------
 
 
@@ -310,7 +132,7 @@ def compare_sides(
     metrics by paired rounds against ``min_effect`` (None: each metric's own, :func:`min_effect_of`), each noting
     whether ``max_rounds`` rounds could settle it; host timings only with ``host_timings``; counts over the first
     ``counted_rounds`` (None: every round); ``early``: Student's t intervals where the rounds are too few for the
-    signed-rank one (:func:`.analysis.ab_stats.judge`); ``processes``: the pairs of processes that ran held
+    signed-rank one (:func:`.stats.judge`); ``processes``: the pairs of processes that ran held
     rounds (:func:`pair_of_round`). A test whose call raised in a round of a side is not compared:
     :func:`failures` names it."""
     raised = {nodeid for tests in failures(base, head).values() for nodeid in tests}
@@ -366,18 +188,10 @@ def failures(
     return found
 
 
-def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
-    """A failed test as the report shows it: ``node id: failed in rounds 1, 2``."""
-    rounds = (
-        f"{verdict} in round{'s' if len(n) > 1 else ''} {', '.join(map(str, n))}" for verdict, n in sorted(how.items())
-    )
-    return f"{nodeid}: {', '.join(rounds)}"
-
-
 def _suite_results(results: Path, device: str | None, elsewhere: str) -> list[MeasuredTest]:
     """The measured tests of the suite's results file; ValueError names what is wrong with the file, or the other
     devices than ``device`` (a slug; None: any) that measured them, with why that matters (``elsewhere``)."""
-    from ..document import file as results_file
+    from ...document import file as results_file
 
     try:
         tests = results_file.read(results)
@@ -405,8 +219,8 @@ def judged_by_baseline(results: Path, device: str | None = None) -> dict[str, st
 def baselines_changed(judged: Mapping[str, str], base: Path, head: Path) -> set[str]:
     """The tests of ``judged`` (node id -> its baseline file, as the head's run named it) whose entry the head's
     file loosens against the same file of the base's checkout: a change cannot pass by writing its own baseline."""
-    from .baselines import Baseline, BaselineError, read
-    from .loosened import loosened
+    from ...judge.baselines import Baseline, BaselineError, read
+    from ...judge.loosened import loosened
 
     found: set[str] = set()
     for file in sorted(set(judged.values())):
@@ -596,10 +410,10 @@ class Progress:
         if self.first_run is None:
             self.first_run = now
         elapsed = now - self.started
-        pace = f", {_duration(self.per_run())} a run" if done else ""
+        pace = f", {duration(self.per_run())} a run" if done else ""
         self.say(
             f"syncguard ab: round {index} of at most {self.rounds}, {side}, {running} ({done} runs done, "
-            f"{_duration(elapsed)} elapsed{pace})"
+            f"{duration(elapsed)} elapsed{pace})"
         )
 
     def elapsed(self) -> float:
@@ -610,16 +424,6 @@ class Progress:
         if not self.finished or self.first_run is None:
             return 0.0
         return (time.monotonic() - self.first_run) / len(self.finished)
-
-
-def _duration(seconds: float) -> str:
-    """``42s``, ``3m05s`` or ``1h02m``."""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 @dataclass(frozen=True)
@@ -638,7 +442,7 @@ class Plan:
     """Judge host timings (time, tokens/s, gaps, busy fraction); False: counts and device-side metrics only."""
     processes: int = DEFAULT_PROCESSES
     """Warm pytest processes per side for rounds held test by test: each round is one pair's (a base and a head
-    process), the pairs in turn, and a timing's verdict needs every pair to agree (:func:`.analysis.ab_stats.judge`)."""
+    process), the pairs in turn, and a timing's verdict needs every pair to agree (:func:`.stats.judge`)."""
 
     @property
     def min_rounds(self) -> int:
@@ -687,8 +491,8 @@ def run_rounds(
                 per_round = next_round
                 if pace.elapsed() + per_round > plan.time_budget:
                     stopped = [
-                        f"another round ({_duration(per_round)}) would pass the time budget "
-                        f"({_duration(plan.time_budget)})"
+                        f"another round ({duration(per_round)}) would pass the time budget "
+                        f"({duration(plan.time_budget)})"
                     ]
                     break
             order = ("base", "head") if index % 2 else ("head", "base")
@@ -735,7 +539,7 @@ def run_rounds(
             for suffix in (".json", ".xml"):
                 (out / f"{label}{suffix}").unlink(missing_ok=True)
         raise ABInterrupted(exc.signum, label, pace.finished, out) from None
-    progress(f"syncguard ab: {stopped[0]}, {_duration(pace.elapsed())}")
+    progress(f"syncguard ab: {stopped[0]}, {duration(pace.elapsed())}")
     return measured["base"], measured["head"], stopped
 
 
@@ -886,16 +690,15 @@ def run_held(
             if index and not within_budget(0.0, 1):  # not even this test's fewest rounds
                 unreached = tuple(tests[index:])
                 stopped = (
-                    f"the time budget ({_duration(plan.time_budget or 0)}) left no time for {len(unreached)} "
-                    f"tests, at {_duration(costs.test(fewest))} each"
+                    f"the time budget ({duration(plan.time_budget or 0)}) left no time for {len(unreached)} "
+                    f"tests, at {duration(costs.test(fewest))} each"
                 )
                 progress(f"syncguard ab: {stopped}: {', '.join(unreached)}")
                 break
 
             began = time.monotonic()
             progress(
-                f"syncguard ab: test {index + 1} of {len(tests)}, {nodeid}: first round ({_duration(elapsed())} "
-                "elapsed)"
+                f"syncguard ab: test {index + 1} of {len(tests)}, {nodeid}: first round ({duration(elapsed())} elapsed)"
             )
             on = {side for side in ("base", "head") if nodeid in sides[side].collected}
             # The first round as the suite runs a test (its counts, budgets and own timed runs): each side's hold.
@@ -939,7 +742,7 @@ def run_held(
             each = f", {sum(later) / len(later):.1f}s a later round" if later else ""
             progress(
                 f"syncguard ab: {nodeid}: {number} round{'s' if number != 1 else ''} in "
-                f"{_duration(time.monotonic() - began)} (the first "
+                f"{duration(time.monotonic() - began)} (the first "
                 f"{costs.first[-1]:.1f}s{each})"
             )
     except ABInterrupted as exc:
@@ -947,7 +750,7 @@ def run_held(
             (out / f"{stopped_run}.json").unlink(missing_ok=True)
         raise ABInterrupted(exc.signum, ", ".join(running) or None, finished, out) from None
     if cut_short and not unreached:
-        stopped = f"the time budget ({_duration(plan.time_budget or 0)}) ended the rounds of {len(cut_short)} tests"
+        stopped = f"the time budget ({duration(plan.time_budget or 0)}) ended the rounds of {len(cut_short)} tests"
     for rounds in measured.values():  # as many rounds on each side
         rounds.extend({} for _ in range(max(map(len, measured.values())) - len(rounds)))
     return measured["base"], measured["head"], stopped, unreached, spent
@@ -1112,126 +915,3 @@ def relative_paths(pytest_args: Sequence[str], head: Path) -> list[str]:
             ) from None
         found.append(f"{relative.as_posix() or '.'}{separator}{rest}")
     return found
-
-
-def summary_lines(report: ABReport) -> list[str]:
-    """The A/B as text: one line per test, the non-unchanged metrics under it; of an inconclusive metric, the
-    smallest change its rounds could have resolved."""
-    effect = (
-        "each metric's own minimum effect" if report.min_effect is None else f"minimum effect {report.min_effect:.0%}"
-    )
-    lines = [
-        f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {rounds_text(report)}, "
-        f"{report.confidence:.0%} intervals, {effect}",
-    ]
-    for side in ("head", "base"):
-        lines += [
-            f"{'FAILED' if side == 'head' else 'failed':12} on the {side}: {failure_text(nodeid, how)}"
-            for nodeid, how in report.failed_in.get(side, {}).items()
-        ]
-    for test in report.tests:
-        lines.append(f"{test.verdict.upper() if test.verdict == REGRESSION else test.verdict:12} {test.nodeid}")
-        for c in test.counts:
-            lines.append(f"    {c.metric}: {_number(c.base)} -> {_number(c.head)} ({c.status})")
-        lines.extend(f"    {line}" for line in test.explanation.lines())
-        for name, v in sorted(test.timings.items(), key=lambda item: timing_order(item[0])):
-            lines.append(f"    {name}: {ratio_text(v)} {v.verdict}{verdict_note(v, name)}")
-        lines.extend(f"    {name}: {why}" for name, why in sorted(test.unmeasured.items()))
-        if test.nodeid in report.costs:
-            lines.append(f"    {cost_text(report, test.nodeid)}")
-    for side, ids in sorted(report.only_in.items()):
-        lines.append(f"only measured on the {side} (not compared): {', '.join(ids)}")
-    if report.judged_by_baseline:
-        lines.append(f"judged against the baseline, not A/B-tested: {judged_text(report)}")
-    if report.unreached:
-        lines.append(f"NOT A/B-TESTED (undecided: the time budget ran out first): {', '.join(report.unreached)}")
-    totals = {v: len(report.with_verdict(v)) for v in (Status.REGRESSION, Status.IMPROVEMENT, "varies", INCONCLUSIVE)}
-    failed = {side: len(report.failed_in.get(side, {})) for side in ("head", "base")}
-    missing = len(report.only_in.get("base", ()))
-    lines.append(
-        f"syncguard ab: {len(report.tests)} tests, "
-        + ", ".join(f"{n} {verdict}" for verdict, n in totals.items())
-        + "".join(f", {n} failed on the {side} (not compared)" for side, n in failed.items() if n)
-        + (f", {missing} measured on the base only (not compared)" if missing else "")
-        + (f", {len(report.unreached)} not A/B-tested" if report.unreached else "")
-    )
-    return lines
-
-
-def judged_text(report: ABReport) -> str:
-    """The tests left out as judged against the baseline: ``2 tests (baselines/h100.json): id, id``."""
-    files = sorted(set(report.judged_by_baseline.values()))
-    ids = ", ".join(report.judged_by_baseline)
-    return f"{len(report.judged_by_baseline)} tests ({', '.join(files)}): {ids}"
-
-
-def cost_text(report: ABReport, nodeid: str) -> str:
-    """What a held test's rounds took: ``7 rounds: the first 14.2 s, then 1.3 s each (both sides)``."""
-    first, later = report.costs[nodeid]
-    rounds = max((v.rounds for t in report.tests if t.nodeid == nodeid for v in t.timings.values()), default=1)
-    then = f", then {later:.1f} s each" if later is not None else ""
-    return f"{rounds} round{'s' if rounds != 1 else ''}: the first {first:.1f} s{then} (both sides)"
-
-
-def rounds_text(report: ABReport, shown: Callable[[str], str] = str) -> str:
-    """How the rounds ran: ``6 rounds interleaved (every test settled after 6 rounds, 1m37s; one warm pytest per
-    side)``; why they stopped (text of the report, which may be untrusted) as ``shown`` renders it."""
-    processes = "one warm pytest per side" if report.warm_sides else "a pytest per side per round"
-    if report.processes > 1:
-        processes = (
-            f"{report.processes} warm pytests per side, their pairs' rounds in turn, a verdict where every pair agrees"
-        )
-    if report.held:
-        processes += ", test by test, its fixtures kept set up across its rounds (a later round: its call, warm)"
-    if report.head_first:
-        processes += f", the head's first round the suite's ({shown(Path(report.head_first).name)})"
-    if report.timed_rounds:
-        runs = "" if report.timed_runs is None else f" ({report.timed_runs} per test, after the traced one)"
-        processes += f", timings only after the first round{runs}"
-    if not report.host_timings:
-        processes += ", host timings not judged"
-    took = f", {_duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
-    return f"{report.rounds} rounds interleaved ({shown(report.stopped or 'as asked')}{took}; {processes})"
-
-
-def verdict_note(v: RatioVerdict, name: str = "") -> str:
-    """Why a timing (metric ``name``) has no interval, or, of an inconclusive one, what its rounds could resolve:
-    `` (3 rounds cannot ...)``, `` (6 rounds, resolves ±4.1%; minimum effect 3%)``, or that more rounds could not
-    settle it: `` (6 rounds; host time not resolvable on this runner: ±9.8% after the most rounds, ...)``."""
-    if v.reason:
-        return f" ({v.reason})"
-    pairs = f", pairs {' and '.join(f'x{ratio:.3f}' for ratio in v.pairs)}" if v.pairs else ""
-    if v.spread is not None:
-        spec = metric(name)
-        what = "host time" if spec is not None and spec.host else name or "it"
-        effect = f"the minimum effect {v.min_effect:.0%}" if v.min_effect is not None else "the minimum effect"
-        return (
-            f" ({v.rounds} rounds{pairs}; {what} not resolvable on this runner: ±{v.spread:.1%} after the most "
-            f"rounds, wider than {effect})"
-        )
-    how = (", t interval" if v.method == "t" else "") + pairs
-    if v.verdict != INCONCLUSIVE or v.resolvable is None:
-        return f" ({v.rounds} rounds{how})"
-    effect = f"; minimum effect {v.min_effect:.0%}" if v.min_effect is not None else ""
-    return f" ({v.rounds} rounds{how}, resolves ±{v.resolvable:.1%}{effect}{_direction(v, name)})"
-
-
-def _direction(v: RatioVerdict, name: str) -> str:
-    """Of an inconclusive timing whose interval is clear of no change: which way it moved, by less than could be
-    told from the minimum effect."""
-    spec = metric(name)
-    if spec is None or v.low is None or v.high is None or v.low <= 1 <= v.high:
-        return ""
-    worse = (v.high < 1) if spec.higher_is_better else (v.low > 1)
-    return f"; {'slower' if worse else 'faster'}: its interval is clear of no change, not of the minimum effect"
-
-
-def ratio_text(v: RatioVerdict) -> str:
-    """``x1.031 [0.998, 1.062]`` (head/base, its interval), or ``-`` without one."""
-    if v.ratio is None or v.low is None or v.high is None:
-        return "-"
-    return f"x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]"
-
-
-def _number(value: float) -> str:
-    return f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"

@@ -21,15 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from ..status import Status
-
-#: Verdicts of a timing A/B.
-REGRESSION, IMPROVEMENT, UNCHANGED, INCONCLUSIVE = (
-    Status.REGRESSION,
-    Status.IMPROVEMENT,
-    Status.UNCHANGED,
-    Status.INCONCLUSIVE,
-)
+from ...document.ab import IMPROVEMENT, INCONCLUSIVE, REGRESSION, UNCHANGED, RatioVerdict
 
 
 @cache
@@ -167,38 +159,6 @@ def _pairs_interval(
     return _Pairs(hull, tuple(estimates), quantile * pooled, method)
 
 
-@dataclass(frozen=True)
-class RatioVerdict:
-    """Head/base of one metric: ratio estimate, interval, verdict and why."""
-
-    rounds: int
-    ratio: float | None
-    low: float | None
-    high: float | None
-    confidence: float | None
-    verdict: str
-    reason: str = ""
-    min_effect: float | None = None
-    """The smallest relative change this metric was judged against."""
-    resolvable: float | None = None
-    """The smallest relative change an interval as wide as this one lies wholly beyond the minimum effect for: what
-    these rounds could have called a regression or improvement (None: no interval)."""
-    spread: float | None = None
-    """Of an inconclusive metric that more rounds cannot settle: the relative half-width its interval would still
-    have after the most rounds, wider than the minimum effect (None: more rounds may settle it)."""
-    method: str = ""
-    """The interval's: "" the exact signed-rank one, "t" Student's t over the rounds' log ratios (fewer rounds than
-    the signed-rank one needs; ``early``)."""
-    pairs: tuple[float, ...] = ()
-    """Of rounds from more than one pair of processes: each pair's head/base estimate (the interval is the hull of
-    theirs); empty for one pair."""
-
-    @property
-    def undecided(self) -> bool:
-        """More rounds may still change it: inconclusive, and not past settling (:attr:`spread`)."""
-        return self.verdict == INCONCLUSIVE and self.spread is None
-
-
 def judge(
     pairs: Sequence[tuple[float, float]],
     *,
@@ -274,10 +234,3 @@ def judge(
         method=method,
         pairs=tuple(math.exp(e) for e in split.estimates) if split is not None else (),
     )
-
-
-def settled(counts: Sequence[str], timings: Sequence[RatioVerdict]) -> bool:
-    """Whether more rounds could not change a test's verdict (``counts``: its counts' statuses): one of its metrics
-    is a conclusive regression, or no timing is still undecided."""
-    regression = REGRESSION in counts or any(t.verdict == REGRESSION for t in timings)
-    return regression or not any(t.undecided for t in timings)

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from ...render.links import is_repository
+
 PAGE_SIZE = 100
 #: The most pages of comments read (a gh that answers every page alike would page forever).
 MAX_PAGES = 300
@@ -24,13 +26,6 @@ BODY_LIMIT = 65_536
 #: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
 GH_TIMEOUT_S = 60.0
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
-_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
-
-
-def is_repository(name: str) -> bool:
-    """Whether ``name`` is an ``OWNER/NAME`` of a forge: letters, digits, ``_``, ``.`` and ``-`` on each side of one
-    ``/``, no side ``.`` or ``..`` (a link of it would climb), nothing after it (a newline included)."""
-    return bool(_REPO.fullmatch(name)) and not {".", ".."} & set(name.split("/"))
 
 
 class CommentError(Exception):

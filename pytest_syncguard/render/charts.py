@@ -14,8 +14,8 @@ import re
 from collections.abc import Sequence
 from urllib.parse import quote
 
-from ...metrics import DEVICE_TIME, metric
-from ..history import History, Run
+from ..judge.history import History, Run
+from ..metrics import DEVICE_TIME, metric
 
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20

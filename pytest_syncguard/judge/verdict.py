@@ -18,7 +18,7 @@ from .loosened import Loosened
 from .run import RunComparison
 
 if TYPE_CHECKING:
-    from .ab import ABReport
+    from ..document.ab import ABReport
 
 #: The reasons a test fails the run, in the order the report shows their sections.
 FAILED_BUDGET = "with failed budgets"

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...environment import unnamed_slug
-from ..junit import PREFIX, Prop
+from ..environment import unnamed_slug
+from ..judge.junit import PREFIX, Prop
 
 if TYPE_CHECKING:
-    from ...document.measured import MeasuredTest
+    from ..document.measured import MeasuredTest
 
 
 def properties(result: MeasuredTest) -> list[tuple[str, object]]:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ...analysis.counts import SHOWN
-from ...analysis.gaps import AttributedGap, TimelineSummary, steps_note
-from ...analysis.memory import MemoryStats
-from ...analysis.races import race_lines
-from ...analysis.snapshot import AllocationSite
-from ...document.measured import MeasuredTest, SiteRecord
-from ...metrics import METRICS
-from ...signals import EXPLAINED_BY, ITEMIZED
-from ...signals.base import MIB, Section
-from ...status import Status
+from ..analysis.counts import SHOWN
+from ..analysis.gaps import AttributedGap, TimelineSummary, steps_note
+from ..analysis.memory import MemoryStats
+from ..analysis.races import race_lines
+from ..analysis.snapshot import AllocationSite
+from ..document.measured import MeasuredTest, SiteRecord
+from ..metrics import METRICS
+from ..signals import EXPLAINED_BY, ITEMIZED
+from ..signals.base import MIB, Section
+from ..status import Status
 from .perfetto import SUFFIX
 
 STACK_LINES = 4
@@ -62,9 +62,9 @@ def failure_text(result: MeasuredTest) -> str:
 def consequence_lines(result: MeasuredTest) -> list[str]:
     """Of a regression, the rest of its chain as the PR comment shows it (:mod:`.chain`): what it did on the GPU,
     what it cost."""
-    from ..cases import RunCase
-    from ..chain import cost_lines, gpu_lines, plain
-    from ..run import CaseComparison
+    from ..judge.cases import RunCase
+    from ..judge.run import CaseComparison
+    from .chain import cost_lines, gpu_lines, plain
 
     assert result.comparison is not None
     verdict = CaseComparison(RunCase.of(result), result.comparison)

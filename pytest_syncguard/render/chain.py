@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.collectives import CollectiveWaits
 from ..analysis.explain import Explanation
 from ..document.comparison import Change, Comparison
+from ..judge.cases import RunCase
+from ..judge.run import CaseComparison, RunComparison
 from ..metrics import DEVICE_TIME, metric
 from ..signals import ITEMIZED
 from ..signals.collectives import WAIT_METRIC
 from ..status import Status
 from ..words import plural
-from .cases import RunCase
-from .run import CaseComparison, RunComparison
 
 if TYPE_CHECKING:
-    from .ab import ABReport
+    from ..document.ab import ABReport
 
 #: How many sites a failed budget and a link of a chain show at most.
 SHOWN = 3

@@ -17,12 +17,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...document.comparison import Change
-from ...metrics import DEVICE_TIME, timing_order
-from ...status import Status
-from ...words import plural
-from ..cases import RunCase
-from ..chain import (
+from ..document.comparison import Change
+from ..judge.cases import RunCase
+from ..judge.loosened import Loosened
+from ..judge.run import CaseComparison, RunComparison
+from ..judge.verdict import Verdict
+from ..metrics import DEVICE_TIME, timing_order
+from ..status import Status
+from ..words import plural
+from .chain import (
     Code,
     Entry,
     Line,
@@ -34,13 +37,10 @@ from ..chain import (
     regression_entries,
     value_text,
 )
-from ..loosened import Loosened
-from ..run import CaseComparison, RunComparison
-from ..verdict import Verdict
 from .links import SiteLinks
 
 if TYPE_CHECKING:
-    from ..ab import ABReport
+    from ..document.ab import ABReport
 
 #: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
 COMMENT_LIMIT = 65_536 - 512
@@ -192,7 +192,7 @@ def summary_line(run: RunComparison) -> str:
     files = [f for f in files if not f.startswith("history:")]
     judged = f"judged against {', '.join(code(f) for f in files)}" if files else "no baseline to judge them against"
     if run.histories:
-        from ..history import describe
+        from ..judge.history import describe
 
         histories = "; ".join(said(describe(h)) for _, h in sorted(run.histories.items()))
         judged = f"judged against the default branch's {histories}" + (
@@ -232,7 +232,7 @@ def history_lines(run: RunComparison) -> list[str]:
 def stale_lines(run: RunComparison) -> list[str]:
     """The tests of this run that the default branch's last run left out (failed, skipped): each judged against its
     last good run, said."""
-    from ..history import levels
+    from ..judge.history import levels
 
     lines = []
     judged = {c.key for c in run.cases}
@@ -255,7 +255,7 @@ def _new_value(item: Loosened) -> str:
 def trend_block(run: RunComparison) -> list[str]:
     """Each regressed test judged against a history: its regressed metric (device time first) over the last runs of
     the default branch and this run, as a chart GitHub draws; with what the history held."""
-    from ..history import describe
+    from ..judge.history import describe
     from .charts import mermaid
 
     lines: list[str] = []
@@ -388,7 +388,7 @@ def _details(run: RunComparison) -> list[str]:
 def ab_lines(report: ABReport) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
-    from ..ab import failure_text
+    from .ab import failure_text
 
     regressed = report.with_verdict(Status.REGRESSION)
     failed = report.failed_in.get("head", {})
@@ -432,7 +432,7 @@ def ab_lines(report: ABReport) -> list[str]:
 
 def _rounds_lines(report: ABReport) -> list[str]:
     """How the A/B's rounds ran and how a timing was judged."""
-    from ..ab import rounds_text
+    from .ab import rounds_text
 
     return [
         f"Head {code(report.head)} against base {code(report.base)} on "
@@ -454,7 +454,7 @@ def _rounds_lines(report: ABReport) -> list[str]:
 def _ab_rows(report: ABReport) -> list[str]:
     """Per test that did not stay unchanged, its counts and timings; the unchanged, the tests of one side, those not
     A/B-tested and those judged against the baseline."""
-    from ..ab import ratio_text, verdict_note
+    from .ab import ratio_text, verdict_note
 
     lines: list[str] = []
     rows: list[str] = []
