@@ -101,11 +101,13 @@ if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && git remote get-url origin > /dev
 fi
 stage history
 
-# Sites link to their lines at the commit measured, where the repository is known (GitHub Actions sets it).
+# Sites link to their lines at the commit measured, where the repository is known (GitHub Actions and GitLab CI set
+# it; inside a GitLab job, syncguard links to its server, CI_SERVER_URL).
 links=()
 commit="$(git rev-parse HEAD 2>/dev/null)"
-if [ -n "${GITHUB_REPOSITORY:-}" ] && [ -n "$commit" ]; then
-    links=(--repository "$GITHUB_REPOSITORY" --commit "$commit")
+repository="${GITHUB_REPOSITORY:-${CI_PROJECT_PATH:-}}"
+if [ -n "$repository" ] && [ -n "$commit" ]; then
+    links=(--repository "$repository" --commit "$commit")
 fi
 syncguard report "$out/results-$slug.json" --baselines "$baselines" "${history[@]}" "${ab[@]}" "${links[@]}" \
     --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_syncguard.gate.forge.github import marker
+from pytest_syncguard.gate.forge.comment import marker
 
 STAND_IN = Path(__file__).parent / "stand_ins" / "gh.py"
 MARK = marker("nvidia-h100-80gb-hbm3")

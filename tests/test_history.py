@@ -23,6 +23,7 @@ import pytest
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.gate import history_branch
+from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge import history
 from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
@@ -202,7 +203,7 @@ def test_the_page_escapes_what_the_history_says_and_chromium_draws_it(
     history.record(tmp_path, moved(hostile, 1.0, random.Random(7), HOSTS[1]), "4" * 40, "t")
     found = history.read(tmp_path, "nvidia-h100-80gb-hbm3")
     assert found is not None
-    text = page([found], "octo/decode")
+    text = page([found], GITHUB.web("octo/decode"))
     assert "<img" not in text and "&lt;img src=x" in text
     (tmp_path / "page.html").write_text(text)
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge.baselines import update
 from pytest_syncguard.render.chain import Site
 from pytest_syncguard.render.links import SiteLinks
@@ -79,7 +80,7 @@ def test_a_results_document_with_hostile_json_is_an_error_naming_it(measured: Pa
 
 
 def test_a_site_whose_path_no_file_system_can_hold_is_shown_unlinked(tmp_path: Path) -> None:
-    links = SiteLinks.of("o/r", "a" * 40, tmp_path)
+    links = SiteLinks.of(GITHUB.web("o/r"), "a" * 40, tmp_path)
     assert links is not None
     assert links.url(Site("x" * 5000 + "/y.py", 3)) is None and links.url(Site("a\0b.py", 3)) is None
 

@@ -155,9 +155,10 @@ def test_a_junit_metric_of_another_version_is_said_and_no_pass(tmp_path: Path, r
 def test_links_of_a_repository_or_commit_with_a_newline_or_a_climb_are_refused(
     tmp_path: Path, results: Path, repository: str, commit: str
 ) -> None:
-    from pytest_syncguard.render.links import SiteLinks
+    from pytest_syncguard.gate.forge.github import GITHUB
+    from pytest_syncguard.render.links import commit_problem
 
-    assert SiteLinks.problem(repository, commit) is not None
+    assert (GITHUB.repository_problem(repository) or commit_problem(commit)) is not None
     done = syncguard(tmp_path, "report", str(results), "--repository", repository, "--commit", commit)
     assert done.returncode == 2 and ("--repository" in done.stderr or "--commit" in done.stderr) and not done.stdout
 

@@ -15,9 +15,12 @@ from pathlib import Path
 import cmarkgfm
 import pytest
 
+from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.render.links import SiteLinks
-from pytest_syncguard.render.markdown import COMMENT_LIMIT, code, render
+from pytest_syncguard.render.markdown import MARKER_ROOM, code, render
+
+COMMENT_LIMIT = GITHUB.body_limit - MARKER_ROOM
 
 # Each test's reads per step come from an environment variable, so that one file regresses, improves and
 # stays put between the baseline run and the PR run.
@@ -192,7 +195,7 @@ def test_hostile_test_ids_cannot_inject_markdown_html_or_mentions(pr_run: Path) 
     ("options", "message"),
     [
         (["--repository", "o/r"], "--repository and --commit go together"),
-        (["--repository", "o/r/x", "--commit", "a" * 40], "--repository 'o/r/x': not OWNER/NAME"),
+        (["--repository", "o/r/x", "--commit", "a" * 40], "--repository 'o/r/x': not a GitHub repository's OWNER/NAME"),
         (["--repository", "o/r", "--commit", "HEAD"], "--commit 'HEAD': not a commit's hex id"),
     ],
 )
@@ -215,7 +218,7 @@ def test_a_long_report_is_cut_to_githubs_limit_with_the_full_one_as_a_file(pr_ru
     text, cut = render(run_, limit=1200, full_report="comment.full.md")
     assert cut and len(text) <= 1200
     assert text.startswith("**❌ syncguard: 1 of 8 tests failed: 1 regressed") and "### ❌ Regressions" in text
-    assert text.rstrip().endswith("more lines left out to fit a GitHub comment. The full report is `comment.full.md`._")
+    assert text.rstrip().endswith("more lines left out to fit a comment. The full report is `comment.full.md`._")
     full, cut_full = render(run_)
     assert not cut_full and len(full) < COMMENT_LIMIT
 
@@ -348,7 +351,9 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     the head commit), the idle time it added per token on the GPU, and the tokens per second it cost, said not
     judged (a host timing, judged A/B on one runner)."""
     run_ = compare_run([_h100(tmp_path, "planted-item")], Path(__file__).parents[1] / "baselines")
-    links = SiteLinks.of("octo/decode", "0123456789abcdef0123456789abcdef01234567", Path(__file__).parents[1])
+    links = SiteLinks.of(
+        GITHUB.web("octo/decode"), "0123456789abcdef0123456789abcdef01234567", Path(__file__).parents[1]
+    )
     text, _ = render(run_, links=links)
     shown = visible(text)
     assert shown[0] == "**❌ syncguard: 2 of 2 tests failed: 1 with failed budgets, 2 regressed against the baseline**"
@@ -373,7 +378,7 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     )
     assert f'<a href="https://github.com/octo/decode/blob/{"0123456789abcdef" * 2}01234567/examples/strategies.py#L74">' \
         in html(text)  # fmt: skip
-    unlinked, _ = render(run_, links=SiteLinks.of("octo/decode", "not-a-commit", Path(__file__).parents[1]))
+    unlinked, _ = render(run_, links=SiteLinks.of(GITHUB.web("octo/decode"), "not-a-commit", Path(__file__).parents[1]))
     assert "](https://" not in unlinked and "`examples/strategies.py:74`" in unlinked
 
 

@@ -352,7 +352,8 @@ def test_the_gate_and_the_document_import_nothing_of_the_pytest_side(no_torch: d
     code = (
         "import importlib, pkgutil, sys\n"
         "import pytest_syncguard.gate as gate, pytest_syncguard.document as document\n"
-        "for package in (gate, document):\n"
+        "import pytest_syncguard.judge as judge, pytest_syncguard.render as render\n"
+        "for package in (gate, document, judge, render):\n"
         "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
         "        importlib.import_module(info.name)\n"
         "side = ['pytest', '_pytest', 'torch', 'pytest_syncguard.budgets', 'pytest_syncguard.result',\n"

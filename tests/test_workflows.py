@@ -244,3 +244,42 @@ def test_the_history_branchs_ruleset_lets_only_github_actions_write_it() -> None
     assert {r["type"] for r in ruleset["rules"]} == {"creation", "update", "deletion", "non_fast_forward"}
     assert ruleset["bypass_actors"] == [{"actor_id": 15368, "actor_type": "Integration", "bypass_mode": "always"}]
     assert "ci/history-ruleset.json" in (ROOT / "docs" / "howto" / "history.md").read_text()
+
+
+def test_the_gitlab_template_runs_gpu_jobs_only_for_merge_requests_and_the_default_branch() -> None:
+    """ci/gitlab/syncguard.gitlab-ci.yml: the GPU job on a `gpu` runner for a merge request's pipeline (a fork's only
+    when a maintainer runs it in this project) and the default branch's pushes; the note and the history on any
+    runner, after it, whatever its outcome; every syncguard command in it one the CLI accepts."""
+    import shlex
+
+    from pytest_syncguard.gate.cli import build_parser
+
+    template = yaml.safe_load((ROOT / "ci" / "gitlab" / "syncguard.gitlab-ci.yml").read_text())
+    gpu, note, history = (template[f"syncguard:{name}"] for name in ("gpu", "comment", "history"))
+    assert gpu["tags"] == ["gpu"] and "ci/run_gpu_suite.sh" in " ".join(gpu["script"])
+    conditions = [rule["if"] for rule in gpu["rules"]]
+    assert conditions == [
+        '$CI_PIPELINE_SOURCE == "merge_request_event"',
+        '$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH && $CI_PIPELINE_SOURCE == "push"',
+    ]
+    for job in (note, history):
+        assert "tags" not in job and job["needs"] == ["syncguard:gpu"]
+        assert all(rule.get("when") == "always" for rule in job["rules"])
+        assert any("--require-hashes" in line for line in job["script"])  # the pinned report tools only
+    assert [rule["if"] for rule in note["rules"]] == ['$CI_PIPELINE_SOURCE == "merge_request_event"']
+    assert history["rules"][0]["if"].startswith("$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH")
+    assert history["resource_group"] == "syncguard-history"
+    commands = [
+        line.strip()
+        for job in (gpu, note, history)
+        for block in job["script"]
+        for line in block.splitlines()
+        if line.strip().startswith("syncguard ")
+    ]
+    assert len(commands) == 2
+    values = {"CI_MERGE_REQUEST_IID": "7", "body": "out/report-h100.md", "slug": "h100", "SYNCGUARD_OUT": "out",
+              "CI_COMMIT_SHA": "a" * 40}  # fmt: skip
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(shlex.split(re.sub(r"\$(\w+)", lambda m: values[m.group(1)], command))[1:])
+        assert args.command in ("comment", "history")

@@ -72,7 +72,7 @@ def _usable(paths: list[Path]) -> list[Path]:
 def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
     """The PR's head commit, whether it comes from a fork, and its labels; :class:`ArtifactError` where GitHub's
     answer is not a pull request's."""
-    from .forge.github import CommentError
+    from .forge.base import CommentError
 
     try:
         pull = github.api(f"repos/{repo}/pulls/{pr}")
@@ -116,10 +116,10 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
     """Validate the artifact in ``folder``, render its report into ``work``, post it on the pull request it names in
     ``repo`` and set its verdict as the head's commit status, if that pull request is still at ``head_sha``; raises
     :class:`ArtifactError` saying why not."""
-    from ..render.links import is_repository
-    from .forge.github import CommentError, GitHub
+    from .forge.base import CommentError
+    from .forge.github import GITHUB, GitHub
 
-    if not is_repository(repo) or not COMMIT.fullmatch(head_sha):
+    if GITHUB.repository_problem(repo) or not COMMIT.fullmatch(head_sha):
         raise ArtifactError("the repository or the head commit is malformed")
     pr = read_field(folder, "pr-number", r"[1-9][0-9]{0,6}")
     slug = read_field(folder, "device-slug", r"[a-z0-9][a-z0-9-]{0,99}")
@@ -144,7 +144,9 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
 
 
 def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
-    from .forge.github import CommentError, post
+    from .forge.base import CommentError
+    from .forge.comment import post
+    from .forge.github import GITHUB
     from .report import ReportRequest, report
 
     results = results_files(folder)
@@ -173,7 +175,7 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
     if verdict not in (0, 1):
         raise ArtifactError("syncguard report failed")
     try:
-        posted = post(body.read_text(encoding="utf-8"), int(pr), key=slug, repo=repo, github=github)
+        posted = post(body.read_text(encoding="utf-8"), int(pr), key=slug, forge=GITHUB, comments=github, repo=repo)
     except CommentError as exc:
         raise ArtifactError(f"syncguard comment failed: {exc}") from exc
     print(f"syncguard post-artifact: {posted.action} comment {posted.comment_id} {posted.url}".rstrip())

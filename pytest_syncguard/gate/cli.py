@@ -252,7 +252,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _comment(args: argparse.Namespace) -> int:
-    from .forge.github import CommentError, post
+    from .forge.base import CommentError
+    from .forge.choice import comments_of, forge_named
+    from .forge.comment import post
 
     try:
         body = Path(args.body_file).read_text(encoding="utf-8")
@@ -260,7 +262,9 @@ def _comment(args: argparse.Namespace) -> int:
         print(f"syncguard comment: cannot read --body-file {args.body_file} as UTF-8 text: {exc}", file=sys.stderr)
         return 2
     try:
-        posted = post(body, args.pr, key=args.key, repo=args.repo, author=args.author, timeout=args.gh_timeout)
+        forge = forge_named(args.forge, args.server)
+        comments = comments_of(forge, args.timeout)
+        posted = post(body, args.pr, key=args.key, forge=forge, comments=comments, repo=args.repo, author=args.author)
     except CommentError as exc:
         print(f"syncguard comment: {exc}", file=sys.stderr)
         return 2
@@ -473,6 +477,20 @@ _seconds = _bounded(float, lambda v: 0 < v < math.inf, "a number of seconds > 0"
 _megabytes = _bounded(_whole, lambda v: v > 0, "a whole number of megabytes > 0")
 
 
+def _forge_options(parser: argparse.ArgumentParser) -> None:
+    """``--forge`` and ``--server``: where the comment goes and the links lead."""
+    from .forge.choice import NAMES
+
+    parser.add_argument(
+        "--forge",
+        choices=NAMES,
+        help="the forge of the repository (default: gitlab inside a GitLab job, which sets GITLAB_CI; else github)",
+    )
+    parser.add_argument(
+        "--server", metavar="URL", help="GitLab's server (default: the job's CI_SERVER_URL, else https://gitlab.com)"
+    )
+
+
 def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .history_branch import BRANCH
 
@@ -506,7 +524,8 @@ def _history_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     page = actions.add_parser("page", help="a static HTML page of every test's metrics per GPU model")
     page.add_argument("folder", metavar="DIR", help="a folder of history files")
     page.add_argument("--out", metavar="FILE", required=True, help="the HTML file to write")
-    page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on GitHub")
+    page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on the forge")
+    _forge_options(page)
     history.set_defaults(run=_history)
 
 
@@ -515,6 +534,7 @@ def _history(args: argparse.Namespace) -> int:
     from ..document.file import ResultsError, read_all
     from ..judge import history
     from . import history_branch
+    from .forge.base import CommentError
 
     try:
         if args.action == "record":
@@ -550,20 +570,21 @@ def _history(args: argparse.Namespace) -> int:
                 print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
             return 0
         from ..render.charts import page
-        from ..render.links import SiteLinks
+        from .forge.choice import forge_named
 
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
         if (problem := clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
             print(problem, file=sys.stderr)
             return 2
 
-        if args.repository and (wrong := SiteLinks.problem(args.repository, "0" * 40)) is not None:
+        forge = forge_named(args.forge, args.server)
+        if args.repository and (wrong := forge.repository_problem(args.repository)) is not None:
             print(f"syncguard history: {wrong}", file=sys.stderr)
             return 2
-        write_atomically(Path(args.out), page(histories, args.repository))
+        write_atomically(Path(args.out), page(histories, forge.web(args.repository) if args.repository else None))
         print(f"syncguard history: {args.out}: {plural(len(histories), 'GPU model')}")
         return 0
-    except (history.HistoryError, ResultsError, OSError) as exc:
+    except (history.HistoryError, ResultsError, CommentError, OSError) as exc:
         print(f"syncguard history: {exc}", file=sys.stderr)
         return 2
 
@@ -630,8 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--repository",
         metavar="OWNER/NAME",
-        help="with --commit: each sync site of a file of this checkout is a link to its line on GitHub",
+        help="with --commit: each sync site of a file of this checkout is a link to its line on the forge",
     )
+    _forge_options(report)
     report.add_argument("--commit", metavar="SHA", help="the head commit the run measured (with --repository)")
     report.add_argument(
         "--history",
@@ -761,18 +783,27 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="what each round runs")
     ab.set_defaults(run=_ab)
 
-    comment = commands.add_parser("comment", help="create or update this tool's PR comment through gh")
-    comment.add_argument("--pr", type=_positive, required=True, help="pull request number")
-    comment.add_argument("--body-file", required=True, help="Markdown body (from syncguard report --markdown)")
-    comment.add_argument("--repo", help="OWNER/NAME (default: gh's repository of the working directory)")
-    comment.add_argument("--key", default="syncguard", help="one comment per key, e.g. the GPU's slug")
-    comment.add_argument("--author", help="the login gh posts as (default: asked from gh)")
+    comment = commands.add_parser(
+        "comment", help="create or update this tool's comment on a pull request (GitHub, through gh) or merge request"
+    )
     comment.add_argument(
+        "--pr", type=_positive, required=True, help="pull request number (GitLab: the merge request's IID)"
+    )
+    comment.add_argument("--body-file", required=True, help="Markdown body (from syncguard report --markdown)")
+    comment.add_argument(
+        "--repo", help="OWNER/NAME or GROUP/PROJECT (default: gh's repository, or the GitLab job's CI_PROJECT_PATH)"
+    )
+    comment.add_argument("--key", default="syncguard", help="one comment per key, e.g. the GPU's slug")
+    comment.add_argument("--author", help="the account the comment is posted as (default: asked from the forge)")
+    _forge_options(comment)
+    comment.add_argument(
+        "--timeout",
         "--gh-timeout",
+        dest="timeout",
         type=_seconds,
         default=GH_TIMEOUT_S,
         metavar="SECONDS",
-        help=f"give up a gh call that takes longer (default {GH_TIMEOUT_S:g})",
+        help=f"give up a call to the forge that takes longer (default {GH_TIMEOUT_S:g})",
     )
     comment.set_defaults(run=_comment)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,8 @@ class ReportRequest:
     history: str | None = None
     history_unavailable: str | None = None
     base_ref: str | None = None
+    forge: str | None = None
+    server: str | None = None
 
 
 def _ab_report(path: str | None) -> ABReport | None:
@@ -56,8 +59,10 @@ def report(args: ReportRequest) -> int:
     from ..judge.junit import JUnitError
     from ..judge.run import compare_run
     from ..judge.verdict import Verdict
-    from ..render.links import SiteLinks
-    from ..render.markdown import COMMENT_LIMIT, render
+    from ..render.links import SiteLinks, commit_problem
+    from ..render.markdown import MARKER_ROOM, render
+    from .forge.base import CommentError
+    from .forge.choice import forge_named
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None
@@ -73,7 +78,12 @@ def report(args: ReportRequest) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
-    if (wrong := SiteLinks.problem(args.repository, args.commit)) is not None:
+    try:
+        forge = forge_named(args.forge, args.server)
+    except CommentError as exc:
+        print(f"syncguard report: {exc}", file=sys.stderr)
+        return 2
+    if (wrong := _links_problem(forge.repository_problem, args.repository, args.commit, commit_problem)) is not None:
         print(f"syncguard report: {wrong}", file=sys.stderr)
         return 2
     try:
@@ -120,9 +130,9 @@ def report(args: ReportRequest) -> int:
         print(f"syncguard report: cannot write --json {args.json}: {exc}", file=sys.stderr)
         return 2
     full_path = Path(args.markdown).with_suffix(".full.md") if args.markdown else None
-    # Only a comment is cut to GitHub's limit: printed, the report is whole (there is no file for the rest).
-    limit = COMMENT_LIMIT if args.markdown else sys.maxsize
-    links = SiteLinks.of(args.repository, args.commit, Path.cwd())
+    # Only a comment is cut to the forge's limit: printed, the report is whole (there is no file for the rest).
+    limit = forge.body_limit - MARKER_ROOM if args.markdown else sys.maxsize
+    links = SiteLinks.of(forge.web(args.repository) if args.repository else None, args.commit, Path.cwd())
     text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab, links=links)
     try:
         if args.markdown:
@@ -141,3 +151,17 @@ def report(args: ReportRequest) -> int:
         file=sys.stderr,
     )
     return verdict.exit_status(args.fail_on_regression)
+
+
+def _links_problem(
+    repository_problem: Callable[[str], str | None],
+    repository: str | None,
+    commit: str | None,
+    commit_problem: Callable[[str], str | None],
+) -> str | None:
+    """What is wrong with ``--repository`` and ``--commit`` (None: both well formed, or neither given)."""
+    if repository is None and commit is None:
+        return None
+    if repository is None or commit is None:
+        return "--repository and --commit go together: give both, or neither"
+    return repository_problem(repository) or commit_problem(commit)

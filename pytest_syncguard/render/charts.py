@@ -12,10 +12,10 @@ import html
 import math
 import re
 from collections.abc import Sequence
-from urllib.parse import quote
 
 from ..judge.history import History, Run
 from ..metrics import DEVICE_TIME, metric
+from .links import RepositoryWeb
 
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20
@@ -64,9 +64,9 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
     ]
 
 
-def page(histories: Sequence[History], repository: str | None = None) -> str:
+def page(histories: Sequence[History], web: RepositoryWeb | None = None) -> str:
     """A static HTML page: per GPU model, per test, a small SVG chart of each metric the history keeps, each point a
-    link to its commit (on GitHub where ``repository`` is given) with its value and host in its title."""
+    link to its commit (on the repository's pages ``web`` where given) with its value and host in its title."""
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8"><title>syncguard history</title>',
@@ -88,14 +88,14 @@ def page(histories: Sequence[History], repository: str | None = None) -> str:
                 if name != DEVICE_TIME and len({v for _, v in points}) == 1:
                     steady.append(f"{name} {points[0][1]:g}")
                     continue
-                parts.append(_chart(points, name, repository))
+                parts.append(_chart(points, name, web))
             if steady:
                 parts.append(f"<p>the same in every run: {html.escape(', '.join(steady))}</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def _chart(points: Sequence[tuple[Run, float]], name: str, repository: str | None) -> str:
+def _chart(points: Sequence[tuple[Run, float]], name: str, web: RepositoryWeb | None) -> str:
     width, height, pad = 320, 120, 12
     values = [v for _, v in points]
     low, high = min(values), max(values)
@@ -112,7 +112,7 @@ def _chart(points: Sequence[tuple[Run, float]], name: str, repository: str | Non
     dots = []
     for (run, value), (x, yy) in zip(points, coordinates, strict=True):
         title = html.escape(f"{run.commit[:12]} on {run.host}: {name} {value:g}")
-        href = _commit_url(run.commit, repository)
+        href = web.commit(run.commit) if web is not None else None
         dot = f'<circle cx="{x:.1f}" cy="{yy:.1f}" r="3" fill="#1f6feb"><title>{title}</title></circle>'
         dots.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
     label = html.escape(f"{name}: {values[-1]:g} (last), {low:g} to {high:g}")
@@ -126,12 +126,3 @@ def _chart(points: Sequence[tuple[Run, float]], name: str, repository: str | Non
 def _first(name: str) -> tuple[int, str]:
     """Device time first, then the rest by name."""
     return (name != DEVICE_TIME, name)
-
-
-def _commit_url(commit: str, repository: str | None) -> str | None:
-    """The commit's page on GitHub, where the repository and the commit are well formed (:class:`.SiteLinks`)."""
-    from .links import SiteLinks
-
-    if repository is None or SiteLinks.problem(repository, commit) is not None:
-        return None
-    return f"https://github.com/{quote(repository, safe='/')}/commit/{commit}"

@@ -1,5 +1,6 @@
-"""Where a site's line is on the forge: a link to the file at the head commit, for the report's sites and the
-history page's points. Only a well-formed ``OWNER/NAME`` and commit make one. No torch here."""
+"""Where a site's line and a commit are on the forge: links to the file at the head commit, for the report's sites,
+and to each commit, for the history page's points. Only a well-formed repository and commit make one; which forge
+(and so which pages) is :mod:`pytest_syncguard.gate.forge`'s to say. No torch here."""
 
 from __future__ import annotations
 
@@ -11,42 +12,48 @@ from urllib.parse import quote
 from .chain import Site
 
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
-_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 
-def is_repository(name: str) -> bool:
-    """Whether ``name`` is an ``OWNER/NAME`` of a forge: letters, digits, ``_``, ``.`` and ``-`` on each side of one
-    ``/``, no side ``.`` or ``..`` (a link of it would climb), nothing after it (a newline included)."""
-    return bool(_REPO.fullmatch(name)) and not {".", ".."} & set(name.split("/"))
+def commit_problem(commit: str) -> str | None:
+    """What is wrong with a commit's id as ``--commit`` (None: 7 to 40 lowercase hex digits)."""
+    if _COMMIT.fullmatch(commit):
+        return None
+    return f"--commit {commit!r}: not a commit's hex id (7 to 40 lowercase hex digits)"
+
+
+@dataclass(frozen=True)
+class RepositoryWeb:
+    """A repository's pages on its forge: ``url`` (``https://github.com/OWNER/NAME``), under which ``blob`` leads to
+    a file at a commit and ``commits`` to a commit (GitHub's ``blob`` and ``commit``, GitLab's ``-/blob`` and
+    ``-/commit``)."""
+
+    url: str
+    blob: str = "blob"
+    commits: str = "commit"
+
+    def line(self, commit: str, path: Path, line: int) -> str:
+        return f"{self.url}/{self.blob}/{commit}/{quote(path.as_posix())}#L{line}"
+
+    def commit(self, commit: str) -> str | None:
+        """The commit's page; None for what is no commit's id."""
+        return None if commit_problem(commit) else f"{self.url}/{self.commits}/{commit}"
 
 
 @dataclass(frozen=True)
 class SiteLinks:
-    """Where a site's line is on GitHub: ``repository`` (OWNER/NAME) at ``commit``, for files under ``root``."""
+    """Where a site's line is: the repository's pages (``web``) at ``commit``, for files under ``root``."""
 
-    repository: str
+    web: RepositoryWeb
     commit: str
     root: Path
 
     @classmethod
-    def of(cls, repository: str | None, commit: str | None, root: Path) -> SiteLinks | None:
-        """Links where both are given and well formed; None otherwise (sites are then plain ``path:line``)."""
-        if not repository or not commit or cls.problem(repository, commit):
+    def of(cls, web: RepositoryWeb | None, commit: str | None, root: Path) -> SiteLinks | None:
+        """Links where both are given and the commit well formed; None otherwise (sites are then plain
+        ``path:line``)."""
+        if web is None or not commit or commit_problem(commit):
             return None
-        return cls(repository, commit, root)
-
-    @staticmethod
-    def problem(repository: str | None, commit: str | None) -> str | None:
-        """What is wrong with the two, as options of ``syncguard report`` (None: both well formed, or neither given)."""
-        if repository is None and commit is None:
-            return None
-        if repository is None or commit is None:
-            return "--repository and --commit go together: give both, or neither"
-        if not is_repository(repository):
-            return f"--repository {repository!r}: not OWNER/NAME"
-        if not _COMMIT.fullmatch(commit):
-            return f"--commit {commit!r}: not a commit's hex id (7 to 40 lowercase hex digits)"
-        return None
+        return cls(web, commit, root)
 
     def url(self, site: Site) -> str | None:
         """The line's URL, for a relative path to a file of the checkout (a library's file is not in it)."""
@@ -56,4 +63,4 @@ class SiteLinks:
                 return None
         except (OSError, ValueError):  # a name too long for the file system, a NUL: no file of the checkout
             return None
-        return f"https://github.com/{self.repository}/blob/{self.commit}/{quote(path.as_posix())}#L{site.line}"
+        return self.web.line(self.commit, path, site.line)

@@ -13,6 +13,7 @@ is cut to fit GitHub's limit, with a note that points to the full report.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,8 +43,8 @@ from .links import SiteLinks
 if TYPE_CHECKING:
     from ..document.ab import ABReport
 
-#: GitHub refuses comment bodies over 65,536 characters; leave room for the hidden marker.
-COMMENT_LIMIT = 65_536 - 512
+#: Characters a comment's body leaves to the forge's limit, for the hidden marker (:mod:`pytest_syncguard.gate.forge`).
+MARKER_ROOM = 512
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_TEXT = 300
 #: Lists of new or missing tests longer than this are collapsed.
@@ -503,7 +504,7 @@ def _ab_rows(report: ABReport) -> list[str]:
 
 def render(
     run: RunComparison,
-    limit: int = COMMENT_LIMIT,
+    limit: int = sys.maxsize,
     full_report: str | None = None,
     ab: ABReport | None = None,
     links: SiteLinks | None = None,
@@ -518,7 +519,7 @@ def render(
     kept: list[str] = []
     size = 0
     for index, line in enumerate(lines):
-        note = f"\n_Report truncated: {len(lines) - index} more lines left out to fit a GitHub comment.{where}_\n"
+        note = f"\n_Report truncated: {len(lines) - index} more lines left out to fit a comment.{where}_\n"
         if size + len(line) + 1 + len(note) > limit:
             if kept and kept[-1].startswith("<details>"):
                 kept.pop()

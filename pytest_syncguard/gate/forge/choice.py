@@ -1,0 +1,27 @@
+"""Which forge a command speaks to: ``--forge``, else GitLab inside a GitLab job (``GITLAB_CI``), else GitHub."""
+
+from __future__ import annotations
+
+import os
+
+from .base import Comments, Forge
+from .github import GH_TIMEOUT_S, GITHUB, GitHub
+from .gitlab import GitLab, gitlab
+
+NAMES = ("github", "gitlab")
+
+
+def default_name() -> str:
+    return "gitlab" if os.environ.get("GITLAB_CI") == "true" else "github"
+
+
+def forge_named(name: str | None, server: str | None = None) -> Forge:
+    """The forge of ``--forge`` (None: :func:`default_name`) at ``--server`` (GitLab's; GitHub's is github.com)."""
+    return gitlab(server) if (name or default_name()) == "gitlab" else GITHUB
+
+
+def comments_of(forge: Forge, timeout: float = GH_TIMEOUT_S) -> Comments:
+    """The calls on ``forge``'s comments."""
+    if forge.name == "GitLab":
+        return GitLab(forge.server, timeout=timeout)
+    return GitHub(timeout=timeout)
