@@ -1,0 +1,125 @@
+"""``syncguard history``: the default branch's runs per GPU model: record, fetch, baselines and page."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...document.file import ResultsError, read_all
+from ...files import write_atomically
+from ...judge import history
+from ...judge.baselines import document
+from ...render.charts import page
+from ...words import plural
+from .. import history_branch
+from ..forge.base import CommentError
+from ..forge.choice import forge_named
+from ..history_branch import BRANCH
+from ..outputs import clobbers
+from . import options
+
+if TYPE_CHECKING:
+    from ...judge.history import History
+
+
+def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    history = commands.add_parser(
+        "history",
+        help="the default branch's runs per GPU model: record a run, fetch "
+        "them for a pull request's report, write baselines or a page from them",
+    )
+    actions = history.add_subparsers(dest="action", required=True)
+    record = actions.add_parser("record", help="append a default-branch run's results to the history")
+    record.add_argument("results", nargs="+", metavar="RESULTS", help="results files (pytest --syncguard-json)")
+    record.add_argument("--commit", required=True, help="the commit the run measured")
+    where = record.add_mutually_exclusive_group(required=True)
+    where.add_argument("--into", metavar="DIR", help="a folder of history files")
+    where.add_argument(
+        "--push",
+        metavar="REMOTE",
+        help="the history branch of this git remote (e.g. origin): "
+        "fetched, appended and pushed, again on a new tip while another push rejects it",
+    )
+    record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
+    fetch.add_argument("--into", metavar="DIR", required=True, help="the folder the history files are copied into")
+    fetch.add_argument(
+        "--remote", default="origin", help="the git remote whose history branch is read (default origin)"
+    )
+    fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    baselines = actions.add_parser("baselines", help="write baseline files (baselines/<slug>.json) from a history")
+    baselines.add_argument("folder", metavar="DIR", help="a folder of history files")
+    baselines.add_argument("--out", metavar="DIR", required=True, help="the baselines folder to write into")
+    page = actions.add_parser("page", help="a static HTML page of every test's metrics per GPU model")
+    page.add_argument("folder", metavar="DIR", help="a folder of history files")
+    page.add_argument("--out", metavar="FILE", required=True, help="the HTML file to write")
+    page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on the forge")
+    options.forge_options(page)
+    history.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``syncguard history record|fetch|baselines|page``."""
+
+    try:
+        if args.action == "record":
+            results = read_all(Path(path) for path in args.results)
+            if args.into:
+                held = history.record(Path(args.into), results, args.commit, history.now())
+                for slug, recorded in held.items():
+                    print(f"syncguard history: {recorded.describe(slug)}")
+            else:
+                history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
+            return 0
+        if args.action == "fetch":
+            found = history_branch.fetch(Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch)
+            print(
+                f"syncguard history: {args.remote} {args.branch} "
+                + (
+                    "fetched into " + args.into
+                    if found
+                    else "does not exist yet: every GPU model is judged as seen for the first time"
+                )
+            )
+            return 0
+        histories = _histories(Path(args.folder))
+        if args.action == "baselines":
+            for kept in histories:
+                reference = history.baseline(kept)
+                target = Path(args.out) / f"{kept.device}.json"
+                write_atomically(
+                    target, document(kept.device, {}, reference.tests, reference.details, reference.history)
+                )
+                print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
+            return 0
+
+        inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
+        if (problem := clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
+            print(problem, file=sys.stderr)
+            return 2
+
+        forge = forge_named(args.forge, args.server)
+        if args.repository and (wrong := forge.repository_problem(args.repository)) is not None:
+            print(f"syncguard history: {wrong}", file=sys.stderr)
+            return 2
+        write_atomically(Path(args.out), page(histories, forge.web(args.repository) if args.repository else None))
+        print(f"syncguard history: {args.out}: {plural(len(histories), 'GPU model')}")
+        return 0
+    except (history.HistoryError, ResultsError, CommentError, OSError) as exc:
+        print(f"syncguard history: {exc}", file=sys.stderr)
+        return 2
+
+
+def _histories(folder: Path) -> list[History]:
+    """Every GPU model's history in ``folder``."""
+
+    files = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
+    for other in (path for path in files if history.slug_of(path.name) is None):
+        print(
+            f"syncguard history: {other}: not a GPU model's history (its name is no device slug): left out",
+            file=sys.stderr,
+        )
+    slugs = [slug for path in files if (slug := history.slug_of(path.name)) is not None]
+    return [found for slug in slugs if (found := history.read(folder, slug)) is not None]
