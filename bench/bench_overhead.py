@@ -35,7 +35,6 @@ from pytest_syncguard import SyncGuard
 from pytest_syncguard.guard import GenerationRegion
 from pytest_syncguard.probes import ops, syncs
 from pytest_syncguard.probes.syncs import PROBE, SyncRecorder
-from pytest_syncguard.signals.base import Need
 
 Sample = tuple[float, float]
 """Wall time and main-thread CPU time of one run, in seconds."""
@@ -62,7 +61,7 @@ def generate_run(device: str) -> Callable[[], Sample]:
 def instrumented(run: Callable[[], Sample], device: str, *, races: bool = False) -> Callable[[], Sample]:
     """``run`` inside a measured region, as a test measures it (``races``: with the race check, as under
     --syncguard on CUDA)."""
-    guard = SyncGuard("bench", device=device, needs=frozenset({Need.RACE_WATCH}) if races else frozenset())
+    guard = SyncGuard("bench", device=device, needs=frozenset({"races"}) if races else frozenset())
 
     def variant() -> Sample:
         with guard.generation(tokens=64):

@@ -26,14 +26,11 @@ from examples.strategies import STRATEGIES
 from pytest_syncguard.analysis.races import RaceEvent
 from pytest_syncguard.guard import GenerationRegion
 from pytest_syncguard.probes.races import RACES
-from pytest_syncguard.signals.base import Need
 
 
 def timed(generate: Callable[[], object], check: bool, races: list[RaceEvent]) -> float:
     """Wall time of one region around ``generate`` (between device syncs, as a region is timed)."""
-    region = GenerationRegion(
-        NEW_TOKENS, "cuda", count_ops=False, needs=frozenset({Need.RACE_WATCH}) if check else frozenset()
-    )
+    region = GenerationRegion(NEW_TOKENS, "cuda", count_ops=False, needs=frozenset({"races"}) if check else frozenset())
     torch.cuda.synchronize()
     start = time.perf_counter()
     with region.recording():

@@ -67,7 +67,6 @@ from pytest_syncguard.instruments import TIMED_RUN
 from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.memory import allocation_history
 from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, driver_records_off
-from pytest_syncguard.signals.base import Need
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 
@@ -270,7 +269,7 @@ def _memory_history(capture: bool) -> Iterator[None]:
 def _guarded(capture: bool) -> Iterator[None]:
     """The plugin's probes around the run, as a suite test's timed run has them (sync probe, allocator stats, race
     check; operators not counted), with or without the capture: what a test adds to the capture's cost."""
-    guard = SyncGuard("bench", device="cuda", needs=frozenset({Need.ALLOCATOR, Need.RACE_WATCH}))
+    guard = SyncGuard("bench", device="cuda", needs=frozenset({"memory", "races"}))
     timed_repeat = guard._region(NEW_TOKENS, None, count_ops=False, run=TIMED_RUN)  # a timed repeat
     with discarded_capture() if capture else nullcontext(), timed_repeat:
         yield

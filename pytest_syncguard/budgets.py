@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .analysis.gaps import parse_stat
 from .document.budget import Budget, BudgetCheck
 from .metrics import parse_tolerance
-from .signals import KINDS, BudgetKind, Need
+from .signals import KINDS, BudgetKind
 
 if TYPE_CHECKING:
     import pytest
@@ -206,7 +206,7 @@ def check_budgets(
                 "syncguard.generation() or syncguard.measure(), or set region.tokens inside the region"
             )
             checks.append(BudgetCheck(budget, None, None, "not checked"))
-        elif Need.TIMELINE in budget.signal.needs and measurement.unreliable_timeline is not None:
+        elif budget.signal.name == "timeline" and measurement.unreliable_timeline is not None:
             text = f"{budget.marker}: unreliable: {measurement.unreliable_timeline}"
             checks.append(BudgetCheck(budget, None, False, text))
         elif (reason := _unmeasured(budget, measurement)) is not None:

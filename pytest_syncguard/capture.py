@@ -32,7 +32,7 @@ from .measurement import Measurement
 from .probes.memory import allocation_history, out_of_memory
 from .render import perfetto
 from .result import measured_test
-from .signals import Need, needs
+from .signals import needs
 from .timeline_source import TRACE, TimelineSource
 
 
@@ -138,10 +138,10 @@ class CallCapture:
             budgets = with_default_checks(tuple(budgets), cuda)
         needed = needs(b.kind.signal for b in budgets)
         chosen = None
-        if cuda and Need.TIMELINE in needed:
+        if cuda and "timeline" in needed:
             chosen = source() if source is not None else TimelineSource(TRACE, "the caller's")
         instrument = instruments.for_call(chosen, cuda=cuda)
-        return cls(nodeid, guard, budgets, options, instrument, memory=cuda and Need.ALLOCATOR in needed)
+        return cls(nodeid, guard, budgets, options, instrument, memory=cuda and "memory" in needed)
 
     @property
     def source(self) -> TimelineSource | None:
@@ -149,10 +149,10 @@ class CallCapture:
         return self.instrument.source
 
     @property
-    def needs(self) -> frozenset[Need]:
+    def needs(self) -> frozenset[str]:
         """What its budgets need the test's regions to record, asked once (the allocator's numbers too where it
         tracks memory: a diagnostic rerun)."""
-        return needs(b.kind.signal for b in self.budgets) | ({Need.ALLOCATOR} if self.memory else frozenset())
+        return needs(b.kind.signal for b in self.budgets) | ({"memory"} if self.memory else frozenset())
 
     @contextmanager
     def recording(self) -> Iterator[CallCapture]:
@@ -190,7 +190,7 @@ class CallCapture:
             kept, problem = self.keep(artifacts, raised is not None or (result is not None and result.failed))
         if result is None:
             return None
-        if timelines is not None and (timelines.every or result.broke(Need.TIMELINE)):
+        if timelines is not None and (timelines.every or result.broke("timeline")):
             written, trouble = self.keep_timelines(result, timelines.directory())
             kept, problem = [*written, *kept], problem or trouble
         return replace(result, artifacts=tuple(kept), notes=(*result.notes, *([problem] if problem else [])))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import threading
 import time
@@ -14,18 +15,16 @@ import torch
 
 from . import instruments
 from .analysis.counts import RegionCounts
-from .analysis.memory import MemoryStats
-from .analysis.races import RaceEvent
 from .analysis.sites import SyncSite
 from .instruments import COUNTING_RUN, TIMED_RUN
 from .measurement import Measurement, RegionTiming
 from .probes import collectives, compiles, graphs, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch, transfer_counts
 from .probes.memory import driver_calls, region_memory
-from .probes.races import RACES
+from .probes.region import RegionProbe
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
-from .signals.base import Need
+from .signals import SIGNALS
 
 #: Numbers the regions of a process, so that each can be found again in a profiler trace.
 _REGION_NUMBERS = itertools.count()
@@ -60,10 +59,10 @@ class GenerationRegion:
     """What the region measured, after its block."""
     forward_calls: int = 0
     """Forward calls of :attr:`model` in the region."""
-    needs: frozenset[Need] = frozenset()
-    """What the test's budgets need its regions to record beyond what every region records (the allocator's
-    numbers, the race watch: :class:`.signals.base.Need`), asked once for the test; a probe that records for a need
-    runs where it is among them (:attr:`RegionProbe.need`)."""
+    needs: frozenset[str] = frozenset()
+    """The signals whose budgets the test has that record on demand (:attr:`.signals.base.Signal.on_demand`: the
+    allocator's numbers, the race watch), asked once for the test; a probe marked on demand runs where its signal
+    is among them (:attr:`.probes.region.RegionProbe.on_demand`)."""
     count_ops: bool = True
     """Count operators (a dispatch-bound loop runs a few percent slower while they are counted)."""
     run: str = TIMED_RUN
@@ -71,9 +70,9 @@ class GenerationRegion:
     counting run, whose trace gives the device time and the exact device-work counts)."""
     number: int = field(default_factory=lambda: next(_REGION_NUMBERS))
     _recorder: SyncRecorder = field(init=False, repr=False)
-    _memory: list[MemoryStats] = field(default_factory=list, repr=False)
     _counts: list[RegionCounts] = field(default_factory=list, repr=False)
-    _races: list[RaceEvent] = field(default_factory=list, repr=False)
+    _states: dict[str, Any] = field(default_factory=lambda: {p.name: p.state() for p in REGION_PROBES}, repr=False)
+    """Each probe's own state in this region (:attr:`.probes.region.RegionProbe.state`)."""
     _collectives: list[str] = field(default_factory=list, repr=False)
     _open: ExitStack | None = field(default=None, repr=False)
     _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
@@ -142,13 +141,13 @@ class GenerationRegion:
         seconds = None
         try:
             # CUPTI's subscriber is taken before the clock starts and given up after it stops.
-            with CUDA_CALLS.held() if self._on_cuda else nullcontext():
+            with CUDA_CALLS.held() if self.on_cuda else nullcontext():
                 start = self._clock()
                 with ExitStack() as stack:
                     self._open = stack
                     for probe in REGION_PROBES:
-                        if (probe.need is None or probe.need in self.needs) and probe.wanted(self):
-                            stack.enter_context(probe.recording(self))
+                        if (not probe.on_demand or probe.signal in self.needs) and probe.wanted(self):
+                            stack.enter_context(probe.recording(self, self._states[probe.name]))
                     yield self
                 seconds = self._clock() - start
         finally:
@@ -157,8 +156,13 @@ class GenerationRegion:
             self.measurement = self._finish(seconds)
 
     @property
-    def _on_cuda(self) -> bool:
+    def on_cuda(self) -> bool:
         return self.device != "cpu" and torch.cuda.is_available()
+
+    @property
+    def counts(self) -> list[RegionCounts]:
+        """The exact counts of the region's counters, each probe's appended (merged when it ends)."""
+        return self._counts
 
     @contextmanager
     def _model_hooks(self) -> Iterator[None]:
@@ -200,7 +204,12 @@ class GenerationRegion:
         counts = RegionCounts()
         for found in self._counts:
             counts = counts.merged(found)
-        filled = {name: value for probe in REGION_PROBES if probe.fills for name, value in probe.fills(self).items()}
+        filled = {
+            name: value
+            for probe in REGION_PROBES
+            if probe.fills
+            for name, value in probe.fills(self, self._states[probe.name]).items()
+        }
         return Measurement.made(
             dict(
                 device=self.device,
@@ -228,82 +237,73 @@ class GenerationRegion:
         self._counts.append(transfer_counts(self._cuda_calls))
 
 
-@dataclass(frozen=True)
-class RegionProbe:
-    """One probe of a measured region: whether the region wants it, what records its part of the region's results
-    around the region's block, into the region's own lists (sync events, counts, allocator numbers, races), and
-    the fields of the region's measurement it fills from them, which :meth:`GenerationRegion._finish` reads once all
-    have closed. A counter's probe fills none: its counts join the region's :class:`.analysis.counts.RegionCounts`."""
-
-    name: str
-    signal: str | None
-    """The signal whose numbers it records (:data:`.signals.BY_NAME`); None: the region's own bookkeeping."""
-    wanted: Callable[[GenerationRegion], bool]
-    recording: Callable[[GenerationRegion], AbstractContextManager[object]]
-    fills: Callable[[GenerationRegion], dict[str, Any]] | None = None
-    """The parts of the measurement it fills (:data:`.measurement.PARTS`), by field (empty where it was not
-    wanted)."""
-    need: Need | None = None
-    """What a test's budgets must need for it to run (None: every region runs it, where ``wanted``)."""
-
-
 def _always(region: GenerationRegion) -> bool:
     return True
 
 
-#: Every probe of a region, outermost first: a probe does not see the work of those outside it, so the counters
-#: are innermost (the other probes' own operators are not counted) and the race watch is inside the sync probe
-#: (its copy kernel announces the copies), as is the CUDA-call probe (it counts into the sync probe's recorders),
-#: and inside that the transfers, which its watch saw.
+def _on_cuda(region: GenerationRegion) -> bool:
+    return region.on_cuda
+
+
+#: The guard's own probes of a region, outermost first: a probe does not see the work of those outside it, so the
+#: counters are innermost (the other probes' own operators are not counted), the CUDA-call probe is inside the sync
+#: probe (it counts into the sync probe's recorders), and inside that the transfers, which its watch saw.
 #: The allocator's numbers are read on its exit, after those inside. The wall time is the region's own clock.
-REGION_PROBES = (
-    RegionProbe("timeline annotation", "timeline", _always, lambda r: TIMELINE.region(r.number)),
-    RegionProbe("marked steps", "timeline", _always, lambda r: closing(r._steps)),
-    RegionProbe("forward calls", None, lambda r: r.model is not None, lambda r: r._model_hooks()),
+_OWN_PROBES = (
+    RegionProbe("timeline annotation", "timeline", 10, _always, lambda r, _: TIMELINE.region(r.number)),
+    RegionProbe("marked steps", "timeline", 20, _always, lambda r, _: closing(r._steps)),
+    RegionProbe("forward calls", None, 30, lambda r: r.model is not None, lambda r, _: r._model_hooks()),
     RegionProbe(
         "allocator",
         "memory",
-        lambda r: r._on_cuda,
-        lambda r: region_memory(r._memory),
-        lambda r: {"memory": tuple(r._memory)},
-        Need.ALLOCATOR,
+        40,
+        _on_cuda,
+        lambda r, found: region_memory(found),
+        lambda r, found: {"memory": tuple(found)},
+        state=list,
+        on_demand=True,
     ),
     RegionProbe(
         "syncs",
         "syncs",
+        50,
         _always,
-        lambda r: PROBE.recording(r._recorder),
-        lambda r: {"events": tuple(r._recorder.events)},
+        lambda r, _: PROBE.recording(r._recorder),
+        lambda r, _: {"events": tuple(r._recorder.events)},
     ),
     RegionProbe(
         "CUDA calls",
         "syncs",
-        lambda r: r._on_cuda,
-        lambda r: r._counting_cuda_calls(),
-        lambda r: {"cuda_calls_uncounted": r._cuda_calls.not_counted},
+        60,
+        _on_cuda,
+        lambda r, _: r._counting_cuda_calls(),
+        lambda r, _: {"cuda_calls_uncounted": r._cuda_calls.not_counted},
     ),
-    RegionProbe("transfers", "transfers", lambda r: r._on_cuda, lambda r: r._counting_transfers()),
-    RegionProbe(
-        "races",
-        "races",
-        lambda r: r._on_cuda,
-        lambda r: RACES.watching(r._races, r._counts),
-        lambda r: {"races": tuple(r._races)},
-        Need.RACE_WATCH,
-    ),
-    RegionProbe("driver calls", "memory", lambda r: r._on_cuda, lambda r: driver_calls(r._counts)),
-    RegionProbe("compiles", "compiles", _always, lambda r: compiles.counting(r._counts)),
-    RegionProbe("CUDA graphs", "graphs", _always, lambda r: graphs.counting(r._counts)),
-    RegionProbe("operators", "ops", lambda r: r.count_ops, lambda r: ops.counting(r._counts)),
+    RegionProbe("transfers", "transfers", 70, _on_cuda, lambda r, _: r._counting_transfers()),
+    RegionProbe("driver calls", "memory", 80, _on_cuda, lambda r, _: driver_calls(r.counts)),
+    RegionProbe("compiles", "compiles", 90, _always, lambda r, _: compiles.counting(r.counts)),
+    RegionProbe("CUDA graphs", "graphs", 100, _always, lambda r, _: graphs.counting(r.counts)),
+    RegionProbe("operators", "ops", 110, lambda r: r.count_ops, lambda r, _: ops.counting(r.counts)),
     # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds.
     RegionProbe(
         "collectives",
         "collectives",
+        120,
         lambda r: r.count_ops,
-        lambda r: collectives.counting(r._counts, r._collectives),
-        lambda r: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives),
+        lambda r, _: collectives.counting(r.counts, r._collectives),
+        lambda r, _: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives),
     ),
 )
+
+
+def _units_probes() -> tuple[RegionProbe, ...]:
+    """The region probes signal units keep in their own probes module (:attr:`.signals.base.Signal.probes`)."""
+    modules = [importlib.import_module(f"{__package__}.probes.{s.probes}") for s in SIGNALS if s.probes]
+    return tuple(probe for module in modules for probe in module.REGION_PROBES)
+
+
+#: Every probe of a region, outermost first (:attr:`.probes.region.RegionProbe.depth`).
+REGION_PROBES: tuple[RegionProbe, ...] = tuple(sorted((*_OWN_PROBES, *_units_probes()), key=lambda probe: probe.depth))
 
 
 def _validated_tokens(tokens: Any, where: str) -> int | None:
@@ -343,7 +343,7 @@ class SyncGuard:
         device: str | None = None,
         warmup: int = 1,
         *,
-        needs: frozenset[Need] = frozenset(),
+        needs: frozenset[str] = frozenset(),
     ) -> None:
         self.nodeid = nodeid
         self._device = device

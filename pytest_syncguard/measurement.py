@@ -77,8 +77,6 @@ class Measurement:
     which the largest counts (of the allocator's driver calls, the fewest: :data:`.signals.FEWEST`)."""
     unreliable_timeline: str | None = None
     """Why the captured GPU timeline cannot be trusted (lost events, ...): then it gives no number, only this."""
-    races: tuple[RaceEvent, ...] = ()
-    """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked)."""
     device_times: Mapping[int, DeviceTime] = field(default_factory=dict)
     """Per traced region number (a ``measure()``'s counting run, every region of a captured call): the device's
     own busy time in its judged steps, from the kernels' records (CUDA only)."""
@@ -99,6 +97,12 @@ class Measurement:
         if name in _FIELDS:
             return getattr(self, name)
         return self.parts[name] if name in self.parts else _OWN[name]()
+
+    @property
+    def races(self) -> tuple[RaceEvent, ...]:
+        """Host accesses of memory whose non_blocking copy the host had not waited for (when races were checked):
+        the races signal's own part, kept under this name for the fixture's users."""
+        return tuple(self.part("races"))
 
     def count(self, name: str) -> int | None:
         """A counter over the measurement's regions (None: not measured; see :mod:`.analysis.counts`)."""

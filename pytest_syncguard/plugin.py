@@ -35,7 +35,7 @@ from .judge.comparison import DEFAULT_TOLERANCE
 from .metrics import parse_tolerance
 from .render.perfetto import TimelineFiles
 from .rootdir import space_form_problem
-from .signals import Need, needs
+from .signals import needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
@@ -495,7 +495,7 @@ class SyncguardSession:
         declared = budgets
         if self.timings_only:  # the counts were judged in a run of their own (syncguard ab's first round)
             untimed = self.repeat == 0  # the traced run alone: no timed run has a timeline to judge
-            budgets = tuple(b for b in budgets if b.signal.timed and not (untimed and Need.TIMELINE in b.signal.needs))
+            budgets = tuple(b for b in budgets if b.signal.timed and not (untimed and b.signal.name == "timeline"))
         guard.timings_only, guard.repeat = self.timings_only, self.repeat
         options = item.stash.get(_OPTIONS, GuardOptions())
         capture = CallCapture.of(
@@ -534,9 +534,9 @@ class SyncguardSession:
                 notes=self.notes,
                 timelines=self.timeline_files,
             )
-            if result is not None and raised is None and self.gap_ops and result.broke(Need.TIMELINE):
+            if result is not None and raised is None and self.gap_ops and result.broke("timeline"):
                 result = _with_gap_diagnosis(item, guard, result)
-            if result is not None and raised is None and result.broke(Need.ALLOCATOR):
+            if result is not None and raised is None and result.broke("memory"):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
             if result is not None and (spawned := note(started)) is not None:
                 result = replace(result, notes=(*result.notes, spawned))

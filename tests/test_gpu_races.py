@@ -14,7 +14,6 @@ from pytest_syncguard import SyncGuard
 from pytest_syncguard.analysis.races import RaceEvent
 from pytest_syncguard.probes import native
 from pytest_syncguard.probes.races import RACES
-from pytest_syncguard.signals.base import Need
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,7 +24,7 @@ STEPS = 16
 
 def races_of(loop: Callable[[], object]) -> tuple[list[RaceEvent], int]:
     """The races of ``loop`` in a checked region, and how many copies the check watched."""
-    guard = SyncGuard("races", device="cuda", needs=frozenset({Need.RACE_WATCH}))
+    guard = SyncGuard("races", device="cuda", needs=frozenset({"races"}))
     seen = RACES.seen
     with guard.generation(tokens=STEPS) as region:
         loop()
@@ -171,7 +170,7 @@ def test_the_strategies_that_copy_asynchronously_are_not_reported(name: str) -> 
 
 def test_nothing_of_the_check_outlives_a_region_that_raised() -> None:
     originals = (torch.cuda.Event.record, torch.cuda.Event.query, torch.cuda.Stream.wait_event, torch.Tensor.tolist)
-    guard = SyncGuard("races", device="cuda", needs=frozenset({Need.RACE_WATCH}))
+    guard = SyncGuard("races", device="cuda", needs=frozenset({"races"}))
     flag = torch.zeros(1, pin_memory=True)
     with pytest.raises(KeyboardInterrupt), guard.generation(tokens=1):
         flag.copy_(torch.ones(1, device="cuda"), non_blocking=True)

@@ -24,7 +24,6 @@ from pytest_syncguard.instruments import Traced
 from pytest_syncguard.measurement import Measurement
 from pytest_syncguard.render import perfetto
 from pytest_syncguard.render.terminal import failure_text
-from pytest_syncguard.signals import Need
 from pytest_syncguard.timeline_source import TRACE, TimelineSource
 
 DATA = Path(__file__).parent / "data"
@@ -167,7 +166,7 @@ def _captured(tmp_path: Path, budgets: list[Budget], files: perfetto.TimelineFil
 def test_a_test_that_breaks_a_gap_budget_keeps_its_judged_timeline_and_its_failure_names_it(tmp_path: Path) -> None:
     folder = tmp_path / "timelines"
     result = _captured(tmp_path, [Budget("max_gpu_idle_us", 1.0)], perfetto.TimelineFiles(lambda: folder))
-    assert result.failed and result.broke(Need.TIMELINE)
+    assert result.failed and result.broke("timeline")
     (kept,) = result.artifacts
     assert kept == str(folder / f"test_x.py_test_loop{perfetto.SUFFIX}")
     assert f"syncguard: judged timeline {kept} (open in ui.perfetto.dev" in failure_text(result)

@@ -19,7 +19,6 @@ from ..analysis.races import AsyncRace, RaceEvent, stream_name
 from ..analysis.sites import Frame, SyncSite
 from ..analysis.snapshot import AllocationSite
 from ..metrics import Metrics
-from ..signals import Need
 from ..status import Status
 from ..timeline_source import TimelineSource
 from .budget import BudgetCheck
@@ -221,7 +220,7 @@ class MeasuredTest:
     def failed(self) -> bool:
         return self.verdict in ("fail", "error", Status.REGRESSION, "failed")
 
-    def broke(self, need: Need) -> bool:
-        """Whether a measured number of a signal whose capture records ``need`` (the timeline, the allocator's
-        numbers) broke a budget (not one that was missing or unreliable)."""
-        return any(c.held is False and c.value is not None and need in c.budget.signal.needs for c in self.checks)
+    def broke(self, signal: str) -> bool:
+        """Whether a measured number of ``signal`` (its name: the timeline, the memory) broke a budget (not one that
+        was missing or unreliable)."""
+        return any(c.held is False and c.value is not None and c.budget.signal.name == signal for c in self.checks)

@@ -32,6 +32,7 @@ from ..analysis.sites import Frame
 from .call_sites import user_stack
 from .native import NATIVE
 from .patches import Patches
+from .region import RegionProbe
 
 COUNTER = "async_races"
 
@@ -301,3 +302,19 @@ class RaceProbe:
 
 
 RACES = RaceProbe()
+
+
+#: The race watch of a region, for a test with a budget on races: inside the sync probe (its copy kernel announces
+#: the copies) and the transfers, outside the counters.
+REGION_PROBES = (
+    RegionProbe(
+        "races",
+        "races",
+        75,
+        lambda region: region.on_cuda,
+        lambda region, found: RACES.watching(found, region.counts),
+        lambda region, found: {"races": tuple(found)},
+        state=list,
+        on_demand=True,
+    ),
+)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from ..analysis.explain import ExplainRules
 from . import collectives, compiles, graphs, memory, ops, races, syncs, timeline, transfers, wall_time
-from .base import BudgetKind, CounterSpec, Need, Part, Signal, counter_kind
+from .base import BudgetKind, CounterSpec, Part, Signal, counter_kind
 
 #: Every signal, in the order of the metrics and the summary's columns (the markers' order: :data:`KINDS`).
 SIGNALS: tuple[Signal, ...] = (
@@ -55,9 +55,10 @@ EXPLAINED_BY = {name: spec.explained_by for name, spec in COUNTERS.items() if sp
 EXPLAIN = ExplainRules(ITEMIZED, EXPLAINED_BY)
 
 
-def needs(signal_names: Iterable[str]) -> frozenset[Need]:
-    """What a capture records for budgets on these signals (names from :data:`BY_NAME`)."""
-    return frozenset(need for name in signal_names for need in BY_NAME[name].needs)
+def needs(signal_names: Iterable[str]) -> frozenset[str]:
+    """The signals a capture records for on demand (:attr:`.base.Signal.on_demand`), of budgets on these signals
+    (names from :data:`BY_NAME`)."""
+    return frozenset(name for name in signal_names if BY_NAME[name].on_demand)
 
 
 __all__ = [
@@ -72,7 +73,6 @@ __all__ = [
     "SIGNALS",
     "BudgetKind",
     "CounterSpec",
-    "Need",
     "Part",
     "Signal",
     "needs",

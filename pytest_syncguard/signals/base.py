@@ -63,15 +63,6 @@ class Measured(Protocol):
 Sentence = Callable[[Limit, float, Measured, int], str]
 
 
-class Need(enum.Enum):
-    """What a test's capture records for a signal's budgets, beyond the regions' own probes."""
-
-    TIMELINE = "the GPU timeline"
-    """The call's timeline instrument (:mod:`..instruments`)."""
-    ALLOCATOR = "the allocator's numbers per region"
-    RACE_WATCH = "the race watch"
-
-
 class Section(enum.Enum):
     """What a failure of a signal's budget shows after its sentence (:func:`..render.terminal.failure_text`)."""
 
@@ -291,7 +282,12 @@ class Signal:
     timed: bool = False
     """Its metrics vary from run to run (judged on medians, and A/B): the only budgets a timings-only run
     (--syncguard-timings-only) checks; the others are counts, judged once in a run that counts."""
-    needs: frozenset[Need] = frozenset()
+    on_demand: bool = False
+    """What records for it (the call's timeline instrument, its region probes marked ``on_demand``) runs only for a
+    test with one of its budgets: it costs the loop time or perturbs it."""
+    probes: str = ""
+    """Its region probes' module of :mod:`pytest_syncguard.probes`, whose ``REGION_PROBES`` the guard runs beside
+    its own ("": the guard's own list has them)."""
     shows: frozenset[Section] = frozenset()
     """What a failure of one of its budgets shows (its counters' largest contributors are shown for any counter)."""
     unmeasured: Callable[[Measured], str | None] | None = None

@@ -11,7 +11,6 @@ from .base import (
     Limit,
     Measured,
     Metric,
-    Need,
     Part,
     Runs,
     Section,
@@ -105,7 +104,7 @@ SIGNAL = Signal(
     cuda=True,
     needs_text=" Needs CUDA.",
     timed=True,
-    needs=frozenset({Need.ALLOCATOR}),
+    on_demand=True,
     shows=frozenset({Section.ALLOCATOR}),
     parts=(Part("memory", chained, Runs.EVERY),),  # per region and device: a budget holds in every run
 )

@@ -3,7 +3,7 @@ race watch (:mod:`..probes.races`) on CUDA with the native extension."""
 
 from __future__ import annotations
 
-from .base import BudgetKind, CounterSpec, Limit, Measured, Need, Part, Runs, Signal, chained, named
+from .base import BudgetKind, CounterSpec, Limit, Measured, Part, Runs, Signal, chained, named
 
 
 def no_async_races() -> None:
@@ -42,6 +42,7 @@ SIGNAL = Signal(
     ),
     cuda=True,
     needs_text=" Needs CUDA and the native extension.",
-    needs=frozenset({Need.RACE_WATCH}),
-    parts=(Part("races", chained, Runs.EVERY),),
+    on_demand=True,
+    probes="races",
+    parts=(Part("races", chained, Runs.EVERY, empty=tuple),),
 )

@@ -14,7 +14,6 @@ from .base import (
     Limit,
     Measured,
     Metric,
-    Need,
     Part,
     Runs,
     Section,
@@ -186,7 +185,7 @@ SIGNAL = Signal(
     cuda=True,
     needs_text=" Needs CUDA; counted from the timeline capture.",
     timed=True,
-    needs=frozenset({Need.TIMELINE}),
+    on_demand=True,
     shows=frozenset({Section.TIMELINE}),
     unmeasured=_no_timeline,
     # Filled after the call by its instrument (:meth:`..instruments.Instrument.timelines`): the timed runs'
