@@ -10,7 +10,7 @@ from typing import Any
 
 from ..analysis.explain import Details, Explanation
 from ..analysis.gaps import TimelineSummary
-from ..document.comparison import Drift, Fingerprint, Spread
+from ..document.comparison import Comparison, Drift, Fingerprint, Spread
 from ..document.measured import MeasuredTest, RankResult, SiteRecord
 from ..metrics import Metrics
 from ..status import Status
@@ -68,6 +68,9 @@ class RunCase:
     joined: Mapping[str, Any] = field(default_factory=dict)
     """Its ranks' records joined, by signal (the collectives matched: each rank's wait and transfer, the
     straggler)."""
+    comparison: Comparison | None = None
+    """The run's own judgement of it against the baseline entry it compared with, as its results file recorded it
+    (None: a JUnit file's case, or no comparison made): a report against the same entry takes it as it is."""
 
     @property
     def compared(self) -> bool:
@@ -103,4 +106,5 @@ class RunCase:
             world_size=result.world_size,
             ranks=result.ranks,
             joined=result.joined,
+            comparison=comparison,
         )

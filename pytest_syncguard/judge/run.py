@@ -17,7 +17,7 @@ from typing import Any
 from ..analysis.explain import Details
 from ..codec import encode
 from ..document import file as results_file
-from ..document.comparison import Comparison, Drift
+from ..document.comparison import Comparison, Drift, Spread
 from ..document.measured import PARTIAL
 from ..environment import fingerprint_changes
 from ..status import Status
@@ -178,6 +178,12 @@ def compare_run(
         if case.verdict in PARTIAL:  # the test's call raised: its numbers are partial, never compared
             run.cases.append(CaseComparison(case, Comparison(slug, str(path), "not compared", (), within)))
             continue
+        if drift:
+            run.environment.setdefault(slug, drift)
+        if _judged_alike(case, entry, spreads, tolerance, host_timings):
+            assert case.comparison is not None
+            run.cases.append(CaseComparison(case, case.comparison))  # judged once: by the run, against this entry
+            continue
         comparison = compare(
             entry,
             case.metrics,
@@ -193,14 +199,29 @@ def compare_run(
         if baselines is None and not comparison.explanation and case.explanation:
             # Without the baseline's details, what the run itself found changed (the results document keeps it).
             comparison = replace(comparison, explanation=case.explanation)
-        if drift:
-            run.environment.setdefault(slug, drift)
         run.cases.append(CaseComparison(case, comparison))
     seen = {c.key for c in run.cases}
     for slug, baseline in sorted(files.items()):
         if baseline is not None:
             run.missing.extend((slug, nodeid) for nodeid in sorted(baseline.tests) if (slug, nodeid) not in seen)
     return run
+
+
+def _judged_alike(
+    case: RunCase,
+    entry: Mapping[str, float] | None,
+    spreads: Mapping[str, Spread],
+    tolerance: float | None,
+    host_timings: bool,
+) -> bool:
+    """Whether the run already judged ``case`` as this report would: against the same baseline entry (its values
+    and spreads), with no other tolerance or host timings asked for here. Then its judgement stands, never made
+    twice; a report against another entry (the default branch's history, the merge base's files) judges anew."""
+    recorded = case.comparison
+    if recorded is None or recorded.status in ("new", "not compared") or entry is None:
+        return False
+    asked_other = tolerance is not None or (host_timings and not recorded.host_timings)
+    return not asked_other and dict(entry) == dict(case.baseline_values) and dict(spreads) == dict(case.spreads)
 
 
 def _judging(
