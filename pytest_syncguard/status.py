@@ -34,3 +34,5 @@ class Status(StrEnum):
 
 #: The statuses that moved, in a direction.
 MOVED = frozenset({Status.REGRESSION, Status.IMPROVEMENT})
+#: The statuses of a test judged against a baseline entry (an update's or a new test's are no judgement).
+JUDGED = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED})

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from ..analysis.explain import Explanation
 from ..codec import CodecError, decode, encode, read_document
 from ..metrics import metric
-from ..status import Status
+from ..status import JUDGED, Status
 from . import upgrades
 
 #: Verdicts of a timing A/B.
@@ -72,10 +72,6 @@ SCHEMA_VERSION = 2
 
 
 MAX_PROCESSES = 8
-
-
-#: A baseline comparison's statuses of a metric that it judged.
-JUDGED = frozenset({Status.REGRESSION, Status.IMPROVEMENT, Status.UNCHANGED})
 
 
 #: The verdicts of a count or a timing this version knows; any other word (another version wrote it) is read as a

@@ -20,7 +20,7 @@ from ..document import file as results_file
 from ..document.comparison import Comparison, Drift, Spread
 from ..document.measured import PARTIAL
 from ..environment import fingerprint_changes
-from ..status import Status
+from ..status import JUDGED, Status
 from .baselines import Baseline, of_device, path_for, read
 from .cases import RunCase
 from .comparison import compare
@@ -218,7 +218,7 @@ def _judged_alike(
     and spreads), with no other tolerance or host timings asked for here. Then its judgement stands, never made
     twice; a report against another entry (the default branch's history, the merge base's files) judges anew."""
     recorded = case.comparison
-    if recorded is None or recorded.status in ("new", "not compared") or entry is None:
+    if recorded is None or recorded.status not in JUDGED or entry is None:
         return False
     asked_other = tolerance is not None or (host_timings and not recorded.host_timings)
     return not asked_other and dict(entry) == dict(case.baseline_values) and dict(spreads) == dict(case.spreads)

@@ -31,7 +31,6 @@ from typing import Any
 
 from ...analysis.explain import Explanation, explain
 from ...document.ab import (
-    JUDGED,
     ABReport,
     CountChange,
     HeadAgainstBase,
@@ -43,7 +42,7 @@ from ...judge.comparison import count_status
 from ...metrics import DEVICE_TIME, metric
 from ...render.ab import duration
 from ...signals import EXPLAIN
-from ...status import MOVED
+from ...status import JUDGED, MOVED
 from .sides import ABError, Side, WarmSide, fresh_sides, hold_at_once, process_name, warm_sides
 from .stats import fewest_rounds, judge, rounds_needed
 
