@@ -133,11 +133,13 @@ def report(args: ReportRequest) -> int:
     # Only a comment is cut to the forge's limit: printed, the report is whole (there is no file for the rest).
     limit = forge.body_limit - MARKER_ROOM if args.markdown else sys.maxsize
     links = SiteLinks.of(forge.web(args.repository) if args.repository else None, args.commit, Path.cwd())
-    text, truncated = render(run, limit=limit, full_report=full_path.name if full_path else None, ab=ab, links=links)
+    # A comment counts the tests that passed unchanged and leaves their rows to the full report beside it.
+    name = full_path.name if full_path else None
+    text, truncated = render(run, limit=limit, full_report=name, ab=ab, links=links, every_row=not args.markdown)
     try:
         if args.markdown:
             write_atomically(Path(args.markdown), text)
-            if truncated and full_path is not None:
+            if full_path is not None:
                 write_atomically(full_path, render(run, limit=sys.maxsize, ab=ab, links=links)[0])
         else:
             print(text, end="")

@@ -133,12 +133,18 @@ def _change_rows(rows: Iterable[tuple[CaseComparison, Change]]) -> list[str]:
     return lines
 
 
-def device_time_block(run: RunComparison) -> list[str]:
-    """Every test's device time per token against its baseline, regressions first, with the tolerance it was
-    judged within and the recorded spread that set it."""
+def device_time_block(run: RunComparison, every_row: bool = True) -> list[str]:
+    """Every test's device time per token against its baseline (``every_row``; else the tests whose device time
+    did not stay unchanged), regressions first, with the tolerance it was judged within and the recorded spread
+    that set it."""
     order = {Status.REGRESSION: 0, Status.IMPROVEMENT: 1, "not compared": 2, Status.UNCHANGED: 3}
     rows = sorted(
-        ((v, c) for v in run.cases for c in v.comparison.changes if c.metric == DEVICE_TIME),
+        (
+            (v, c)
+            for v in run.cases
+            for c in v.comparison.changes
+            if c.metric == DEVICE_TIME and (every_row or c.status != Status.UNCHANGED)
+        ),
         key=lambda pair: (order.get(pair[1].status, 2), pair[0].case.nodeid),
     )
     if not rows:
@@ -301,9 +307,17 @@ def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
     ]
 
 
-def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | None = None) -> list[list[str]]:
+def sections(
+    run: RunComparison,
+    ab: ABReport | None = None,
+    links: SiteLinks | None = None,
+    every_row: bool = True,
+    full_report: str | None = None,
+) -> list[list[str]]:
     """The report's blocks in order of importance (each a list of lines): what a reviewer must read first, then
-    what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`."""
+    what is collapsed. The headline and every section's count come from one :class:`.verdict.Verdict`. Without
+    ``every_row`` (a comment), the collapsed rows of tests that passed unchanged are counted, not listed: they are
+    in ``full_report``."""
     verdict = Verdict.of(run, ab)
     blocks: list[list[str]] = [
         [verdict.headline(), "", summary_line(run), "", *unknown_lines(run), *history_lines(run), *stale_lines(run)]
@@ -329,7 +343,7 @@ def sections(run: RunComparison, ab: ABReport | None = None, links: SiteLinks | 
         )
     if ab is not None:
         blocks.append(ab_lines(ab))
-    blocks.append(_details(run))
+    blocks.append(_details(run, every_row, full_report))
     return blocks
 
 
@@ -341,10 +355,11 @@ def _failed_test(case: RunCase, links: SiteLinks | None) -> list[str]:
     return [head, *(f"  - {_line(line, links)}" for line in rank_lines(case))]
 
 
-def _details(run: RunComparison) -> list[str]:
+def _details(run: RunComparison, every_row: bool = True, full_report: str | None = None) -> list[str]:
     """Everything else, collapsed: device time of every test, improvements, new and missing tests, timings not
-    judged, the environment, and every test's verdict."""
-    inside: list[str] = [*device_time_block(run), *joined_block(run)]
+    judged, the environment, and every test's verdict; without ``every_row``, of the tests that passed unchanged
+    only their count (their rows are in ``full_report``)."""
+    inside: list[str] = [*device_time_block(run, every_row), *joined_block(run)]
     improved = _pairs(run.with_status(Status.IMPROVEMENT), Status.IMPROVEMENT)
     if improved:
         inside += [
@@ -359,7 +374,7 @@ def _details(run: RunComparison) -> list[str]:
         inside += _listing("**New tests** (no baseline entry)", new)
     if run.missing:
         inside += _listing("**In the baselines, not in this run**", run.missing)
-    host = _pairs(run.cases, "not judged")
+    host = _pairs(run.cases, "not judged") if every_row else []
     if host:
         inside += [
             "**Host timings, not judged** (time, tokens/s, gaps, busy fraction against a baseline: judged "
@@ -375,15 +390,34 @@ def _details(run: RunComparison) -> list[str]:
             what = ", ".join(f"{code(k)} {code(old)} → {code(new)}" for k, (old, new) in sorted(changes.items()))
             inside.append(f"- {code(device)}: {what}")
         inside.append("")
-    inside += ["| test | device | verdict | baseline |", "|---|---|---|---|"]
-    inside += [
-        f"| {code(v.case.nodeid, cell=True)} | {code(v.case.device_slug, cell=True)} | "
-        f"{said(v.case.verdict, cell=True)} | {said(v.comparison.status, cell=True)} |"
-        for v in run.cases
-    ]
+    shown = [v for v in run.cases if every_row or not _plain(v)]
+    if inside and inside[0] == "":
+        inside = inside[1:]
+    if shown:
+        inside += ["| test | device | verdict | baseline |", "|---|---|---|---|"]
+        inside += [
+            f"| {code(v.case.nodeid, cell=True)} | {code(v.case.device_slug, cell=True)} | "
+            f"{said(v.case.verdict, cell=True)} | {said(v.comparison.status, cell=True)} |"
+            for v in shown
+        ]
+    if len(shown) < len(run.cases):
+        where = f"the full report {code(full_report)}" if full_report else "the full report"
+        inside += [
+            "",
+            f"{plural(len(run.cases) - len(shown), 'test')} passed unchanged: their device time, host timings and "
+            f"verdicts are in {where}.",
+        ]
     unchanged = len(run.with_status(Status.UNCHANGED))
-    summary = f"Details: {plural(unchanged, 'test')} unchanged, device time and verdict of every test"
+    every = "device time and verdict of every test" if every_row else "the rest"
+    summary = f"Details: {plural(unchanged, 'test')} unchanged, {every}"
     return [f"<details><summary>{summary}</summary>", "", *inside, "", "</details>", ""]
+
+
+def _plain(verdict: CaseComparison) -> bool:
+    """A test that passed unchanged against its baseline: nothing in it for a reviewer to read."""
+    return (
+        verdict.case.outcome == "passed" and not verdict.case.broken and verdict.comparison.status == Status.UNCHANGED
+    )
 
 
 def ab_lines(report: ABReport) -> list[str]:
@@ -508,24 +542,39 @@ def render(
     full_report: str | None = None,
     ab: ABReport | None = None,
     links: SiteLinks | None = None,
+    every_row: bool = True,
 ) -> tuple[str, bool]:
-    """The Markdown (with the A/B report ``ab`` when given), cut to ``limit`` characters at line ends if needed;
-    returns (text, truncated)."""
-    lines = [line for block in sections(run, ab, links) for line in block]
+    """The Markdown (with the A/B report ``ab`` when given), cut to ``limit`` bytes of UTF-8 at line ends if needed;
+    returns (text, truncated). Without ``every_row`` (a comment) the tests that passed unchanged are counted, their
+    rows left to ``full_report``."""
+    lines = [line for block in sections(run, ab, links, every_row, full_report) for line in block]
     text = "\n".join(lines) + "\n"
-    if len(text) <= limit:
+    if _bytes(text) <= limit:
         return text, False
     where = f" The full report is {code(full_report)}." if full_report else ""
     kept: list[str] = []
     size = 0
     for index, line in enumerate(lines):
         note = f"\n_Report truncated: {len(lines) - index} more lines left out to fit a comment.{where}_\n"
-        if size + len(line) + 1 + len(note) > limit:
+        if size + _bytes(line) + 1 + _bytes(note) + len(_CLOSE) * _open(kept) > limit:
             if kept and kept[-1].startswith("<details>"):
                 kept.pop()
-            opened = sum(k.startswith("<details>") for k in kept) - sum(k == "</details>" for k in kept)
-            kept.extend(["", "</details>"] * opened)
+            kept.extend(["", "</details>"] * _open(kept))
             return "\n".join(kept) + "\n" + note, True
         kept.append(line)
-        size += len(line) + 1
+        size += _bytes(line) + 1
     return text, False
+
+
+#: What closes a collapsed block that a cut leaves open.
+_CLOSE = "\n\n</details>"
+
+
+def _bytes(text: str) -> int:
+    """A forge counts a comment's size; counted here in UTF-8 bytes, never less than its characters."""
+    return len(text.encode("utf-8"))
+
+
+def _open(lines: Sequence[str]) -> int:
+    """How many collapsed blocks are open at the end of ``lines``."""
+    return sum(k.startswith("<details>") for k in lines) - sum(k == "</details>" for k in lines)

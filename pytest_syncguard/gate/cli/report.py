@@ -28,7 +28,8 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--markdown",
         metavar="OUT",
         help="write the PR comment here (else print the whole report); "
-        "when cut to GitHub's limit the full report goes to OUT with suffix .full.md",
+        "the full report (every test's rows; the comment counts those that passed unchanged) goes beside it, "
+        "OUT with suffix .full.md; the comment is cut to the forge's limit in bytes",
     )
     report.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
     report.add_argument(

@@ -46,9 +46,9 @@ def post(
         raise CommentError(f"--pr {number}: expected a {forge.change}'s number")
     tag = marker(key)
     text = f"{body.rstrip()}\n\n{tag}\n"
-    if len(text) > forge.body_limit:
+    if (size := len(text.encode("utf-8"))) > forge.body_limit:
         raise CommentError(
-            f"the comment is {len(text)} characters, {forge.name}'s limit is {forge.body_limit}: render it with "
+            f"the comment is {size} bytes, {forge.name}'s limit is {forge.body_limit}: render it with "
             "`syncguard report --markdown`, which truncates"
         )
     comments.check_auth()
