@@ -86,7 +86,12 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     syncguard ab --base "$merge_base" --time-budget "$budget" --out "$out/ab" "${judged[@]}" \
         --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
         || status=1
-    ab+=(--ab "$out/ab-$slug.json")
+    # An A/B that could not run wrote no report: the comment says so (its log is in the artifact), and is posted.
+    if [ -f "$out/ab-$slug.json" ]; then
+        ab+=(--ab "$out/ab-$slug.json")
+    else
+        echo "syncguard ab wrote no report (see its log in $out/ab): the comment goes without it" >&2
+    fi
     stage ab
 fi
 

@@ -33,7 +33,7 @@ def main() -> None:
     path = args.test.split("::")[0]
     began = time.monotonic()
     values: dict[str, list[float]] = {}
-    with warm_sides({"p": Path.cwd()}, [path, "-q"], out, 600, print,
+    with warm_sides({"p": Path.cwd()}, {"p": [path, "-q"]}, out, 600, print,
                     args.processes) as sides:  # fmt: skip
         hold_at_once({f"hold-{name}": side for name, side in sides.items()}, args.test, 600)  # type: ignore[misc]
         names = list(sides)

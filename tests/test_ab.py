@@ -884,3 +884,31 @@ def test_two_pairs_on_real_rounds_see_the_planted_step_and_call_no_unchanged_tes
     alone = judge([(b, h) for _, p, b, h in kv if p == 1], higher_is_better=False, min_effect=0.01, confidence=0.95,
                   early=True)  # fmt: skip
     assert alone.high is not None and alone.high < 1.0  # one pair: "faster", on unchanged code
+
+
+def test_an_adoption_pr_whose_test_file_the_base_lacks_is_compared_where_it_can_and_reported(tmp_path: Path) -> None:
+    """The PR that adopts syncguard adds its test file: the base has no such file. The A/B does not stop on the
+    base's pytest (exit 4, file not found): a file new in the change is the head's only, and where the base has
+    none of the selected tests no round runs and the report says why; the report and its comment go on."""
+    repo = _repository(tmp_path)
+    (repo / "test_new.py").write_text(textwrap.dedent(LOOP).replace("def test_", "def test_new_"))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "adopt syncguard")
+    environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
+    command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
+               "--confidence", "0.5", "--timed-runs", "1"]  # fmt: skip
+    alone = subprocess.run([*command, "--json", "alone.json", "--", "test_new.py", "-q"], cwd=repo, env=environment,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    said = alone.stdout + alone.stderr
+    assert "the base has none of the tests it selects (test_new.py is new in this change)" in said
+    report = read_report(repo / "alone.json")
+    assert report.rounds == 0 and report.tests == () and "test_new.py is new in this change" in report.stopped
+    both = subprocess.run([*command, "--json", "both.json", "--", "test_new.py", "test_loop.py", "-q"], cwd=repo,
+                          env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert both.returncode == 0, both.stdout + both.stderr
+    both_report = read_report(repo / "both.json")
+    assert {t.nodeid.split("::")[0] for t in both_report.tests} == {"test_loop.py"}
+    assert set(both_report.only_in.get("head", ())) >= {"test_new.py::test_new_decode"}
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True, check=True)
+    assert len(worktrees.stdout.splitlines()) == 1  # the base's worktree removed

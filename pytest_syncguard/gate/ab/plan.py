@@ -807,10 +807,20 @@ def run(
                 base, commit = stack.enter_context(worktree(head, base_ref))
                 base_name = commit[:12]
             folders = {"base": base, "head": head}
+            new = new_in_change(pytest_args, head, base)
+            args = {"base": [a for a in pytest_args if a not in new], "head": list(pytest_args)}
+            if new:
+                said = f"{', '.join(new)} {'is' if len(new) == 1 else 'are'} new in this change"
+                if not any(_names_a_path(a, base) for a in args["base"]):
+                    progress(f"syncguard ab: the base has none of the tests it selects ({said}): nothing to compare")
+                    return _without_rounds(
+                        base_name, head, plan, pytest_args, f"the base has none of the tests: {said}"
+                    )
+                progress(f"syncguard ab: {said}: its tests are the head's only, not compared")
             sides = stack.enter_context(
-                fresh_sides(folders, pytest_args, out)
+                fresh_sides(folders, args, out)
                 if fresh_processes
-                else warm_sides(folders, pytest_args, out, timeout, progress, plan.processes)
+                else warm_sides(folders, args, out, timeout, progress, plan.processes)
             )
             collected = {n for side in sides.values() for n in side.collected}
             changed = baselines_changed(judged or {}, base, head)
@@ -893,6 +903,35 @@ def run(
         unreached=unreached,
         costs=costs,
         processes=processes,
+    )
+
+
+def _names_a_path(arg: str, folder: Path) -> bool:
+    """Whether a pytest argument names a file or folder of ``folder`` (``tests/t.py::test`` included)."""
+    return not arg.startswith("-") and bool(arg.partition("::")[0]) and (folder / arg.partition("::")[0]).exists()
+
+
+def new_in_change(pytest_args: Sequence[str], head: Path, base: Path) -> list[str]:
+    """The arguments that name a test file or folder of the head that the base does not have (tests the change
+    adds): the base's pytest runs without them, and its tests are the head's only."""
+    return [arg for arg in pytest_args if _names_a_path(arg, head) and not _names_a_path(arg, base)]
+
+
+def _without_rounds(base: str, head: Path, plan: Plan, pytest_args: Sequence[str], stopped: str) -> ABReport:
+    """The report of an A/B that ran no round (the base has none of the tests it selects)."""
+    return ABReport(
+        base,
+        describe_checkout(head),
+        0,
+        plan.min_effect,
+        plan.confidence,
+        "",
+        tuple(pytest_args),
+        (),
+        stopped=stopped,
+        warm_sides=True,
+        elapsed_s=0.0,
+        host_timings=plan.host_timings,
     )
 
 

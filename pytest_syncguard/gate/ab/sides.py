@@ -331,7 +331,7 @@ def process_name(side: str, pair: int) -> str:
 @contextmanager
 def warm_sides(
     folders: Mapping[str, Path],
-    pytest_args: Sequence[str],
+    pytest_args: Mapping[str, Sequence[str]],
     out: Path,
     timeout: float,
     say: Callable[[str], object],
@@ -344,7 +344,7 @@ def warm_sides(
     try:
         for pair in range(1, processes + 1):
             for name, folder in folders.items():
-                sides[process_name(name, pair)] = WarmSide(process_name(name, pair), folder, pytest_args, out)
+                sides[process_name(name, pair)] = WarmSide(process_name(name, pair), folder, pytest_args[name], out)
         counts = {name: len(side.ready(timeout)) for name, side in sides.items()}
         each = "one warm pytest per side" if processes == 1 else f"{processes} warm pytests per side"
         collected = ", ".join(f"{counts[name]} tests on the {name}" for name in folders)
@@ -363,6 +363,8 @@ def warm_sides(
 
 
 @contextmanager
-def fresh_sides(folders: Mapping[str, Path], pytest_args: Sequence[str], out: Path) -> Iterator[dict[str, Side]]:
+def fresh_sides(
+    folders: Mapping[str, Path], pytest_args: Mapping[str, Sequence[str]], out: Path
+) -> Iterator[dict[str, Side]]:
     """A new pytest process for each side in each round."""
-    yield {name: FreshSide(folder, pytest_args, out) for name, folder in folders.items()}
+    yield {name: FreshSide(folder, pytest_args[name], out) for name, folder in folders.items()}
