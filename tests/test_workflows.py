@@ -283,3 +283,20 @@ def test_the_gitlab_template_runs_gpu_jobs_only_for_merge_requests_and_the_defau
     for command in commands:
         args = parser.parse_args(shlex.split(re.sub(r"\$(\w+)", lambda m: values[m.group(1)], command))[1:])
         assert args.command in ("comment", "history")
+
+
+def test_the_readmes_step_is_what_the_fork_safe_set_waits_for() -> None:
+    """Copied as they are, the comment and history workflows run after the README's workflow (by its name) and find
+    its artifact (by the action's default name)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```yaml") + len("```yaml") : readme.index("```", readme.index("```yaml") + 7)]
+    workflow = yaml.safe_load(block)
+    action = yaml.safe_load(ACTION.read_text())
+    for name in ("gpu-comment.yml", "gpu-history.yml"):
+        follower = load(name)
+        trigger = follower.get("on", follower.get(True))
+        assert trigger["workflow_run"]["workflows"] == [workflow["name"]]
+        downloads = [
+            s for job in follower["jobs"].values() for s in job["steps"] if "download-artifact" in str(s.get("uses"))
+        ]
+        assert downloads and all(s["with"]["name"] == action["inputs"]["artifact"]["default"] for s in downloads)
