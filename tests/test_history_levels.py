@@ -181,3 +181,32 @@ def test_a_chart_of_values_of_millions_is_one_mermaid_can_read(tmp_path: Path, s
     assert found is not None
     chart = "\n".join(mermaid(found, GRAPH, DEVICE_TIME, 1.4e7))
     assert "e+" not in chart and re.search(r"line \[1\d{7}(\.\d+)?, ", chart), chart
+
+
+def test_a_fixed_level_judges_each_later_run_without_computing_its_band_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level is fixed by its first runs: replaying a history computes its band once per level and host, so a
+    year of runs costs a lookup per run, not the level's statistics (bench/bench_history_scale.py times it)."""
+    from pytest_syncguard.judge import baselines
+
+    calls = 0
+    real = baselines.reference_of
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(baselines, "reference_of", counted)
+    rng = random.Random(3)
+
+    def replayed(runs: int) -> int:
+        nonlocal calls
+        calls = 0
+        made = tuple(
+            history.Run(f"{n:040x}", "2026-01-01T00:00:00Z", "h100-a", {"t::a": {DEVICE_TIME: 100 * (1 + rng.gauss(0, 0.002))}})
+            for n in range(runs)
+        )  # fmt: skip
+        history.levels(history.History("nvidia-h100-80gb-hbm3", made))
+        return calls
+
+    assert replayed(400) - replayed(40) < 20

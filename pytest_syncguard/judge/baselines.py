@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import stat
 import statistics
@@ -88,6 +89,12 @@ def _successive_sd(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
     return ((squares / degrees) ** 0.5 if degrees else 0.0), degrees
 
 
+def _sd(values: Sequence[float]) -> float:
+    """The sample standard deviation, in floats (:func:`statistics.stdev` works in exact fractions: slow)."""
+    mean = math.fsum(values) / len(values)
+    return float((math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5)
+
+
 def spread_of(recordings: Sequence[Recording]) -> Spread:
     """How far a metric's recordings lie apart: the standard deviation of successive recordings
     (:func:`_successive_sd`) relative to their median."""
@@ -118,7 +125,7 @@ def reference_of(recordings: Sequence[Recording], host: str = "") -> tuple[float
     if len(groups) < 2:
         return overall
     # A host the recordings never saw has an offset of its own: each host counts once, whatever it recorded.
-    between = statistics.stdev(statistics.fmean(values) / middle for values in groups.values())
+    between = _sd([statistics.fmean(values) / middle for values in groups.values()])
     spread = overall[1]
     wider = max(spread.relative_sd or 0.0, (between**2 + within**2) ** 0.5)
     return middle, Spread(spread.recordings, spread.hosts, wider, new_host=True)
@@ -335,18 +342,28 @@ def update(
 
 
 def recorded(
-    metrics: Mapping[str, float], earlier: Mapping[str, tuple[Recording, ...]], host: str, limit: int = HISTORY_LIMIT
+    metrics: Mapping[str, float],
+    earlier: Mapping[str, tuple[Recording, ...]],
+    host: str,
+    limit: int = HISTORY_LIMIT,
+    parts: dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]] | None = None,
 ) -> tuple[dict[str, float], dict[str, tuple[Recording, ...]], list[str]]:
     """A test's new entry, the recordings of its calibrated metrics and which of them started a new level: each new
     value joins its metric's level by :func:`level_after`. The entry's value is the level's median; a calibrated
-    metric this run did not measure keeps its recordings and its value."""
+    metric this run did not measure keeps its recordings and its value. ``parts`` (a replay's, by metric): each
+    metric's level and outliers as :func:`level_after` left them, used and updated in place of splitting its
+    recordings again."""
     entry = dict(metrics)
     history = {name: kept for name, kept in earlier.items() if name not in metrics}
     restarted: list[str] = []
     for name, value in metrics.items():
         if not _calibrated(name):
             continue
-        level, outliers, started = level_after(name, earlier.get(name, ()), Recording(value, host), limit)
+        known = parts.get(name) if parts is not None else None
+        before = known if known is not None else split(name, earlier.get(name, ()))
+        level, outliers, started = _after(name, *before, Recording(value, host), limit)
+        if parts is not None:
+            parts[name] = (level, outliers)
         history[name] = (*level, *outliers)
         restarted += [name] if started else []
         entry[name] = rounded(statistics.median(r.value for r in level))
@@ -376,7 +393,13 @@ def level_after(
     pull request on its host is, :func:`reference_of`) is an outlier; :data:`CONFIRM` in a row on one side start a
     new level of those of them that agree (within the metric's ``min_tolerance`` of their median); a run within the
     level drops the outliers before it."""
-    level, outliers = split(name, kept)
+    return _after(name, *split(name, kept), new, limit)
+
+
+def _after(
+    name: str, level: tuple[Recording, ...], outliers: tuple[Recording, ...], new: Recording, limit: int
+) -> tuple[tuple[Recording, ...], tuple[Recording, ...], bool]:
+    """:func:`level_after` of recordings already split into their level and outliers."""
     if not level:
         return (new,), (), False
     side = _beyond(name, level, new.value, new.host)
@@ -424,11 +447,29 @@ def _beyond(name: str, kept: Sequence[Recording], value: float, host: str) -> in
     spec = metric(name)
     if not kept or spec is None:
         return 0
-    middle, spread = reference_of(kept, host)
-    within = calibrated_tolerance(name, spread)
+    middle, within = _band(name, kept, host)
     if within is None or within_band(name, middle, value, within):
         return 0
     return 1 if value > middle else -1
+
+
+#: The bands computed, by (metric, the level's identity, host): the level held with its band keeps its identity.
+_BANDS: dict[tuple[str, int, str], tuple[Sequence[Recording], float, float | None]] = {}
+
+
+def _band(name: str, kept: Sequence[Recording], host: str) -> tuple[float, float | None]:
+    """The value a recording on ``host`` is judged against and the tolerance around it that ``kept`` calibrates,
+    computed once per level and host: a level fixed by its first runs judges every later run against the same band,
+    so replaying a history costs a lookup per run, not a level's statistics."""
+    found = _BANDS.get((name, id(kept), host))
+    if found is not None and found[0] is kept:
+        return found[1], found[2]
+    middle, spread = reference_of(kept, host)
+    within = calibrated_tolerance(name, spread)
+    if len(_BANDS) >= 1 << 16:
+        _BANDS.clear()
+    _BANDS[name, id(kept), host] = (kept, middle, within)
+    return middle, within
 
 
 def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:

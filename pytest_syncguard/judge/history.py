@@ -277,12 +277,15 @@ def levels(history: History) -> Levels:
         return cached[1]
     tests: dict[str, dict[str, float]] = {}
     kept: dict[str, dict[str, tuple[Recording, ...]]] = {}
+    parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
     measured: dict[tuple[str, str], int] = {}
     since: dict[tuple[str, str], int] = {}
     good: dict[str, str] = {}
     for run in history.runs:
         for nodeid, values in run.tests.items():
-            entry, kept[nodeid], restarted = recorded(values, kept.get(nodeid, {}), run.host, limit=WINDOW)
+            entry, kept[nodeid], restarted = recorded(
+                values, kept.get(nodeid, {}), run.host, limit=WINDOW, parts=parts.setdefault(nodeid, {})
+            )
             tests[nodeid] = {**tests.get(nodeid, {}), **entry}
             good[nodeid] = run.commit
             for name in values:

@@ -1,0 +1,123 @@
+"""The history at a team's scale: a GPU model's history of ``--tests`` tests x ``--runs`` pushes written by the
+project's own writer, each test one of the real H100 strategy tests (tests/data/h100_pr/unchanged.json.gz) under
+another name, its device time moved by a runner's offset (4 runners) and run noise; then, timed on this machine:
+recording one more push (``history record``), and ``syncguard report --history`` of a pull request that changes
+nothing, regresses one test, and regresses every test (+10% device time), each to its Markdown comment. CPU.
+
+Run from the repository root: ``python -m bench.bench_history_scale [--tests 500] [--runs 100 300]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_syncguard.judge import history as histories
+from pytest_syncguard.judge.history import History, Run, run_of
+from pytest_syncguard.metrics import DEVICE_TIME
+
+ROOT = Path(__file__).parents[1]
+DATA = ROOT / "tests" / "data" / "h100_pr" / "unchanged.json.gz"
+HOSTS = ("h100-a", "h100-b", "h100-c", "h100-d")
+
+
+def suite(tests: int) -> dict[str, Any]:
+    """A results document of ``tests`` tests: the real ones repeated under other names."""
+    document = json.loads(gzip.decompress(DATA.read_bytes()))
+    real = document["tests"]
+    document["tests"] = [
+        {**real[i % len(real)], "nodeid": f"{real[i % len(real)]['nodeid']}[{i}]"} for i in range(tests)
+    ]
+    return document
+
+
+def history_of(document: dict[str, Any], runs: int, slug: str, seed: int = 0) -> History:
+    from pytest_syncguard.document import file as results_file
+
+    path = Path(tempfile.mkdtemp()) / "suite.json"
+    path.write_text(json.dumps(document))
+    results = results_file.read(path)
+    base = run_of(results, "0" * 40, "2026-01-01T00:00:00Z")
+    rng = random.Random(seed)
+    offsets = {h: 1 + rng.gauss(0, 0.005) for h in HOSTS}
+    made = []
+    for n in range(runs):
+        host = HOSTS[n % len(HOSTS)]
+        tests = {
+            nodeid: {
+                name: (value * offsets[host] * (1 + rng.gauss(0, 0.002)) if name == DEVICE_TIME else value)
+                for name, value in values.items()
+            }
+            for nodeid, values in base.tests.items()
+        }
+        made.append(Run(f"{n:040x}", f"2026-01-01T{n % 24:02d}:00:00Z", host, tests))
+    return History(slug, tuple(made))
+
+
+def pr_results(document: dict[str, Any], regressed: int, folder: Path) -> Path:
+    """The PR's results: ``regressed`` of the tests with a device time, theirs +10%."""
+    changed = json.loads(json.dumps(document))
+    timed = [t for t in changed["tests"] if DEVICE_TIME in t["metrics"]["values"]]
+    for test in timed[:regressed]:
+        test["metrics"]["values"][DEVICE_TIME] *= 1.10
+    path = folder / f"pr-{regressed}.json"
+    path.write_text(json.dumps(changed))
+    return path
+
+
+def timed(command: list[str], cwd: Path) -> tuple[float, int, str]:
+    """Seconds, peak memory in MB of the command, and its last line of stderr."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seconds = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+    del before
+    return seconds, peak, (done.stderr.strip().splitlines() or ["(no output)"])[-1][:90]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tests", type=int, default=500)
+    parser.add_argument("--runs", type=int, nargs="+", default=[100, 300])
+    args = parser.parse_args()
+    cli = [sys.executable, "-m", "pytest_syncguard.gate.cli"]
+    document = suite(args.tests)
+    slug = document["tests"][0]["device_slug"]
+    print(f"{args.tests} tests of {slug}, CPU: {os.cpu_count()} cores")
+    print("runs | history MB | record s | report clean s | one regressed s | all regressed s | comment bytes (all)")
+    for runs in args.runs:
+        work = Path(tempfile.mkdtemp(prefix="syncguard-scale-"))
+        folder = work / "history"
+        folder.mkdir()
+        histories.write(folder, history_of(document, runs, slug))
+        size = (folder / f"{slug}.jsonl").stat().st_size / 2**20
+        one_more = pr_results(document, 0, work)
+        record, _, _ = timed(
+            [*cli, "history", "record", str(one_more), "--commit", "f" * 40, "--into", str(folder)], work
+        )
+        cells = []
+        for regressed in (0, 1, args.tests):
+            results = pr_results(document, regressed, work)
+            seconds, _, _ = timed(
+                [*cli, "report", str(results), "--history", str(folder), "--markdown", f"c{regressed}.md"], work
+            )
+            cells.append(f"{seconds:.1f}")
+        comment = (work / f"c{args.tests}.md").stat().st_size
+        print(f"{runs} | {size:.1f} | {record:.1f} | {' | '.join(cells)} | {comment}")
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
