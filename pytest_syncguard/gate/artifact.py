@@ -23,7 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..document.file import ResultsError
 from ..files import small_regular_file
+from ..judge.junit import JUnitError
+from ..judge.run import merge_cases
+from .forge.base import CommentError
+from .forge.comment import post
+from .forge.github import GITHUB, GitHub
+from .history_branch import BranchError, fetch
+from .report import ReportRequest, report
 
 #: The largest artifact file read.
 MAX_FILE_BYTES = 50 << 20
@@ -72,7 +80,6 @@ def _usable(paths: list[Path]) -> list[Path]:
 def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
     """The PR's head commit, whether it comes from a fork, and its labels; :class:`ArtifactError` where GitHub's
     answer is not a pull request's."""
-    from .forge.base import CommentError
 
     try:
         pull = github.api(f"repos/{repo}/pulls/{pr}")
@@ -91,7 +98,6 @@ def _pull(github: Any, repo: str, pr: str) -> tuple[str, bool, list[str]]:
 def _history(folder: Path) -> tuple[str | None, str | None]:
     """The folder of the default branch's history where its branch could be fetched (written only by the push job;
     each GPU model is judged against its own history where it has one), and why it could not, if so."""
-    from .history_branch import BranchError, fetch
 
     try:
         found = fetch(Path.cwd(), folder)
@@ -102,9 +108,6 @@ def _history(folder: Path) -> tuple[str | None, str | None]:
 
 def device_slugs(results: list[Path]) -> set[str]:
     """The GPU models the results measured (:class:`ArtifactError` where they cannot be read)."""
-    from ..document.file import ResultsError
-    from ..judge.junit import JUnitError
-    from ..judge.run import merge_cases
 
     try:
         return {case.device_slug for case in merge_cases(results)}
@@ -116,8 +119,6 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
     """Validate the artifact in ``folder``, render its report into ``work``, post it on the pull request it names in
     ``repo`` and set its verdict as the head's commit status, if that pull request is still at ``head_sha``; raises
     :class:`ArtifactError` saying why not."""
-    from .forge.base import CommentError
-    from .forge.github import GITHUB, GitHub
 
     if GITHUB.repository_problem(repo) or not COMMIT.fullmatch(head_sha):
         raise ArtifactError("the repository or the head commit is malformed")
@@ -144,10 +145,6 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
 
 
 def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
-    from .forge.base import CommentError
-    from .forge.comment import post
-    from .forge.github import GITHUB
-    from .report import ReportRequest, report
 
     results = results_files(folder)
     measured = device_slugs(results)

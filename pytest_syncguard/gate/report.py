@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..document.ab import read_report
+from ..document.file import ResultsError
 from ..files import write_atomically
+from ..judge.baselines import BaselineError
+from ..judge.junit import JUnitError
+from ..judge.run import compare_run
+from ..judge.verdict import Verdict
+from ..render.links import SiteLinks, commit_problem
+from ..render.markdown import MARKER_ROOM, render
+from .forge.base import CommentError
+from .forge.choice import forge_named
 from .outputs import clobbers, path_problem
 
 if TYPE_CHECKING:
@@ -41,7 +51,6 @@ class ReportRequest:
 
 def _ab_report(path: str | None) -> ABReport | None:
     """The A/B report a ``report --ab`` names (untrusted: validated); None without one."""
-    from ..document.ab import read_report
 
     if path is None:
         return None
@@ -54,15 +63,6 @@ def _ab_report(path: str | None) -> ABReport | None:
 def report(args: ReportRequest) -> int:
     """``syncguard report``: the run of ``args.files`` judged, written as Markdown (and JSON) or printed; the
     verdict's exit status, 2 naming what is wrong with an input or an output."""
-    from ..document.file import ResultsError
-    from ..judge.baselines import BaselineError
-    from ..judge.junit import JUnitError
-    from ..judge.run import compare_run
-    from ..judge.verdict import Verdict
-    from ..render.links import SiteLinks, commit_problem
-    from ..render.markdown import MARKER_ROOM, render
-    from .forge.base import CommentError
-    from .forge.choice import forge_named
 
     paths = [Path(p) for p in args.files]
     full = str(Path(args.markdown).with_suffix(".full.md")) if args.markdown else None

@@ -13,7 +13,7 @@ from typing import Any
 
 from .base import CommentError, Forge, Note
 
-#: GitHub refuses a comment's body over 65,536 characters.
+#: GitHub refuses a comment's body over 65,536 characters (syncguard counts UTF-8 bytes, never fewer).
 GITHUB = Forge("GitHub", "pull request", 65_536, "https://github.com", blob="blob", commits="commit", nested=False)
 PAGE_SIZE = 100
 #: The most pages of comments read (a gh that answers every page alike would page forever).
