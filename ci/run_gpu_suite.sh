@@ -18,7 +18,9 @@
 # SYNCGUARD_JOB_BUDGET, 600 s from the job's start, after the suite, less 30 s for the report). SYNCGUARD_AB_HOST_TIMINGS=true A/B-tests every one of them with its own timed runs, for
 # its host timings too (not judged against a baseline recorded on another machine). SYNCGUARD_HISTORY (default true):
 # judge against the default branch's history of this GPU model on origin's syncguard-history branch, where it has one
-# (the push job records it: syncguard history record --push origin).
+# (the push job records it: syncguard history record --push origin): the suite is judged against it too, so that
+# pytest's summary and the report in one log say the same. SYNCGUARD_REQUIRE_GPU (default true): false rehearses the
+# job on a machine without a GPU (no CUDA device required; the CUDA budgets then say "not measured").
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
@@ -38,16 +40,35 @@ else
     bash "$here/tools/install.sh" examples || exit 1
 fi
 stage install
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
-    || exit 1
+require_gpu=(--syncguard-require-gpu)
+if [ "${SYNCGUARD_REQUIRE_GPU:-true}" = "false" ]; then
+    require_gpu=()
+    echo "SYNCGUARD_REQUIRE_GPU=false: a rehearsal, the CUDA budgets not measured where there is no GPU" >&2
+else
+    python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
+        || exit 1
+fi
 slug="$(syncguard device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')" || exit 1
 printf '%s\n' "$slug" > "$out/device-slug"
 if [[ "${PR_NUMBER:-}" =~ ^[0-9]+$ ]]; then
     printf '%s\n' "$PR_NUMBER" > "$out/pr-number"
 fi
 syncguard device > "$out/device.txt"
-if [ ! -f "$baselines/$slug.json" ]; then
-    echo "no $baselines/$slug.json: every test is reported as new; record it with" \
+
+# The default branch's history of this GPU model (the push job records it on the syncguard-history branch) is the
+# baseline where it has one, for the suite and the report alike; without it, the baselines folder judges.
+history=()
+reference="$baselines"
+if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && git remote get-url origin > /dev/null 2>&1; then
+    rm -rf "$out/history" "$out/reference"
+    if syncguard history fetch --into "$out/history" && [ -f "$out/history/$slug.jsonl" ]; then
+        history=(--history "$out/history")
+        syncguard history baselines "$out/history" --out "$out/reference" > /dev/null && reference="$out/reference"
+    fi
+fi
+stage history
+if [ ! -f "$reference/$slug.json" ]; then
+    echo "no $baselines/$slug.json and no history of $slug: every test is reported as new; record it with" \
         "pytest ${tests[*]} --syncguard --syncguard-baselines=$baselines --syncguard-update-baselines" >&2
 fi
 
@@ -61,7 +82,7 @@ fi
 # Each option with its value in one argument: pytest reads its rootdir before it knows a plugin's options, so a value
 # given apart would be taken for a test path (in a repository without a pytest configuration, the rootdir moves).
 python -m pytest "${tests[@]}" -p no:cacheprovider "${workers[@]}" \
-    --syncguard --syncguard-require-gpu --syncguard-baselines="$baselines" \
+    --syncguard "${require_gpu[@]}" --syncguard-baselines="$reference" \
     --junitxml="$out/junit-$slug.xml" --syncguard-json="$out/results-$slug.json" \
     --syncguard-artifacts="$out/artifacts"
 status=$?
@@ -95,16 +116,6 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     stage ab
 fi
 
-# The default branch's history of this GPU model (the push job records it on the syncguard-history branch) is the
-# baseline where it has one; without it, the baselines folder judges.
-history=()
-if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && git remote get-url origin > /dev/null 2>&1; then
-    rm -rf "$out/history"
-    if syncguard history fetch --into "$out/history" && [ -f "$out/history/$slug.jsonl" ]; then
-        history=(--history "$out/history")
-    fi
-fi
-stage history
 
 # Sites link to their lines at the commit measured, where the repository is known (GitHub Actions and GitLab CI set
 # it; inside a GitLab job, syncguard links to its server, CI_SERVER_URL).
