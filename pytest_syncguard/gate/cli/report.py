@@ -80,5 +80,5 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = {f.name: getattr(args, f.name) for f in fields(ReportRequest)}
-    return report(ReportRequest(**{**options, "files": tuple(args.files)}))
+    given = {f.name: getattr(args, f.name) for f in fields(ReportRequest)}
+    return report(ReportRequest(**{**given, "files": tuple(args.files)}))
