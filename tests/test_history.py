@@ -260,3 +260,22 @@ def test_a_run_is_judged_against_its_own_hosts_runs_where_the_history_allows(
 
     assert unseen[DEVICE_TIME].new_host and "none on this host" in unseen[DEVICE_TIME].describe()
     assert tolerance_of(DEVICE_TIME, None, unseen[DEVICE_TIME]) > tolerance_of(DEVICE_TIME, None, spread)
+
+
+def test_the_trend_charts_what_moved_most_a_sync_from_none_before_operators(
+    tmp_path: Path, suite: list[MeasuredTest]
+) -> None:
+    """A host read planted in a loop: its syncs 0 -> 15 and its operators +2% both regress; the chart is of the
+    syncs, what broke, not of the operators."""
+    rng = random.Random(4)
+    pushes(tmp_path, suite, 3, rng)
+    target = next(t for t in suite if t.metrics.values.get("syncs") == 0 and "ops" in t.metrics.values)
+    values = {**target.metrics.values, "syncs": 15.0, "ops": target.metrics.values["ops"] * 1.02}
+    values.pop(DEVICE_TIME, None)
+    planted = [replace(t, metrics=Metrics(values, dict(t.metrics.runs))) if t.nodeid == target.nodeid else t
+               for t in moved(suite, 1.0, rng, HOSTS[0], noise=0.0)]  # fmt: skip
+    run = compare_run([write(tmp_path / "pr.json", planted)], None, history=tmp_path)
+    (regressed,) = [c for c in run.with_status("regression") if c.case.nodeid == target.nodeid]
+    assert {c.metric for c in regressed.comparison.of("regression")} >= {"syncs", "ops"}
+    text, _ = render(run)
+    assert f"`{target.nodeid}`: `syncs` over the default branch's last runs" in text

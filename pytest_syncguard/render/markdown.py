@@ -260,8 +260,9 @@ def _new_value(item: Loosened) -> str:
 
 
 def trend_block(run: RunComparison) -> list[str]:
-    """Each regressed test judged against a history: its regressed metric (device time first) over the last runs of
-    the default branch and this run, as a chart GitHub draws; with what the history held."""
+    """Each regressed test judged against a history: its regressed metric (device time first, else the one that
+    moved most: syncs 0 -> 15 before operators +2%) over the last runs of the default branch and this run, as a
+    chart GitHub draws; with what the history held."""
     from ..judge.history import describe
     from .charts import mermaid
 
@@ -271,7 +272,7 @@ def trend_block(run: RunComparison) -> list[str]:
         regressed = [c.metric for c in verdict.comparison.of(Status.REGRESSION)]
         if history is None or not regressed:
             continue
-        name = DEVICE_TIME if DEVICE_TIME in regressed else regressed[0]
+        name = DEVICE_TIME if DEVICE_TIME in regressed else max(regressed, key=lambda m: _moved(verdict, m))
         now = verdict.case.metrics.get(name)
         chart = mermaid(history, verdict.case.nodeid, name, now) if now is not None else []
         if chart:
@@ -284,6 +285,14 @@ def trend_block(run: RunComparison) -> list[str]:
                 "",
             ]
     return ["#### Trend", "", *lines] if lines else []
+
+
+def _moved(verdict: CaseComparison, name: str) -> float:
+    """How far a metric moved against its baseline, relative (a count from 0 moved without bound)."""
+    change = next(c for c in verdict.comparison.changes if c.metric == name)
+    if change.old is None or change.new is None:
+        return 0.0
+    return abs(change.new - change.old) / abs(change.old) if change.old else float("inf")
 
 
 def loosened_block(loosened: Sequence[Loosened]) -> list[str]:
