@@ -279,3 +279,10 @@ def test_the_trend_charts_what_moved_most_a_sync_from_none_before_operators(
     assert {c.metric for c in regressed.comparison.of("regression")} >= {"syncs", "ops"}
     text, _ = render(run)
     assert f"`{target.nodeid}`: `syncs` over the default branch's last runs" in text
+
+
+def test_the_page_counts_its_runs_and_hosts_in_words(suite: list[MeasuredTest]) -> None:
+    runs = tuple(history.run_of(suite, f"{n:040x}", f"t{n}") for n in range(4))
+    runs = tuple(replace(r, host=HOSTS[0]) for r in runs)
+    text = page([history.History("nvidia-h100-80gb-hbm3", runs)])
+    assert "nvidia-h100-80gb-hbm3: 4 runs on 1 host</h2>" in text

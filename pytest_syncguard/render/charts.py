@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ..judge.history import History, Run
 from ..metrics import DEVICE_TIME, metric
+from ..words import plural
 from .links import RepositoryWeb
 
 #: The most runs of the default branch a chart shows, newest last.
@@ -77,7 +78,8 @@ def page(histories: Sequence[History], web: RepositoryWeb | None = None) -> str:
     ]
     for history in histories:
         hosts = sorted({h for run in history.runs for h in run.host.split(",") if h})
-        parts.append(f"<h2>{html.escape(history.device)}: {len(history.runs)} runs on {len(hosts)} hosts</h2>")
+        held = f"{plural(len(history.runs), 'run')} on {plural(len(hosts), 'host')}"
+        parts.append(f"<h2>{html.escape(history.device)}: {held}</h2>")
         tests = sorted({nodeid for run in history.runs for nodeid in run.tests})
         for nodeid in tests:
             parts.append(f"<h3>{html.escape(nodeid)}</h3>")
