@@ -4,8 +4,9 @@ comment may have, and the few calls that keep one comment per key on a change (:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...render.links import RepositoryWeb
 
@@ -44,6 +45,33 @@ class Comments(Protocol):
     def update(self, repository: str, number: int, note: int, body: str) -> Note: ...
 
     def delete(self, repository: str, number: int, note: int) -> None: ...
+
+
+#: Comments a page of a change's comments holds, and the most pages read (a forge that answers every page alike
+#: would page forever).
+PAGE_SIZE = 100
+MAX_PAGES = 300
+
+
+def every_page(fetch: Callable[[int], Any], asker: str, what: str) -> list[Any]:
+    """The items of pages 1, 2, ... as ``fetch(page)`` answers them (:data:`PAGE_SIZE` each), up to a shorter page:
+    at most :data:`MAX_PAGES`, and a page that repeats the one before stops it. ``asker`` (who answers) and ``what``
+    (what is read) name them in the errors."""
+    found: list[Any] = []
+    before: list[Any] = []
+    for page in range(1, MAX_PAGES + 1):
+        batch = fetch(page)
+        if not isinstance(batch, list):
+            raise CommentError(f"{asker}: unexpected answer for {what}")
+        if batch and batch == before:
+            raise CommentError(
+                f"{asker} answered page {page} of {what} with page {page - 1}'s again: stopped rather than page forever"
+            )
+        found += batch
+        if len(batch) < PAGE_SIZE:
+            return found
+        before = batch
+    raise CommentError(f"{what} ran past {MAX_PAGES} pages of {PAGE_SIZE}: stopped")
 
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")

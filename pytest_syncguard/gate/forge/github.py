@@ -11,13 +11,10 @@ import subprocess
 import tempfile
 from typing import Any
 
-from .base import CommentError, Forge, Note
+from .base import PAGE_SIZE, CommentError, Forge, Note, every_page
 
 #: GitHub refuses a comment's body over 65,536 characters (syncguard counts UTF-8 bytes, never fewer).
 GITHUB = Forge("GitHub", "pull request", 65_536, "https://github.com", blob="blob", commits="commit", nested=False)
-PAGE_SIZE = 100
-#: The most pages of comments read (a gh that answers every page alike would page forever).
-MAX_PAGES = 300
 #: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
 GH_TIMEOUT_S = 60.0
 
@@ -115,24 +112,13 @@ class GitHub:
         return found
 
     def comments(self, repo: str, pr: int) -> list[dict[str, Any]]:
-        """All comments of the PR, page by page: at most :data:`MAX_PAGES` pages, and a page that repeats the one
-        before (a gh that answers every page alike) stops it."""
-        found: list[dict[str, Any]] = []
-        before: list[Any] = []
-        for page in range(1, MAX_PAGES + 1):
-            batch = self._run("api", f"repos/{repo}/issues/{pr}/comments?per_page={PAGE_SIZE}&page={page}")
-            if not isinstance(batch, list):
-                raise CommentError(f"gh api: unexpected answer for the comments of {repo}#{pr}")
-            if batch and batch == before:
-                raise CommentError(
-                    f"gh api answered page {page} of the comments of {repo}#{pr} with page "
-                    f"{page - 1}'s again: stopped rather than page forever"
-                )
-            found.extend(c for c in batch if isinstance(c, dict))  # anything else is no comment of this tool's
-            if len(batch) < PAGE_SIZE:
-                return found
-            before = batch
-        raise CommentError(f"the comments of {repo}#{pr} ran past {MAX_PAGES} pages of {PAGE_SIZE}: stopped")
+        """All comments of the PR, page by page (:func:`.base.every_page`)."""
+        items = every_page(
+            lambda page: self._run("api", f"repos/{repo}/issues/{pr}/comments?per_page={PAGE_SIZE}&page={page}"),
+            "gh api",
+            f"the comments of {repo}#{pr}",
+        )
+        return [c for c in items if isinstance(c, dict)]  # anything else is no comment of this tool's
 
     def create(self, repo: str, pr: int, body: str) -> Note:
         answer = self._run("api", "-X", "POST", f"repos/{repo}/issues/{pr}/comments", input_json={"body": body})

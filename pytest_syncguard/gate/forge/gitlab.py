@@ -14,13 +14,10 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
-from .base import CommentError, Forge, Note
+from .base import PAGE_SIZE, CommentError, Forge, Note, every_page
 
 #: GitLab's limit on a note's body, in characters.
 BODY_LIMIT = 1_000_000
-PAGE_SIZE = 100
-#: The most pages of notes read (a server that answers every page alike would page forever).
-MAX_PAGES = 300
 TOKEN_VARIABLES = ("SYNCGUARD_GITLAB_TOKEN", "GITLAB_TOKEN")
 
 
@@ -94,23 +91,14 @@ class GitLab:
         return f"{self.server}/{repository}/-/merge_requests/{number}#note_{note}"
 
     def notes(self, repository: str, number: int) -> list[Note]:
-        found: list[Note] = []
-        before: list[Any] = []
-        for page in range(1, MAX_PAGES + 1):
-            query = f"?sort=asc&order_by=created_at&per_page={PAGE_SIZE}&page={page}"
-            batch = self._call("GET", self._notes_path(repository, number) + query)
-            if not isinstance(batch, list):
-                raise CommentError(f"GitLab: unexpected answer for the notes of {repository}!{number}")
-            if batch and batch == before:
-                raise CommentError(
-                    f"GitLab answered page {page} of the notes of {repository}!{number} with page {page - 1}'s "
-                    "again: stopped rather than page forever"
-                )
-            found += [n for item in batch if (n := self._note(item, repository, number)) is not None]
-            if len(batch) < PAGE_SIZE:
-                return found
-            before = batch
-        raise CommentError(f"the notes of {repository}!{number} ran past {MAX_PAGES} pages of {PAGE_SIZE}: stopped")
+        """The merge request's notes, page by page (:func:`.base.every_page`), its system notes left out."""
+        path = self._notes_path(repository, number)
+        items = every_page(
+            lambda page: self._call("GET", f"{path}?sort=asc&order_by=created_at&per_page={PAGE_SIZE}&page={page}"),
+            "GitLab",
+            f"the notes of {repository}!{number}",
+        )
+        return [n for item in items if (n := self._note(item, repository, number)) is not None]
 
     def _note(self, item: Any, repository: str, number: int) -> Note | None:
         """A user's note (None: a system note, or no note at all)."""
