@@ -400,8 +400,6 @@ def _details(run: RunComparison, every_row: bool = True, full_report: str | None
             inside.append(f"- {code(device)}: {what}")
         inside.append("")
     shown = [v for v in run.cases if every_row or not _plain(v)]
-    if inside and inside[0] == "":
-        inside = inside[1:]
     if shown:
         inside += ["| test | device | verdict | baseline |", "|---|---|---|---|"]
         inside += [
@@ -412,7 +410,7 @@ def _details(run: RunComparison, every_row: bool = True, full_report: str | None
     if len(shown) < len(run.cases):
         where = f"the full report {code(full_report)}" if full_report else "the full report"
         inside += [
-            "",
+            *([""] if inside else []),
             f"{plural(len(run.cases) - len(shown), 'test')} passed unchanged: their device time, host timings and "
             f"verdicts are in {where}.",
         ]
