@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..forge.base import CommentError
-from ..forge.choice import comments_of, forge_named
+from ..forge.choice import forge_named
 from ..forge.comment import post
 from ..forge.github import GH_TIMEOUT_S
 from . import options
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         forge = forge_named(args.forge, args.server)
-        comments = comments_of(forge, args.timeout)
+        comments = forge.comments(args.timeout)
         posted = post(body, args.pr, key=args.key, forge=forge, comments=comments, repo=args.repo, author=args.author)
     except CommentError as exc:
         print(f"syncguard comment: {exc}", file=sys.stderr)

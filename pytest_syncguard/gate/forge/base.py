@@ -89,6 +89,8 @@ class Forge:
     blob: str
     commits: str
     nested: bool
+    connect: Callable[[str, float], Comments]
+    """Its calls on a change's comments, at its server, each given up after the seconds given."""
 
     def repository_problem(self, name: str, option: str = "--repository") -> str | None:
         """What is wrong with a repository's name (None: well formed): letters, digits, ``_``, ``.`` and ``-`` in
@@ -99,6 +101,10 @@ class Forge:
             return None
         shape = "GROUP/.../PROJECT" if self.nested else "OWNER/NAME"
         return f"{option} {name!r}: not a {self.name} repository's {shape}"
+
+    def comments(self, timeout: float) -> Comments:
+        """The calls on this forge's comments (:class:`Comments`)."""
+        return self.connect(self.server, timeout)
 
     def web(self, repository: str) -> RepositoryWeb:
         return RepositoryWeb(f"{self.server}/{repository}", self.blob, self.commits)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from .base import Comments, Forge
-from .github import GH_TIMEOUT_S, GITHUB, GitHub
-from .gitlab import GitLab, gitlab
+from .base import Forge
+from .github import GITHUB
+from .gitlab import gitlab
 
 NAMES = ("github", "gitlab")
 
@@ -18,10 +18,3 @@ def default_name() -> str:
 def forge_named(name: str | None, server: str | None = None) -> Forge:
     """The forge of ``--forge`` (None: :func:`default_name`) at ``--server`` (GitLab's; GitHub's is github.com)."""
     return gitlab(server) if (name or default_name()) == "gitlab" else GITHUB
-
-
-def comments_of(forge: Forge, timeout: float = GH_TIMEOUT_S) -> Comments:
-    """The calls on ``forge``'s comments."""
-    if forge.name == "GitLab":
-        return GitLab(forge.server, timeout=timeout)
-    return GitHub(timeout=timeout)

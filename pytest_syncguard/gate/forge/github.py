@@ -14,7 +14,16 @@ from typing import Any
 from .base import PAGE_SIZE, CommentError, Forge, Note, every_page
 
 #: GitHub refuses a comment's body over 65,536 characters (syncguard counts UTF-8 bytes, never fewer).
-GITHUB = Forge("GitHub", "pull request", 65_536, "https://github.com", blob="blob", commits="commit", nested=False)
+GITHUB = Forge(
+    "GitHub",
+    "pull request",
+    65_536,
+    "https://github.com",
+    blob="blob",
+    commits="commit",
+    nested=False,
+    connect=lambda server, timeout: GitHub(timeout=timeout),
+)
 #: Seconds one gh call may take before it is given up (a hung ``gh auth status`` waiting on a keyring, say).
 GH_TIMEOUT_S = 60.0
 

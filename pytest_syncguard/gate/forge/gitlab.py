@@ -32,7 +32,14 @@ def server_of(server: str | None) -> str:
 
 def gitlab(server: str | None = None) -> Forge:
     return Forge(
-        "GitLab", "merge request", BODY_LIMIT, server_of(server), blob="-/blob", commits="-/commit", nested=True
+        "GitLab",
+        "merge request",
+        BODY_LIMIT,
+        server_of(server),
+        blob="-/blob",
+        commits="-/commit",
+        nested=True,
+        connect=lambda at, timeout: GitLab(at, timeout=timeout),
     )
 
 
