@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +19,7 @@ from ..judge.run import compare_run
 from ..judge.verdict import Verdict
 from ..render.links import SiteLinks, commit_problem
 from ..render.markdown import MARKER_ROOM, render
-from .forge.base import CommentError
+from .forge.base import CommentError, Forge
 from .forge.choice import forge_named
 from .outputs import clobbers, path_problem
 
@@ -83,7 +82,7 @@ def report(args: ReportRequest) -> int:
     except CommentError as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2
-    if (wrong := _links_problem(forge.repository_problem, args.repository, args.commit, commit_problem)) is not None:
+    if (wrong := _links_problem(forge, args.repository, args.commit)) is not None:
         print(f"syncguard report: {wrong}", file=sys.stderr)
         return 2
     try:
@@ -155,15 +154,10 @@ def report(args: ReportRequest) -> int:
     return verdict.exit_status(args.fail_on_regression)
 
 
-def _links_problem(
-    repository_problem: Callable[[str], str | None],
-    repository: str | None,
-    commit: str | None,
-    commit_problem: Callable[[str], str | None],
-) -> str | None:
+def _links_problem(forge: Forge, repository: str | None, commit: str | None) -> str | None:
     """What is wrong with ``--repository`` and ``--commit`` (None: both well formed, or neither given)."""
     if repository is None and commit is None:
         return None
     if repository is None or commit is None:
         return "--repository and --commit go together: give both, or neither"
-    return repository_problem(repository) or commit_problem(commit)
+    return forge.repository_problem(repository) or commit_problem(commit)
