@@ -21,7 +21,7 @@ from .measurement import Measurement, RegionTiming
 from .probes import collectives, compiles, graphs, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch, transfer_counts
 from .probes.memory import driver_calls, region_memory
-from .probes.region import RegionProbe
+from .probes.region import Region, RegionProbe
 from .probes.syncs import PROBE, SyncRecorder
 from .probes.timeline import TIMELINE, MarkedSteps
 from .signals import SIGNALS
@@ -294,6 +294,10 @@ _OWN_PROBES = (
         lambda r, _: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives),
     ),
 )
+
+
+#: The guard's region is what a unit's probes read (mypy holds it to the protocol).
+_A_REGION: type[Region] = GenerationRegion
 
 
 def _units_probes() -> tuple[RegionProbe, ...]:

@@ -20,7 +20,7 @@ import itertools
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any, NamedTuple
 
@@ -32,7 +32,7 @@ from ..analysis.sites import Frame
 from .call_sites import user_stack
 from .native import NATIVE
 from .patches import Patches
-from .region import RegionProbe
+from .region import Region, RegionProbe
 
 COUNTER = "async_races"
 
@@ -304,17 +304,18 @@ class RaceProbe:
 RACES = RaceProbe()
 
 
+def _on_cuda(region: Region) -> bool:
+    return region.on_cuda
+
+
+def _watching(region: Region, found: list[RaceEvent]) -> AbstractContextManager[None]:
+    return RACES.watching(found, region.counts)
+
+
+def _found(region: Region, found: list[RaceEvent]) -> dict[str, Any]:
+    return {"races": tuple(found)}
+
+
 #: The race watch of a region, for a test with a budget on races: inside the sync probe (its copy kernel announces
 #: the copies) and the transfers, outside the counters.
-REGION_PROBES = (
-    RegionProbe(
-        "races",
-        "races",
-        75,
-        lambda region: region.on_cuda,
-        lambda region, found: RACES.watching(found, region.counts),
-        lambda region, found: {"races": tuple(found)},
-        state=list,
-        on_demand=True,
-    ),
-)
+REGION_PROBES = (RegionProbe("races", "races", 75, _on_cuda, _watching, _found, state=list, on_demand=True),)

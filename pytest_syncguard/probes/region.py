@@ -12,12 +12,16 @@ from ..analysis.counts import RegionCounts
 
 
 class Region(Protocol):
-    """What a region probe reads of its region."""
+    """What a unit's region probe reads of its region (the guard's region is one: :mod:`..guard` checks it)."""
 
     number: int
-    on_cuda: bool
-    counts: list[RegionCounts]
-    """The region's exact counts, to which a counter's probe appends its own."""
+
+    @property
+    def on_cuda(self) -> bool: ...
+
+    @property
+    def counts(self) -> list[RegionCounts]:
+        """The region's exact counts, to which a counter's probe appends its own."""
 
 
 @dataclass(frozen=True)
