@@ -3,11 +3,13 @@ fingerprint stored with baselines, and the GPU a pytest-xdist worker takes."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from functools import cache
 
@@ -92,21 +94,29 @@ def fingerprint(device: str) -> dict[str, str | None]:
 def _fingerprint(device: str) -> tuple[tuple[str, str | None], ...]:
     import torch
 
-    transformers_version: str | None
-    try:
-        from transformers import __version__ as transformers_version
-    except ImportError:
-        transformers_version = None
     on_cuda = device != "cpu" and cuda_device_name() is not None
     return (
         ("device_name", cuda_device_name() if on_cuda else "cpu"),
         ("torch", str(torch.__version__)),
         ("cuda", torch.version.cuda if on_cuda else None),
         ("driver", _driver_version() if on_cuda else None),
-        ("transformers", transformers_version),
+        ("transformers", _installed_version("transformers")),
         ("python", platform.python_version()),
         ("syncguard", __version__),
     )
+
+
+def _installed_version(distribution: str) -> str | None:
+    """The version of ``distribution`` as the running process has it: the imported module's ``__version__`` where it
+    is imported, else the installed distribution's metadata (importing transformers to read it took about 1 s of
+    every run that did not use it); None where it is not installed."""
+    module = sys.modules.get(distribution)
+    if module is not None and isinstance(version := getattr(module, "__version__", None), str):
+        return version
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def fingerprint_changes(

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import signal
 import stat
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+_LOG = logging.getLogger("pytest_syncguard")
+#: How often a wait for another run's lock tries it again.
+LOCK_POLL_S = 0.05
 
 
 def _mode_for(path: Path) -> int:
@@ -52,6 +63,57 @@ def lock_path(path: Path) -> Path:
     file is left beside it in the user's working tree (every process of the machine finds the same one)."""
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"syncguard-{path.name}-{digest}.lock"
+
+
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[list[int]]:
+    """In the block, SIGINT only notes that it came (the list it yields gets its number); on exit the handler
+    before it is back. No KeyboardInterrupt is thrown into whatever library code the block is running (filelock's
+    own bookkeeping, between any two of its bytecodes): the caller acts on the note at a point of its own. Outside
+    the main thread, or where SIGINT is not Python's own KeyboardInterrupt, the block runs as it is."""
+    came: list[int] = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is not signal.default_int_handler:
+        yield came
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """Hold the lock of ``path`` (:func:`lock_path`) in the block, waiting at most ``timeout_s`` for another process
+    that holds it (filelock's :class:`~filelock.Timeout` past it). Ctrl-C while waiting is a KeyboardInterrupt
+    raised here, between two tries, and the lock is not held; the wait is logged on the ``pytest_syncguard``
+    logger (INFO once, then DEBUG at each try)."""
+    lock = FileLock(str(lock_path(path)))
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    with _interrupt_deferred() as came:
+        while True:
+            with contextlib.suppress(Timeout):
+                lock.acquire(blocking=False)
+            if came:
+                if lock.is_locked:
+                    lock.release()
+                break
+            if lock.is_locked:
+                break
+            if time.monotonic() > deadline:
+                raise Timeout(lock.lock_file)
+            say = _LOG.debug if waited else _LOG.info
+            say("waiting for %s: another run holds the lock of %s", lock.lock_file, path)
+            waited = True
+            time.sleep(LOCK_POLL_S)
+    if came:
+        raise KeyboardInterrupt
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 IGNORE_ALL = "# Written by pytest-syncguard: nothing here is tracked.\n*\n"

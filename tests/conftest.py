@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -32,6 +33,10 @@ if not any(ep.value == "pytest_syncguard.plugin" for ep in entry_points(group="p
 # again for every subprocess run that measures (about 14 s each on a 2-core machine, most of the suite's time):
 # they share the user's build cache instead, fixed here before any test moves HOME.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+# Where the environment forbids bytecode files (PYTHONDONTWRITEBYTECODE, common in containers), pytest cannot keep
+# the plugin's assertion-rewritten modules and rewrote all of them in every subprocess run (0.85 s of a 4 s run on
+# the 2-core machine): the suite's subprocesses may write them (into the ignored __pycache__ folders).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.fixture
@@ -56,3 +61,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: The process-wide signal state a test could leave behind: child processes inherit an ignored or blocked signal
+#: (a later test's Ctrl-C to its subprocess would then never arrive).
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _signal_state() -> tuple[object, ...]:
+    import signal
+
+    handlers = tuple(signal.getsignal(getattr(signal, name)) for name in _SIGNALS)
+    # What the kernel holds (a C library's signal() is not in Python's view): the ignored and blocked sets.
+    status = Path("/proc/self/status")
+    kernel = (
+        [line for line in status.read_text().splitlines() if line.startswith(("SigIgn", "SigBlk"))]
+        if status.exists()
+        else []
+    )
+    return (*handlers, frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, [])), *kernel)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """Every test leaves the signal handlers and the main thread's signal mask as it found them."""
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    assert after == before, f"the test changed the process's signal state: {before} -> {after}"

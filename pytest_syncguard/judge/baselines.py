@@ -30,14 +30,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from ..analysis.explain import Details
 from ..codec import CodecError, decode, encode, loads
 from ..document import upgrades
 from ..document.comparison import Comparison, Spread
 from ..environment import fingerprint, fingerprint_changes, host_id, is_slug, slug_for
-from ..files import lock_path, write_atomically
+from ..files import held_lock, lock_path, write_atomically
 from ..metrics import metric, rounded, value_problem
 from .comparison import calibrated_tolerance, compare, within_band
 
@@ -319,11 +319,10 @@ def update(
     """Write ``entries`` (node id -> metrics) and their ``details`` into the baseline at ``path``, keeping every
     other test's entry; each calibrated metric's value joins its history as measured on ``host``
     (:func:`recorded`)."""
-    lock = FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S)
     written = Written(path, len(entries))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with lock:
+        with held_lock(path, LOCK_TIMEOUT_S):
             current = of_device(read(path), device)
             tests = dict(current.tests) if current is not None else {}
             kept = dict(current.details) if current is not None else {}
@@ -335,7 +334,7 @@ def update(
             kept.update({nodeid: d for nodeid, d in (details or {}).items() if nodeid in entries})
             write_atomically(path, document(device, fingerprint, tests, kept, history))
     except Timeout as exc:
-        raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
+        raise BaselineError(f"{path}: could not lock {lock_path(path)} within {LOCK_TIMEOUT_S:.0f} s") from exc
     except (OSError, ValueError) as exc:  # ValueError: a metric that is not a finite number
         raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from exc
     return written
@@ -475,9 +474,8 @@ def _band(name: str, kept: Sequence[Recording], host: str) -> tuple[float, float
 def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
     """Empty the histories of ``nodeids`` (all tests when none) in the baseline at ``path``, keeping every value;
     returns how many tests had one. The next update starts each again from its value."""
-    lock = FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S)
     try:
-        with lock:
+        with held_lock(path, LOCK_TIMEOUT_S):
             current = read(path)
             if current is None:
                 raise BaselineError(f"{path}: no such baseline file")
@@ -491,7 +489,7 @@ def reset_history(path: Path, nodeids: Sequence[str] = ()) -> int:
                 path, document(current.device, current.fingerprint, current.tests, current.details, history)
             )
     except Timeout as exc:
-        raise BaselineError(f"{path}: could not lock {lock.lock_file} within {LOCK_TIMEOUT_S:.0f} s") from exc
+        raise BaselineError(f"{path}: could not lock {lock_path(path)} within {LOCK_TIMEOUT_S:.0f} s") from exc
     except OSError as exc:
         raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from exc
     return emptied
