@@ -1,10 +1,12 @@
 """The history at a team's scale: a GPU model's history of ``--tests`` tests x ``--runs`` pushes written by the
 project's own writer, each test one of the real H100 strategy tests (tests/data/h100_pr/unchanged.json.gz) under
-another name, its device time moved by a runner's offset (4 runners) and run noise; then, timed on this machine:
-recording one more push (``history record``), and ``syncguard report --history`` of a pull request that changes
-nothing, regresses one test, and regresses every test (+10% device time), each to its Markdown comment. CPU.
+another name, its device time moved by a runner's offset (4 runners) and run noise, kept as the store keeps it
+(closed segments of :data:`.history.SEGMENT` runs, the checkpoint, the open segment, written a segment at a time);
+then, timed on this machine: recording one more push (``history record``) into the open segment (``runs`` % SEGMENT
+runs) and into one that the push closes, and ``syncguard report --history`` of a pull request that changes nothing,
+regresses one test, and regresses every test (+10% device time), each to its Markdown comment. CPU.
 
-Run from the repository root: ``python -m bench.bench_history_scale [--tests 500] [--runs 100 300]``.
+Run from the repository root: ``python -m bench.bench_history_scale [--tests 500] [--runs 1100 10100]``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pytest_syncguard.files import write_atomically
 from pytest_syncguard.judge import history as histories
-from pytest_syncguard.judge.history import History, Run, run_of
+from pytest_syncguard.judge.history import History, Replay, Run, run_of
 from pytest_syncguard.metrics import DEVICE_TIME
 
 ROOT = Path(__file__).parents[1]
@@ -41,16 +45,16 @@ def suite(tests: int) -> dict[str, Any]:
     return document
 
 
-def history_of(document: dict[str, Any], runs: int, slug: str, seed: int = 0) -> History:
+def runs_of(document: dict[str, Any], runs: int, seed: int = 0) -> Iterator[Run]:
+    """``runs`` pushes of the suite, oldest first, made one at a time (a year of a large suite does not fit in
+    memory at once)."""
     from pytest_syncguard.document import file as results_file
 
     path = Path(tempfile.mkdtemp()) / "suite.json"
     path.write_text(json.dumps(document))
-    results = results_file.read(path)
-    base = run_of(results, "0" * 40, "2026-01-01T00:00:00Z")
+    base = run_of(results_file.read(path), "0" * 40, "2026-01-01T00:00:00Z")
     rng = random.Random(seed)
     offsets = {h: 1 + rng.gauss(0, 0.005) for h in HOSTS}
-    made = []
     for n in range(runs):
         host = HOSTS[n % len(HOSTS)]
         tests = {
@@ -60,8 +64,23 @@ def history_of(document: dict[str, Any], runs: int, slug: str, seed: int = 0) ->
             }
             for nodeid, values in base.tests.items()
         }
-        made.append(Run(f"{n:040x}", f"2026-01-01T{n % 24:02d}:00:00Z", host, tests))
-    return History(slug, tuple(made))
+        yield Run(f"{n:040x}", f"2026-01-01T{n % 24:02d}:00:00Z", host, tests)
+
+
+def write_segmented(folder: Path, slug: str, runs: Iterator[Run], count: int, open_runs: int) -> None:
+    """The store of ``count`` runs as records leave it, with ``open_runs`` in the open segment: each closed segment
+    written and the checkpoint advanced past it, a segment at a time."""
+    replay, chunk, first = Replay(), [], 0
+    closed_runs = count - open_runs
+    for run in runs:
+        chunk.append(run)
+        if first + len(chunk) <= closed_runs and len(chunk) == histories.SEGMENT:
+            parts: dict[str, Any] = {}
+            for each in chunk:
+                replay.advance(each, parts)
+            write_atomically(histories.segment_path(folder, slug, first), histories.segment_text(slug, first, chunk))
+            first, chunk = first + len(chunk), []
+    histories.write(folder, History(slug, tuple(chunk), {}, replay if first else None))
 
 
 def pr_results(document: dict[str, Any], regressed: int, folder: Path) -> Path:
@@ -87,21 +106,28 @@ def timed(command: list[str], cwd: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tests", type=int, default=500)
-    parser.add_argument("--runs", type=int, nargs="+", default=[100, 300])
+    parser.add_argument("--runs", type=int, nargs="+", default=[1100, 10100])
     args = parser.parse_args()
     cli = [sys.executable, "-m", "pytest_syncguard.gate.cli"]
     document = suite(args.tests)
     slug = document["tests"][0]["device_slug"]
-    print(f"{args.tests} tests of {slug}, CPU: {os.cpu_count()} cores")
-    print("runs | history MB | record s | report clean s | one regressed s | all regressed s | comment bytes (all)")
+    segment = histories.SEGMENT
+    print(f"{args.tests} tests of {slug}, segments of {segment} runs, CPU: {os.cpu_count()} cores")
+    print(
+        "runs | store MB | read by a report MB | record s (open segment of runs % SEGMENT) | record s (closes it) | "
+        "report clean s | one regressed s | all regressed s | comment bytes (all)"
+    )
     for runs in args.runs:
         work = Path(tempfile.mkdtemp(prefix="syncguard-scale-"))
         folder = work / "history"
         folder.mkdir()
-        histories.write(folder, history_of(document, runs, slug))
-        size = (folder / f"{slug}.jsonl").stat().st_size / 2**20
+        write_segmented(folder, slug, runs_of(document, runs), runs, runs % segment)
+        files = list(folder.iterdir())
+        store = sum(f.stat().st_size for f in files) / 2**20
+        read = sum(f.stat().st_size for f in files if histories.judging_file(f.name)) / 2**20
         one_more = pr_results(document, 0, work)
-        record = timed([*cli, "history", "record", str(one_more), "--commit", "f" * 40, "--into", str(folder)], work)
+        record = [*cli, "history", "record", str(one_more), "--into", str(folder), "--commit"]
+        into_open = timed([*record, "e" * 40], work)
         cells = []
         for regressed in (0, 1, args.tests):
             results = pr_results(document, regressed, work)
@@ -110,7 +136,13 @@ def main() -> None:
             )
             cells.append(f"{seconds:.1f}")
         comment = (work / f"c{args.tests}.md").stat().st_size
-        print(f"{runs} | {size:.1f} | {record:.1f} | {' | '.join(cells)} | {comment}")
+        held = histories.read(folder, slug)
+        assert held is not None
+        more = tuple(runs_of(document, segment - len(held.runs) - 1, seed=1))  # one short of closing the segment
+        more = tuple(Run(f"{n:039x}a", r.time, r.host, r.tests) for n, r in enumerate(more))
+        histories.write(folder, History(slug, held.runs + more, held.details, held.before))
+        closing = timed([*record, "d" * 40], work)
+        print(f"{runs} | {store:.0f} | {read:.1f} | {into_open:.1f} | {closing:.1f} | {' | '.join(cells)} | {comment}")
         shutil.rmtree(work)
 
 

@@ -165,3 +165,30 @@ def test_sixteen_pushes_at_once_all_land(tmp_path: Path, remote: Path) -> None:
     assert found is not None and sorted(r.commit for r in found.runs) == [f"{i + 1:040x}" for i in range(16)]
     log = _git(remote, "log", "--format=%s", history_branch.BRANCH).splitlines()
     assert len(log) == 16
+
+
+def test_closed_segments_go_onto_the_branch_once_and_a_report_fetches_only_what_it_reads(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments of 2 runs, 5 pushes: the branch holds 2 closed segments beside the open one and the checkpoint; a
+    report's fetch copies the checkpoint, open segment and details only, the page's every run."""
+    monkeypatch.setattr(history, "SEGMENT", 2)
+    runner = _clone(remote, tmp_path / "runner")
+    for push in range(5):
+        history_branch.push(runner, suite, f"{push + 1:040x}", remote="origin", say=_quiet)
+    names = _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).split()
+    closed = [f"{SLUG}.000000.jsonl", f"{SLUG}.000002.jsonl"]
+    assert sorted(names) == sorted([*closed, f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.details.json"])
+    first_closed = _git(remote, "log", "--format=%s", history_branch.BRANCH, "--", closed[0]).splitlines()
+    assert len(first_closed) == 1  # written by the push that closed it, never again
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "window")
+    assert sorted(p.name for p in (pr / "window").iterdir()) == sorted(
+        [f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.details.json"]
+    )
+    assert history_branch.fetch(pr, pr / "all", every_run=True)
+    whole = history.read(pr / "all", SLUG, every_run=True)
+    window = history.read(pr / "window", SLUG)
+    assert whole is not None and window is not None and whole.count == window.count == 5
+    assert [r.commit for r in whole.runs] == [f"{n + 1:040x}" for n in range(5)]
+    assert history.levels(window).baseline.tests == history.levels(whole).baseline.tests

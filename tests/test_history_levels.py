@@ -7,6 +7,7 @@ project's own writer (:func:`.history.record`), hosts and noise as recorded on H
 from __future__ import annotations
 
 import gzip
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -210,3 +211,100 @@ def test_a_fixed_level_judges_each_later_run_without_computing_its_band_again(mo
         return calls
 
     assert replayed(400) - replayed(40) < 20
+
+
+# -- segments: the checkpoint and the open segment judge as a replay of every run does ---------------------------
+
+
+#: Device time per push: a level, a glitch, a merged +3% step, a creep and a left-out run, over several segments.
+FACTORS = [1.0] * 7 + [1.4] + [1.0] * 4 + [1.03] * 6 + [1.03 + 0.002 * i for i in range(6)] + [1.05] * 4
+
+
+def _segments(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(f"{SLUG}.0"))
+
+
+def test_a_judgement_from_the_checkpoint_is_the_replay_of_every_run(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments of 5 runs: after 28 pushes, 5 closed segments and 3 runs open; the checkpoint's baseline, levels,
+    where each level begins and what the last run left out are those of all 28 runs replayed from the first."""
+    monkeypatch.setattr(history, "SEGMENT", 5)
+    folder = tmp_path / "h"
+    main_runs(folder, suite, FACTORS[:-1])
+    rng = random.Random(9)
+    left = scaled(suite, FACTORS[-1], HOSTS[0], rng)
+    history.record(folder, [replace(t, outcome="failed") for t in left], "f" * 40, "tl")
+    assert _segments(folder) == [f"{SLUG}.{n:06d}.jsonl" for n in (0, 5, 10, 15, 20)]
+    windowed = history.read(folder, SLUG)
+    whole = history.read(folder, SLUG, every_run=True)
+    assert windowed is not None and whole is not None
+    assert (windowed.first, len(windowed.runs), windowed.count) == (25, 3, 28)
+    assert (whole.first, len(whole.runs), whole.count) == (0, 28, 28) and whole.hosts == windowed.hosts
+    by_checkpoint, by_replay = history.levels(windowed), history.levels(whole)
+    assert by_checkpoint.baseline.tests == by_replay.baseline.tests
+    assert by_checkpoint.baseline.history == by_replay.baseline.history
+    assert by_checkpoint.since == by_replay.since and by_checkpoint.stale == by_replay.stale
+    assert by_checkpoint.stale, "the last run left its test out: judged against its last good run"
+    assert any(begins > 1 for begins in by_checkpoint.since.values()), "the merged step started a new level"
+    nodeid = next(iter(by_checkpoint.baseline.tests))
+    assert history.describe(windowed, nodeid, DEVICE_TIME) == history.describe(whole, nodeid, DEVICE_TIME)
+
+
+def test_a_closed_segment_is_never_written_again_and_a_record_reads_a_bounded_amount(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history, "SEGMENT", 4)
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 8)
+    closed = {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir() if p.name.startswith(f"{SLUG}.0")
+    }
+    assert sorted(closed) == [f"{SLUG}.000000.jsonl", f"{SLUG}.000004.jsonl"]
+    open_runs = (folder / f"{SLUG}.jsonl").read_text().splitlines()
+    assert len(open_runs) == 1 and json.loads(open_runs[0])["first"] == 8  # the header alone: the segment just closed
+    main_runs(folder, suite, [1.0] * 3, seed=4)  # commits 0..2 again: replaced? no, the open segment lacks them
+    for name, (data, mtime) in closed.items():
+        assert (folder / name).read_bytes() == data and (folder / name).stat().st_mtime_ns == mtime
+    found = history.read(folder, SLUG)
+    assert found is not None and found.count == 11 and len(found.runs) == 3
+
+
+def test_a_missing_segment_or_a_checkpoint_of_another_record_is_named(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history, "SEGMENT", 3)
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 7)
+    (folder / f"{SLUG}.000003.jsonl").unlink()
+    with pytest.raises(history.HistoryError, match=r"000000\.jsonl|segment is missing|hold 3 runs"):
+        history.read(folder, SLUG, every_run=True)
+    assert history.read(folder, SLUG) is not None  # a report needs no closed segment
+    state = folder / f"{SLUG}.state.json"
+    data = json.loads(state.read_text())
+    data["runs"] = 3
+    state.write_text(json.dumps(data))
+    with pytest.raises(history.HistoryError, match=r"its checkpoint .*state\.json holds 3: the files are of different"):
+        history.read(folder, SLUG)
+
+
+def test_a_version_1_history_is_read_as_its_open_segment_and_closed_by_the_next_record(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history written before segments (one file, version 1, no checkpoint) judges as before; the record that
+    fills it closes it whole and writes the checkpoint, and the judgement is the same."""
+    folder = tmp_path / "h"
+    main_runs(folder, suite, [1.0] * 6 + [1.03] * 4)
+    path = folder / f"{SLUG}.jsonl"
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header.pop("first")
+    header["schema_version"] = 1
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    before = history.levels(history.read(folder, SLUG))  # type: ignore[arg-type]
+    monkeypatch.setattr(history, "SEGMENT", 10)
+    main_runs(folder, suite, [1.03], seed=5)  # commit 0 again: its run replaced in place, and the segment full
+    assert _segments(folder) == [f"{SLUG}.000000.jsonl"]
+    after = history.read(folder, SLUG)
+    assert after is not None and after.count == 10 and not after.runs
+    assert history.levels(after).baseline.tests.keys() == before.baseline.tests.keys()

@@ -106,15 +106,18 @@ def _history_files(files: Sequence[tuple[str, str, int]]) -> list[tuple[str, str
     return [f for f in files if history.slug_of(f[0]) is not None]
 
 
-def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = BRANCH) -> bool:
-    """Copy the history branch's history files into folder ``into``; False (nothing copied) where it has none yet.
-    Another file on the branch (a README) is left where it is; a history file over :data:`.history.MAX_FILE_BYTES`
-    is an error naming it."""
+def fetch(checkout: Path, into: Path, *, remote: str = "origin", branch: str = BRANCH, every_run: bool = False) -> bool:
+    """Copy the history branch's files that a record or a report reads (each GPU model's checkpoint, open segment
+    and details; with ``every_run`` its closed segments too, for the history page) into folder ``into``; False
+    (nothing copied) where it has none yet. Another file on the branch (a README) is left where it is; a history
+    file over :data:`.history.MAX_FILE_BYTES` is an error naming it."""
     tip = _fetched(checkout, remote, branch)
     if tip is None:
         return False
     into.mkdir(parents=True, exist_ok=True)
     for name, blob, size in _history_files(_files(checkout, tip)):
+        if not every_run and not history.judging_file(name):
+            continue
         if size > history.MAX_FILE_BYTES:
             raise BranchError(
                 f"{remote} {branch}: {name} is {size} bytes, over the "

@@ -1,23 +1,32 @@
-"""The history of a repository's GPU job on its default branch: one file per GPU model, each push's run a line, and
-the baseline a pull request is judged against made from it.
+"""The history of a repository's GPU job on its default branch: per GPU model, each push's run a line, and the
+baseline a pull request is judged against made from it.
 
-A history file (``<slug>.jsonl``) is JSON Lines: a header (schema, version, device), then one line per recorded run
-of the default branch, oldest first: its commit, time, host (the GPU that ran it) and, per test, the metrics the gate
-judges against a baseline: each device-side metric (device time per token, allocator numbers) every run, and each
-count only where it differs from that test's previous recorded count (forward-filled when read). A year of daily runs
-of a 17-test suite is about 1 MB. The sync sites and the counters' contributors of each test's latest run, which
-explain a count's change, are kept beside it (``<slug>.details.json``), replaced at each record.
+A GPU model's runs are kept in segments of at most :data:`SEGMENT` runs, so that recording a run and judging a pull
+request read and write a bounded amount whatever the history's age:
+
+- ``<slug>.jsonl``, the open segment: JSON Lines, a header (schema, version, device, the number of its first run),
+  then one line per run, oldest first: its commit, time, host (the GPU that ran it) and, per test, the metrics the
+  gate judges: each device-side metric every run, and each count only where it differs from that test's count in
+  the segment's run before (forward-filled when read);
+- ``<slug>.state.json``, the checkpoint: the level rule's state (:class:`Replay`) after every run before the open
+  segment: each test's latest counts, each device-side metric's level (its last :data:`WINDOW` runs and outliers),
+  where each level began and how many runs measured it: what judging needs of the older runs;
+- ``<slug>.<first run>.jsonl``, the closed segments, written once when the open segment fills and never read again
+  by a record or a judgement: the runs kept for the history page;
+- ``<slug>.details.json``, the sync sites and the counters' contributors of each test's latest run, which explain a
+  count's change, replaced at each record.
 
 The baseline of a test (:func:`baseline`) is its latest counts, judged exactly, and, of each device-side metric, the
-current level of its runs: the runs replayed in order through :func:`.baselines.recorded`, so two runs beyond the
-tolerance their level calibrates, on one side (a change merged on purpose), start a new level, which keeps its last
-:data:`WINDOW` runs. A run is judged against its own host's runs of the level, within the spread inside hosts, where
-the level allows it, else across hosts (:meth:`.baselines.Baseline.reference`); the tolerance narrows as runs
-accumulate. No torch here."""
+current level of its runs: the checkpoint's state, then the open segment's runs replayed in order through
+:func:`.baselines.recorded`, so two runs beyond the tolerance their level calibrates, on one side (a change merged on
+purpose), start a new level, which keeps its last :data:`WINDOW` runs. A run is judged against its own host's runs
+of the level, within the spread inside hosts, where the level allows it, else across hosts
+(:meth:`.baselines.Baseline.reference`); the tolerance narrows as runs accumulate. No torch here."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +43,11 @@ from ..words import plural
 from .baselines import CONFIRM, Baseline, BaselineError, Recording, path_for, recorded, split
 
 SCHEMA = "pytest-syncguard/history"
-SCHEMA_VERSION = 1
+#: Version 2: segments and a checkpoint (version 1, one file of every run, is read as an open segment).
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)
+#: The most runs of an open segment: a record or a judgement reads at most these runs and the checkpoint.
+SEGMENT = 200
 #: The most runs of a level that set a device-side metric's baseline and tolerance.
 WINDOW = 20
 #: The largest history file read (a decade of daily runs of a large suite).
@@ -69,13 +82,86 @@ class History:
     runs: tuple[Run, ...] = ()
     details: Mapping[str, Details] = field(default_factory=dict)
     """Per test, what explains a change of its counts: its latest run's sync sites and contributors."""
+    before: Replay | None = None
+    """The level rule's state after the runs before :attr:`runs` (the checkpoint); None where ``runs`` are all."""
     unknown: tuple[str, ...] = ()
     """The fields of its runs this version does not know (a newer version wrote them): read without them, and the
     history is never rewritten by this version (:func:`record`), which would drop them."""
 
     def series(self, nodeid: str, name: str) -> list[tuple[Run, float]]:
-        """The runs that measured ``name`` of test ``nodeid``, with its value, oldest first."""
+        """The runs held that measured ``name`` of test ``nodeid``, with its value, oldest first."""
         return [(run, run.tests[nodeid][name]) for run in self.runs if name in run.tests.get(nodeid, {})]
+
+    @property
+    def first(self) -> int:
+        """How many runs came before :attr:`runs` (those of the checkpoint)."""
+        return self.before.runs if self.before is not None else 0
+
+    @property
+    def count(self) -> int:
+        """How many runs the history holds, those before :attr:`runs` included."""
+        return self.first + len(self.runs)
+
+    @property
+    def hosts(self) -> set[str]:
+        """The GPUs that ran any of its runs."""
+        earlier = set(self.before.hosts) if self.before is not None else set()
+        return earlier | {h for run in self.runs for h in run.host.split(",") if h}
+
+
+@dataclass
+class Replay:
+    """The level rule's state after some runs of a history, oldest first (:meth:`advance` takes the next): what the
+    checkpoint holds, so that judging reads only the runs after it. Each field is bounded by the suite, not by the
+    runs: a level keeps at most its window's recordings."""
+
+    runs: int = 0
+    """How many runs it has taken."""
+    hosts: tuple[str, ...] = ()
+    tests: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per test, its latest counts and each device-side metric's level median."""
+    kept: dict[str, dict[str, tuple[Recording, ...]]] = field(default_factory=dict)
+    """Per test and device-side metric, its level's recordings and the outliers since."""
+    measured: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per test and metric, how many runs measured it."""
+    since: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per test and metric, the number of the run (of those that measured it) where its level begins."""
+    good: dict[str, str] = field(default_factory=dict)
+    """Per test, the commit of its last run that measured it."""
+    last_tests: tuple[str, ...] = ()
+    """The tests the last run measured."""
+    last_left_out: dict[str, str] = field(default_factory=dict)
+    """The tests the last run had and did not measure: node id -> why."""
+
+    def advance(
+        self, run: Run, parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]]
+    ) -> None:
+        """Take ``run``, the next; ``parts`` (per test, by metric, its level and outliers, split) is the replay's
+        cache of :func:`.baselines.split`, updated in place."""
+        for nodeid, values in run.tests.items():
+            entry, self.kept[nodeid], restarted = recorded(
+                values, self.kept.get(nodeid, {}), run.host, limit=WINDOW, parts=parts.setdefault(nodeid, {})
+            )
+            self.tests[nodeid] = {**self.tests.get(nodeid, {}), **entry}
+            self.good[nodeid] = run.commit
+            measured, since = self.measured.setdefault(nodeid, {}), self.since.setdefault(nodeid, {})
+            for name in values:
+                measured[name] = measured.get(name, 0) + 1
+                since.setdefault(name, 1)
+            for name in restarted:
+                since[name] = measured[name] - CONFIRM + 1
+        self.runs += 1
+        self.hosts = tuple(sorted({*self.hosts, *(h for h in run.host.split(",") if h)}))
+        self.last_tests = tuple(run.tests)
+        self.last_left_out = dict(run.left_out)
+
+    def copy(self) -> Replay:
+        """A copy that advancing leaves this one as it is (the recordings are immutable)."""
+        return Replay(
+            self.runs, self.hosts, {n: dict(v) for n, v in self.tests.items()},
+            {n: dict(v) for n, v in self.kept.items()}, {n: dict(v) for n, v in self.measured.items()},
+            {n: dict(v) for n, v in self.since.items()}, dict(self.good), self.last_tests, dict(self.last_left_out),
+        )  # fmt: skip
 
 
 def judged(name: str) -> bool:
@@ -104,60 +190,126 @@ def run_of(results: Iterable[MeasuredTest], commit: str, when: str) -> Run:
     return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests, left_out=left_out)
 
 
-#: A GPU model's history file and its details file: ``<slug>.jsonl``, ``<slug>.details.json``.
-RUNS_SUFFIX, DETAILS_SUFFIX = ".jsonl", ".details.json"
+#: A GPU model's open segment, its details file and its checkpoint: ``<slug>.jsonl``, ``<slug>.details.json``,
+#: ``<slug>.state.json``; its closed segments are ``<slug>.<first run, 6 digits or more>.jsonl``.
+RUNS_SUFFIX, DETAILS_SUFFIX, STATE_SUFFIX = ".jsonl", ".details.json", ".state.json"
+_SEGMENT_NAME = re.compile(r"(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*)\.(?P<first>[0-9]{6,})\.jsonl")
 
 
 def paths(folder: Path, slug: str) -> tuple[Path, Path]:
-    """The history file of GPU model ``slug`` in ``folder``, and its details file."""
+    """The open segment of GPU model ``slug`` in ``folder``, and its details file."""
     base = path_for(folder, slug)
     return base.with_suffix(RUNS_SUFFIX), base.with_suffix(DETAILS_SUFFIX)
 
 
+def state_path(folder: Path, slug: str) -> Path:
+    """The checkpoint of GPU model ``slug`` in ``folder``: the level rule's state before its open segment."""
+    return path_for(folder, slug).with_suffix(STATE_SUFFIX)
+
+
+def segment_path(folder: Path, slug: str, first: int) -> Path:
+    """The closed segment of GPU model ``slug`` whose first run is run ``first`` (counted from 0)."""
+    return folder / f"{slug}.{first:06d}{RUNS_SUFFIX}"
+
+
 def slug_of(name: str) -> str | None:
-    """The GPU model whose history file (or details file) is named ``name``; None for any other file (a README, a
-    name that is no device slug)."""
-    for suffix in (DETAILS_SUFFIX, RUNS_SUFFIX):
+    """The GPU model whose history file (open or closed segment, details, checkpoint) is named ``name``; None for
+    any other file (a README, a name that is no device slug)."""
+    if (closed := _SEGMENT_NAME.fullmatch(name)) is not None:
+        return closed["slug"]
+    for suffix in (DETAILS_SUFFIX, STATE_SUFFIX, RUNS_SUFFIX):
         if name.endswith(suffix) and is_slug(stem := name.removesuffix(suffix)):
             return stem
     return None
 
 
-def read(folder: Path, slug: str) -> History | None:
-    """The history of ``slug`` in ``folder``; None where it has none (a GPU model seen for the first time)."""
+def judging_file(name: str) -> bool:
+    """Whether history file ``name`` is one a record or a judgement reads (not a closed segment, which only the
+    history page reads)."""
+    return slug_of(name) is not None and _SEGMENT_NAME.fullmatch(name) is None
+
+
+def _checked(path: Path) -> None:
+    if not small_regular_file(path, MAX_FILE_BYTES):
+        raise HistoryError(f"{path}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB: left as it is")
+
+
+def _segment(path: Path, slug: str) -> tuple[int, tuple[Run, ...], list[str]]:
+    """A segment file's first run's number, its runs (counts filled in) and the fields of them this version does
+    not know."""
+    _checked(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = loads(lines[0]) if lines else None
+    if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+        raise HistoryError(f"{path}: not a pytest-syncguard history (schema {SCHEMA!r} expected)")
+    version, first = header.get("schema_version"), header.get("first", 0)
+    if version not in READ_VERSIONS or header.get("device") != slug:
+        found = f"schema version {version!r} of device {header.get('device')!r}"
+        raise HistoryError(f"{path}: {found}; this syncguard reads versions 1 to {SCHEMA_VERSION} of {slug!r}")
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise HistoryError(f"{path}: its header's first run {first!r} is no run number")
+    raw = [loads(line, constants=False) for line in lines[1:]]
+    known = {f.name for f in fields(Run)}
+    unknown = sorted({key for line in raw if isinstance(line, dict) for key in line} - known)
+    runs = tuple(_filled(decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2)))
+    for run in runs:
+        for nodeid, values in run.tests.items():
+            problem = next((p for n, v in values.items() if (p := value_problem(n, v)) is not None), None)
+            if problem is not None:
+                raise HistoryError(f"{path}: run of {run.commit}: {nodeid}: {problem}")
+    return first, runs, unknown
+
+
+def read(folder: Path, slug: str, *, every_run: bool = False) -> History | None:
+    """The history of ``slug`` in ``folder``: its checkpoint and open segment, or with ``every_run`` its closed
+    segments' runs too (the history page); None where it has none (a GPU model seen for the first time)."""
     runs_path, details_path = paths(folder, slug)
     if not runs_path.exists():
         return None
-    for path in (runs_path, details_path):
-        if path.exists() and not small_regular_file(path, MAX_FILE_BYTES):
-            raise HistoryError(f"{path}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB: left as it is")
+    state = state_path(folder, slug)
     try:
-        lines = runs_path.read_text(encoding="utf-8").splitlines()
-        header = loads(lines[0]) if lines else None
-        if not isinstance(header, dict) or header.get("schema") != SCHEMA:
-            raise HistoryError(f"{runs_path}: not a pytest-syncguard history (schema {SCHEMA!r} expected)")
-        if header.get("schema_version") != SCHEMA_VERSION or header.get("device") != slug:
-            found = f"schema version {header.get('schema_version')!r} of device {header.get('device')!r}"
-            raise HistoryError(f"{runs_path}: {found}; this syncguard reads version {SCHEMA_VERSION} of {slug!r}")
-        raw = [loads(line, constants=False) for line in lines[1:]]
-        known = {f.name for f in fields(Run)}
-        unknown = sorted({key for line in raw if isinstance(line, dict) for key in line} - known)
-        runs = tuple(_filled(decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2)))
+        first, runs, unknown = _segment(runs_path, slug)
+        before = None
+        if state.exists():
+            _checked(state)
+            before = decode(Replay, loads(state.read_text(encoding="utf-8"), constants=False), "state")
+        if (before.runs if before is not None else 0) != first:
+            raise HistoryError(
+                f"{runs_path}: its first run is run {first}, its checkpoint {state.name} holds "
+                f"{before.runs if before is not None else 'none'}: the files are of different records"
+            )
+        if every_run and first:
+            runs, before = _closed(folder, slug, first) + runs, None
+        if details_path.exists():
+            _checked(details_path)
         details = (
             decode(dict[str, Details], loads(details_path.read_text(encoding="utf-8")), "details")
-            if (details_path.exists())
+            if details_path.exists()
             else {}
         )
     except (OSError, ValueError, RecursionError) as exc:  # CodecError and bad JSON are ValueErrors
         if isinstance(exc, HistoryError):
             raise
         raise HistoryError(f"{runs_path}: not readable ({str(exc)[:200]}); fix it on the history branch") from exc
-    for run in runs:
-        for nodeid, values in run.tests.items():
-            problem = next((p for n, v in values.items() if (p := value_problem(n, v)) is not None), None)
-            if problem is not None:
-                raise HistoryError(f"{runs_path}: run of {run.commit}: {nodeid}: {problem}")
-    return History(slug, runs, details, tuple(unknown))
+    return History(slug, runs, details, before, tuple(unknown))
+
+
+def _closed(folder: Path, slug: str, until: int) -> tuple[Run, ...]:
+    """The runs of the closed segments of ``slug``, oldest first, which must hold runs 0 to ``until`` - 1."""
+    segments = sorted(
+        (int(found["first"]), path)
+        for path in folder.iterdir()
+        if (found := _SEGMENT_NAME.fullmatch(path.name)) is not None and found["slug"] == slug
+    )
+    runs: tuple[Run, ...] = ()
+    for number, path in segments:
+        first, held, _ = _segment(path, slug)
+        if first != number or first != len(runs):
+            raise HistoryError(f"{path}: holds runs from {first}, after {len(runs)} runs: a segment is missing")
+        runs += held
+    if len(runs) != until:
+        raise HistoryError(f"{folder}: the closed segments of {slug} hold {len(runs)} runs, the checkpoint {until}")
+    return runs
 
 
 def _filled(runs: Iterable[Run]) -> Iterable[Run]:
@@ -191,12 +343,20 @@ def _compact(runs: Sequence[Run]) -> list[Run]:
     return compact
 
 
+def segment_text(slug: str, first: int, runs: Sequence[Run]) -> str:
+    """A segment file's text: its header (``first``: the number of its first run) and its runs, compacted."""
+    header = json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "device": slug, "first": first})
+    lines = [header, *(json.dumps(encode(run), sort_keys=True, allow_nan=False) for run in _compact(runs))]
+    return "\n".join(lines) + "\n"
+
+
 def write(folder: Path, history: History) -> None:
-    """Write ``history`` into ``folder`` (each file atomically)."""
+    """Write ``history``'s open segment, checkpoint and details into ``folder`` (each file atomically; the
+    checkpoint before the segment that names it)."""
     runs_path, details_path = paths(folder, history.device)
-    header = json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "device": history.device})
-    lines = [header, *(json.dumps(encode(run), sort_keys=True, allow_nan=False) for run in _compact(history.runs))]
-    write_atomically(runs_path, "\n".join(lines) + "\n")
+    if history.before is not None:
+        write_atomically(state_path(folder, history.device), json.dumps(encode(history.before), sort_keys=True) + "\n")
+    write_atomically(runs_path, segment_text(history.device, history.first, history.runs))
     write_atomically(details_path, json.dumps(encode(dict(sorted(history.details.items()))), sort_keys=True) + "\n")
 
 
@@ -226,7 +386,9 @@ class Recorded:
 
 def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str) -> dict[str, Recorded]:
     """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``; a commit has one
-    run: a run of a commit the history holds replaces it where it stands. Per model, what was recorded."""
+    run: a run of a commit the open segment holds replaces it where it stands. An open segment of :data:`SEGMENT`
+    runs is closed: written to its own file, never rewritten, and the checkpoint advanced past it. Per model, what
+    was recorded."""
     by_device: dict[str, list[MeasuredTest]] = {}
     for result in results:
         by_device.setdefault(result.device_slug, []).append(result)
@@ -245,10 +407,17 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         same = next((i for i, r in enumerate(history.runs) if r.commit == commit), None)
         runs = (*history.runs, run) if same is None else (*history.runs[:same], run, *history.runs[same + 1 :])
-        updated = History(slug, runs, details)
+        updated = History(slug, runs, details, history.before)
+        if len(runs) >= SEGMENT:
+            advanced = history.before.copy() if history.before is not None else Replay()
+            parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
+            for each in runs:
+                advanced.advance(each, parts)
+            write_atomically(segment_path(folder, slug, history.first), segment_text(slug, history.first, runs))
+            updated = History(slug, (), details, advanced)
         write(folder, updated)
         replaced = history.runs[same].time if same is not None else None
-        held[slug] = Recorded(len(updated.runs), replaced, dict(run.left_out))
+        held[slug] = Recorded(updated.count, replaced, dict(run.left_out))
     return held
 
 
@@ -268,35 +437,22 @@ _REPLAYED: dict[int, tuple[History, Levels]] = {}
 
 
 def levels(history: History) -> Levels:
-    """Each test's latest counts, and each device-side metric's current level (its runs replayed in order through
-    :func:`.baselines.recorded` with a window of :data:`WINDOW`, with their hosts), said to come from
-    ``history:<slug>``. A test main's last run left out (failed, skipped) is judged against its last good run; one
-    the last run does not name at all was dropped from the suite."""
+    """Each test's latest counts, and each device-side metric's current level (the checkpoint's state, then the
+    open segment's runs replayed in order through :func:`.baselines.recorded` with a window of :data:`WINDOW`, with
+    their hosts), said to come from ``history:<slug>``. A test main's last run left out (failed, skipped) is judged
+    against its last good run; one the last run does not name at all was dropped from the suite."""
     cached = _REPLAYED.get(id(history))
     if cached is not None and cached[0] is history:
         return cached[1]
-    tests: dict[str, dict[str, float]] = {}
-    kept: dict[str, dict[str, tuple[Recording, ...]]] = {}
+    replay = history.before.copy() if history.before is not None else Replay()
     parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
-    measured: dict[tuple[str, str], int] = {}
-    since: dict[tuple[str, str], int] = {}
-    good: dict[str, str] = {}
     for run in history.runs:
-        for nodeid, values in run.tests.items():
-            entry, kept[nodeid], restarted = recorded(
-                values, kept.get(nodeid, {}), run.host, limit=WINDOW, parts=parts.setdefault(nodeid, {})
-            )
-            tests[nodeid] = {**tests.get(nodeid, {}), **entry}
-            good[nodeid] = run.commit
-            for name in values:
-                measured[nodeid, name] = measured.get((nodeid, name), 0) + 1
-                since.setdefault((nodeid, name), 1)
-            for name in restarted:
-                since[nodeid, name] = measured[nodeid, name] - CONFIRM + 1
-    last = history.runs[-1] if history.runs else Run("", "", "", {})
-    stale = {nodeid: (why, good[nodeid]) for nodeid, why in last.left_out.items() if nodeid in tests}
-    tests = {nodeid: values for nodeid, values in tests.items() if nodeid in last.tests or nodeid in stale}
-    found = Baseline(Path(f"history:{history.device}"), history.device, {}, tests, dict(history.details), kept)
+        replay.advance(run, parts)
+    stale = {n: (why, replay.good[n]) for n, why in replay.last_left_out.items() if n in replay.tests}
+    last = set(replay.last_tests)
+    tests = {nodeid: values for nodeid, values in replay.tests.items() if nodeid in last or nodeid in stale}
+    found = Baseline(Path(f"history:{history.device}"), history.device, {}, tests, dict(history.details), replay.kept)
+    since = {(nodeid, name): begins for nodeid, names in replay.since.items() for name, begins in names.items()}
     replayed = Levels(found, since, stale)
     if len(_REPLAYED) >= 8:
         _REPLAYED.clear()
@@ -312,8 +468,8 @@ def baseline(history: History) -> Baseline:
 def describe(history: History, nodeid: str | None = None, name: str | None = None) -> str:
     """``history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts, gpu_us_per_token judged from run 3`` (where the
     current level of test ``nodeid``'s device-side metrics, or of metric ``name`` alone, begins)."""
-    hosts = {h for run in history.runs for h in run.host.split(",") if h}
-    text = f"history: {plural(len(history.runs), 'run')} of {history.device}"
+    hosts = history.hosts
+    text = f"history: {plural(history.count, 'run')} of {history.device}"
     text += f" on {plural(len(hosts), 'host')}" if hosts else ""
     if nodeid is not None:
         replayed = levels(history)

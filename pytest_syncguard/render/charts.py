@@ -77,8 +77,7 @@ def page(histories: Sequence[History], web: RepositoryWeb | None = None) -> str:
         "<h1>syncguard history</h1>",
     ]
     for history in histories:
-        hosts = sorted({h for run in history.runs for h in run.host.split(",") if h})
-        held = f"{plural(len(history.runs), 'run')} on {plural(len(hosts), 'host')}"
+        held = f"{plural(history.count, 'run')} on {plural(len(history.hosts), 'host')}"
         parts.append(f"<h2>{html.escape(history.device)}: {held}</h2>")
         tests = sorted({nodeid for run in history.runs for nodeid in run.tests})
         for nodeid in tests:

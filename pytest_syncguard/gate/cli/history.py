@@ -49,6 +49,11 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--remote", default="origin", help="the git remote whose history branch is read (default origin)"
     )
     fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    fetch.add_argument(
+        "--every-run",
+        action="store_true",
+        help="also the closed segments (the history page's runs); without it, only what a record or a report reads",
+    )
     baselines = actions.add_parser("baselines", help="write baseline files (baselines/<slug>.json) from a history")
     baselines.add_argument("folder", metavar="DIR", help="a folder of history files")
     baselines.add_argument("--out", metavar="DIR", required=True, help="the baselines folder to write into")
@@ -74,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
                 history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
             return 0
         if args.action == "fetch":
-            found = history_branch.fetch(Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch)
+            found = history_branch.fetch(
+                Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch, every_run=args.every_run
+            )
             print(
                 f"syncguard history: {args.remote} {args.branch} "
                 + (
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        histories = _histories(Path(args.folder))
+        histories = _histories(Path(args.folder), every_run=args.action == "page")
         if args.action == "baselines":
             for kept in histories:
                 reference = history.baseline(kept)
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 write_atomically(
                     target, document(kept.device, {}, reference.tests, reference.details, reference.history)
                 )
-                print(f"syncguard history: {target}: {len(reference.tests)} tests from {len(kept.runs)} runs")
+                print(f"syncguard history: {target}: {len(reference.tests)} tests from {kept.count} runs")
             return 0
 
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
@@ -112,14 +119,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _histories(folder: Path) -> list[History]:
-    """Every GPU model's history in ``folder``."""
+def _histories(folder: Path, *, every_run: bool) -> list[History]:
+    """Every GPU model's history in ``folder`` (with ``every_run``, its closed segments' runs too)."""
 
-    files = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
+    files = [path for path in sorted(folder.glob(f"*{history.RUNS_SUFFIX}")) if history.judging_file(path.name)
+             or history.slug_of(path.name) is None]  # fmt: skip
     for other in (path for path in files if history.slug_of(path.name) is None):
         print(
             f"syncguard history: {other}: not a GPU model's history (its name is no device slug): left out",
             file=sys.stderr,
         )
     slugs = [slug for path in files if (slug := history.slug_of(path.name)) is not None]
-    return [found for slug in slugs if (found := history.read(folder, slug)) is not None]
+    return [found for slug in slugs if (found := history.read(folder, slug, every_run=every_run)) is not None]
