@@ -448,6 +448,20 @@ def test_ctrl_c_at_any_moment_of_a_lock_wait_is_one_keyboard_interrupt_and_leave
     """A SIGINT that lands anywhere in the wait for another process's lock (between any two of filelock's steps,
     at 40 moments spread over its tries) is a KeyboardInterrupt raised by the wait, not lost and not a 2-minute
     wait; the handler before it is back, and once the other process lets go the lock is taken at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach only the main thread")
+    # Ctrl-C as a terminal delivers it: a suite started in the background of a shell (CI) ignores SIGINT.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_waits(tmp_path / "cpu.json")
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+
+
+def _interrupted_waits(path: Path) -> None:
     import random
     import signal
     import subprocess
@@ -457,9 +471,6 @@ def test_ctrl_c_at_any_moment_of_a_lock_wait_is_one_keyboard_interrupt_and_leave
 
     from pytest_syncguard.files import held_lock, lock_path
 
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signals reach only the main thread")
-    path = tmp_path / "cpu.json"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from filelock import FileLock; lock = FileLock(sys.argv[1]); "
          "lock.acquire(); print('held', flush=True); sys.stdin.read()", str(lock_path(path))],
@@ -477,7 +488,7 @@ def test_ctrl_c_at_any_moment_of_a_lock_wait_is_one_keyboard_interrupt_and_leave
                     pytest.fail("took a lock another process holds")
             timer.join()
             assert time.monotonic() - started < 5
-            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
     finally:
         holder.communicate("")
     with held_lock(path, timeout_s=5):
@@ -508,6 +519,9 @@ def test_ctrl_c_while_waiting_for_the_lock_is_a_summary_not_a_traceback(tmp_path
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--syncguard", "--syncguard-update-baselines",
              "--syncguard-json", "r.json", "test_one.py", "-o", "log_cli=true", "--log-cli-level=INFO"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # Ctrl-C as a terminal delivers it: a suite started in the background of a shell (CI) ignores SIGINT,
+            # and its subprocesses inherit that.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         assert process.stdout is not None
         said = []
