@@ -1,5 +1,6 @@
-"""Writing files so that a reader sees the old file or the whole new one, never a part; checking, before a run
-starts, that the paths it will write can be written; and that a file from untrusted hands may be read."""
+"""Writing files so that a reader sees the old file or the whole new one, never a part; holding a file's lock
+against other processes, a Ctrl-C during the wait a clean KeyboardInterrupt; checking, before a run starts, that the
+paths it will write can be written; and that a file from untrusted hands may be read."""
 
 from __future__ import annotations
 
