@@ -321,8 +321,8 @@ import pytest
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session):
     root = session.config.rootpath
-    (root / f"done-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}").touch()
-    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    (root / f"done-{os.getpid()}").touch()
+    processes = int(os.environ["GARBLE_AFTER_PROCESSES"])  # the run's pytest processes that run tests
     deadline = time.monotonic() + 120
     while len(list(root.glob("done-*"))) < processes and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -331,10 +331,13 @@ def pytest_sessionfinish(session):
 
 
 @pytest.mark.parametrize("workers", [None, "2"])
-def test_a_failed_update_fails_the_run_and_says_why(pytester: pytest.Pytester, workers: str | None) -> None:
+def test_a_failed_update_fails_the_run_and_says_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str | None
+) -> None:
     """Also from xdist workers, whose own exit status the controller does not take over."""
     if workers:
         pytest.importorskip("xdist")
+    monkeypatch.setenv("GARBLE_AFTER_PROCESSES", workers or "1")
     pytester.makepyfile(test_many=MANY)
     pytester.makeconftest(GARBLER)
     (pytester.path / "baselines").mkdir()
