@@ -48,12 +48,13 @@ else
     python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible on this runner')" \
         || exit 1
 fi
-slug="$(syncguard device --json | python -c 'import json, sys; print(json.load(sys.stdin)["slug"])')" || exit 1
+# One look at the device (torch's import is most of it): its description kept in the artifact, its slug read from it.
+syncguard device --json > "$out/device.json" || exit 1
+slug="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["slug"])' "$out/device.json")" || exit 1
 printf '%s\n' "$slug" > "$out/device-slug"
 if [[ "${PR_NUMBER:-}" =~ ^[0-9]+$ ]]; then
     printf '%s\n' "$PR_NUMBER" > "$out/pr-number"
 fi
-syncguard device > "$out/device.txt"
 
 # The default branch's history of this GPU model (the push job records it on the syncguard-history branch) is the
 # baseline where it has one, for the suite and the report alike; without it, the baselines folder judges.
