@@ -278,9 +278,10 @@ def test_an_extension_that_cannot_be_built_leaves_every_counter_it_feeds_not_mea
 
 
 def test_another_checkout_of_the_same_sources_loads_this_build_without_building(tmp_path: Path) -> None:
-    """The build is named by the torch version and the sources' content, and built from copies in the builder's
-    cache: a second checkout or virtual environment (here a copy of the package) finds it built and loads it, as
-    the message promises ("once per machine"), instead of 59 s of building on the 2-core machine."""
+    """The build is named by the torch installation and the sources' content, and built from copies in the
+    builder's cache: a second checkout of the same torch (here a copy of the package) finds it built and loads it,
+    as the message promises ("once per machine, torch installation and sources"), instead of 59 s of building on the
+    2-core machine."""
     copy = tmp_path / "checkout"
     shutil.copytree(Path(native.__file__).parents[2], copy / "pytest_syncguard")
     script = (

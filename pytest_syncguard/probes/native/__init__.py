@@ -1,6 +1,6 @@
 """The native extension: kernels for scalar reads and copies (``kernels.cpp``), the operator counter (``ops.cpp``),
 the race probe's access check (``races.cpp``) and the PM sampler's decode loop (``samples.cpp``),
-built once per machine and torch version, loaded once per process.
+built once per machine and torch installation, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
 ``~/.cache/torch_extensions`` by default; about a minute on two cores the first time) and loaded from that cache
@@ -64,7 +64,7 @@ class NativeKernel:
                 if not _built(name):
                     # To the terminal itself: a test's call, where the first region loads it, captures sys.stderr.
                     print(
-                        "syncguard: building the native kernels (once per machine, torch version and sources)",
+                        "syncguard: building the native kernels (once per machine, torch installation and sources)",
                         file=sys.__stderr__,
                     )
                 self._module = _build(name)
@@ -97,10 +97,12 @@ FIX = (
 
 
 def _name() -> str:
-    """The extension's name: one build per torch version (the kernel links against torch's C++ ABI) and per
-    content of the sources (not their paths: :func:`_sources`)."""
+    """The extension's name: one build per torch version (the kernel links against torch's C++ ABI), per torch
+    installation (the build names its headers and libraries by their paths: two virtual environments sharing one
+    build rebuilt it at each switch, about 45 s of CPU on the 2-core machine) and per content of the sources (not
+    their paths: :func:`_sources`)."""
     version = re.sub(r"\W", "_", torch.__version__)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode() + b"\0")
     for source in SOURCES:
         digest.update(Path(source).name.encode() + b"\0" + Path(source).read_bytes())
     return f"syncguard_kernels_{version}_{digest.hexdigest()[:12]}"
