@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pytest_syncguard.files import write_atomically
 from pytest_syncguard.judge import history as histories
 from pytest_syncguard.judge.history import History, Replay, Run, run_of
 from pytest_syncguard.metrics import DEVICE_TIME
@@ -70,17 +69,13 @@ def runs_of(document: dict[str, Any], runs: int, seed: int = 0) -> Iterator[Run]
 def write_segmented(folder: Path, slug: str, runs: Iterator[Run], count: int, open_runs: int) -> None:
     """The store of ``count`` runs as records leave it, with ``open_runs`` in the open segment: each closed segment
     written and the checkpoint advanced past it, a segment at a time."""
-    replay, chunk, first = Replay(), [], 0
-    closed_runs = count - open_runs
+    replay: Replay | None = None
+    chunk: list[Run] = []
     for run in runs:
         chunk.append(run)
-        if first + len(chunk) <= closed_runs and len(chunk) == histories.SEGMENT:
-            parts: dict[str, Any] = {}
-            for each in chunk:
-                replay.advance(each, parts)
-            write_atomically(histories.segment_path(folder, slug, first), histories.segment_text(slug, first, chunk))
-            first, chunk = first + len(chunk), []
-    histories.write(folder, History(slug, tuple(chunk), {}, replay if first else None))
+        if (replay.runs if replay else 0) + len(chunk) <= count - open_runs and len(chunk) == histories.SEGMENT:
+            replay, chunk = histories.close_segment(folder, slug, replay, chunk), []
+    histories.write(folder, History(slug, tuple(chunk), {}, replay))
 
 
 def pr_results(document: dict[str, Any], regressed: int, folder: Path) -> Path:

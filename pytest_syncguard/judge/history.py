@@ -158,10 +158,16 @@ class Replay:
     def copy(self) -> Replay:
         """A copy that advancing leaves this one as it is (the recordings are immutable)."""
         return Replay(
-            self.runs, self.hosts, {n: dict(v) for n, v in self.tests.items()},
-            {n: dict(v) for n, v in self.kept.items()}, {n: dict(v) for n, v in self.measured.items()},
-            {n: dict(v) for n, v in self.since.items()}, dict(self.good), self.last_tests, dict(self.last_left_out),
-        )  # fmt: skip
+            self.runs,
+            self.hosts,
+            {n: dict(v) for n, v in self.tests.items()},
+            {n: dict(v) for n, v in self.kept.items()},
+            {n: dict(v) for n, v in self.measured.items()},
+            {n: dict(v) for n, v in self.since.items()},
+            dict(self.good),
+            self.last_tests,
+            dict(self.last_left_out),
+        )
 
 
 def judged(name: str) -> bool:
@@ -350,6 +356,23 @@ def segment_text(slug: str, first: int, runs: Sequence[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def replay_of(before: Replay | None, runs: Iterable[Run]) -> Replay:
+    """The level rule's state after ``before`` (left as it is; no run where None) and then ``runs``, oldest first."""
+    replay = before.copy() if before is not None else Replay()
+    parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
+    for run in runs:
+        replay.advance(run, parts)
+    return replay
+
+
+def close_segment(folder: Path, slug: str, before: Replay | None, runs: Sequence[Run]) -> Replay:
+    """Write ``runs``, the full open segment after the runs of checkpoint ``before``, as a closed segment of
+    ``slug`` in ``folder``; the checkpoint past them."""
+    first = before.runs if before is not None else 0
+    write_atomically(segment_path(folder, slug, first), segment_text(slug, first, runs))
+    return replay_of(before, runs)
+
+
 def write(folder: Path, history: History) -> None:
     """Write ``history``'s open segment, checkpoint and details into ``folder`` (each file atomically; the
     checkpoint before the segment that names it)."""
@@ -409,12 +432,7 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
         runs = (*history.runs, run) if same is None else (*history.runs[:same], run, *history.runs[same + 1 :])
         updated = History(slug, runs, details, history.before)
         if len(runs) >= SEGMENT:
-            advanced = history.before.copy() if history.before is not None else Replay()
-            parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
-            for each in runs:
-                advanced.advance(each, parts)
-            write_atomically(segment_path(folder, slug, history.first), segment_text(slug, history.first, runs))
-            updated = History(slug, (), details, advanced)
+            updated = History(slug, (), details, close_segment(folder, slug, history.before, runs))
         write(folder, updated)
         replaced = history.runs[same].time if same is not None else None
         held[slug] = Recorded(updated.count, replaced, dict(run.left_out))
@@ -444,10 +462,7 @@ def levels(history: History) -> Levels:
     cached = _REPLAYED.get(id(history))
     if cached is not None and cached[0] is history:
         return cached[1]
-    replay = history.before.copy() if history.before is not None else Replay()
-    parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]] = {}
-    for run in history.runs:
-        replay.advance(run, parts)
+    replay = replay_of(history.before, history.runs)
     stale = {n: (why, replay.good[n]) for n, why in replay.last_left_out.items() if n in replay.tests}
     last = set(replay.last_tests)
     tests = {nodeid: values for nodeid, values in replay.tests.items() if nodeid in last or nodeid in stale}

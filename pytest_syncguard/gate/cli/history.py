@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
 def _histories(folder: Path, *, every_run: bool) -> list[History]:
     """Every GPU model's history in ``folder`` (with ``every_run``, its closed segments' runs too)."""
 
-    files = [path for path in sorted(folder.glob(f"*{history.RUNS_SUFFIX}")) if history.judging_file(path.name)
-             or history.slug_of(path.name) is None]  # fmt: skip
+    names = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
+    files = [path for path in names if history.judging_file(path.name) or history.slug_of(path.name) is None]
     for other in (path for path in files if history.slug_of(path.name) is None):
         print(
             f"syncguard history: {other}: not a GPU model's history (its name is no device slug): left out",
