@@ -181,6 +181,11 @@ def test_closed_segments_go_onto_the_branch_once_and_a_report_fetches_only_what_
     assert sorted(names) == sorted([*closed, f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.details.json"])
     first_closed = _git(remote, "log", "--format=%s", history_branch.BRANCH, "--", closed[0]).splitlines()
     assert len(first_closed) == 1  # written by the push that closed it, never again
+    tip = _git(remote, "rev-parse", history_branch.BRANCH)
+    said: list[str] = []
+    again = history_branch.push(runner, suite, f"{4:040x}", remote="origin", say=said.append)  # in a closed segment
+    assert again[SLUG].kept and _git(remote, "rev-parse", history_branch.BRANCH) == tip
+    assert said == [f"syncguard history: {again[SLUG].describe(SLUG)}; nothing pushed"], said
     pr = _clone(remote, tmp_path / "pr")
     assert history_branch.fetch(pr, pr / "window")
     assert sorted(p.name for p in (pr / "window").iterdir()) == sorted(

@@ -263,8 +263,16 @@ def test_a_closed_segment_is_never_written_again_and_a_record_reads_a_bounded_am
     assert sorted(closed) == [f"{SLUG}.000000.jsonl", f"{SLUG}.000004.jsonl"]
     open_runs = (folder / f"{SLUG}.jsonl").read_text().splitlines()
     assert len(open_runs) == 1 and json.loads(open_runs[0])["first"] == 8  # the header alone: the segment just closed
-    # Commits 0..2 again: their runs lie in a closed segment, so they are appended to the open one (only the open
-    # segment's runs are replaced), and the closed files stay as they were.
+    # The job of commit 7, the last closed segment's last run, run again: not recorded twice, and said.
+    scaled_suite = scaled(suite, 1.0, HOSTS[0], random.Random(4))
+    again = history.record(folder, scaled_suite, f"{7:040x}", "again")
+    assert again[SLUG].runs == 8 and again[SLUG].kept == "t7"
+    assert f"{SLUG}: 8 runs (this commit's run recorded at t7 is in a closed segment: kept" in again[SLUG].describe(
+        SLUG
+    )
+    assert len((folder / f"{SLUG}.jsonl").read_text().splitlines()) == 1
+    # Commits 0..2 again: older than the last closed segment, so appended as the newest runs; the closed files stay
+    # as they were.
     main_runs(folder, suite, [1.0] * 3, seed=4)
     for name, (data, mtime) in closed.items():
         assert (folder / name).read_bytes() == data and (folder / name).stat().st_mtime_ns == mtime

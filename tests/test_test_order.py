@@ -4,6 +4,7 @@ allocator's counts of a region do not depend on what an earlier test left cached
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +17,15 @@ from pytest_syncguard.document import file as results_file
 from pytest_syncguard.metrics import metric
 
 ROOT = Path(__file__).resolve().parents[1]
-#: A strategy test whose kept state (static cache, compiled step) earlier tests of the process could reuse.
-ALONE = "test_timeline and static_compiled"
+#: A strategy test whose kept state (static cache, compiled step) earlier tests of the process could reuse: the
+#: reversed run runs it first, as if alone; the split run after the static cache's tests.
+ALONE = "test_speed[static_compiled]"
 
 
-def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, dict[str, dict[str, float]]]:
+def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict[str, dict[str, float]], str]]:
     """Run the strategy suite under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
     each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
-    variant and test, the test's exact counts."""
+    variant, each test's exact counts and what pytest printed."""
     command = [sys.executable, "-m", "pytest", "examples", "--syncguard", "-p", "no:cacheprovider", "-q"]
     runs = {
         name: subprocess.Popen(
@@ -43,21 +45,23 @@ def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, d
         for result in results_file.read(tmp_path / f"{name}.json"):
             values = result.metrics.values
             counts[result.nodeid] = {n: v for n, v in values.items() if (spec := metric(n)) and spec.counted}
-        found[name] = counts
+        found[name] = counts, output
     return found
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU suite; on CUDA the device runs the suite itself")
 def test_every_count_of_the_strategy_suite_is_the_same_in_any_order_and_split(tmp_path: Path) -> None:
-    """The suite reversed, under pytest-xdist, and one test alone whose strategy keeps state between calls: every
-    count the same in each (the forward order is the README's main job, compared with its baseline there)."""
+    """The suite reversed, with the test whose strategy keeps state between calls run first in its process (as if
+    alone), and under pytest-xdist: every count the same in both (the forward order is the README's main job,
+    compared with its baseline there)."""
     pytest.importorskip("xdist")
-    variants = {"reverse": ("-p", "devtools.reversed_order"), "split": ("-n", "2"), "alone": ("-k", ALONE)}
-    found = _suites(tmp_path, variants)
-    reverse, split, alone = found["reverse"], found["split"], found["alone"]
+    reversed_order = ("-p", "devtools.reversed_order", "--run-first", ALONE, "-vv")
+    found = _suites(tmp_path, {"reverse": reversed_order, "split": ("-n", "2")})
+    (reverse, said), (split, _) = found["reverse"], found["split"]
     assert len(reverse) >= 8 and all(reverse.values()), reverse
+    ran = [line.split()[0] for line in said.splitlines() if re.match(r"examples/\S+ (PASSED|SKIPPED)", line)]
+    assert ran[0].endswith(ALONE) and set(reverse) <= set(ran), said[-4000:]
     assert split == reverse
-    assert len(alone) == 1 and alone.items() <= reverse.items(), (alone, reverse)
 
 
 LEFT_CACHED = """

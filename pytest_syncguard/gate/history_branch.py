@@ -190,6 +190,10 @@ def push(
                 fetch(checkout, files, remote=remote, branch=branch)
                 _git(checkout, "read-tree", "--end-of-options", tip, env=index)
             held = history.record(files, results, commit, when)
+            if all(recorded.kept for recorded in held.values()):
+                for slug, recorded in held.items():
+                    say(f"syncguard history: {recorded.describe(slug)}; nothing pushed")
+                return held
             for path in sorted(files.iterdir()):
                 blob = _git(checkout, "hash-object", "-w", "--", str(path)).stdout.strip()
                 _git(checkout, "update-index", "--add", "--cacheinfo", f"100644,{blob},{path.name}", env=index)

@@ -132,6 +132,9 @@ class Replay:
     """The tests the last run measured."""
     last_left_out: dict[str, str] = field(default_factory=dict)
     """The tests the last run had and did not measure: node id -> why."""
+    closed: dict[str, str] = field(default_factory=dict)
+    """The commits of the last closed segment's runs, each with when it was recorded: a job run again after its
+    commit's run was closed is not recorded twice (:func:`record`)."""
 
     def advance(
         self, run: Run, parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]]
@@ -167,6 +170,7 @@ class Replay:
             dict(self.good),
             self.last_tests,
             dict(self.last_left_out),
+            dict(self.closed),
         )
 
 
@@ -370,7 +374,9 @@ def close_segment(folder: Path, slug: str, before: Replay | None, runs: Sequence
     ``slug`` in ``folder``; the checkpoint past them."""
     first = before.runs if before is not None else 0
     write_atomically(segment_path(folder, slug, first), segment_text(slug, first, runs))
-    return replay_of(before, runs)
+    replay = replay_of(before, runs)
+    replay.closed = {run.commit: run.time for run in runs}
+    return replay
 
 
 def write(folder: Path, history: History) -> None:
@@ -391,6 +397,9 @@ class Recorded:
     """The runs it holds now."""
     replaced: str | None = None
     """The time of the run of the same commit that the new one replaced (a job run again), if any."""
+    kept: str | None = None
+    """The time of the run of the same commit in the last closed segment, which is never rewritten: the new run was
+    not recorded."""
     left_out: Mapping[str, str] = field(default_factory=dict)
     """The tests the run had and did not measure: node id -> why (each keeps its last good run's level)."""
 
@@ -398,6 +407,10 @@ class Recorded:
         """``nvidia-h100-80gb-hbm3: 12 runs (the run of this commit recorded at T replaced; 1 test left out, failed:
         t::a)``."""
         notes = [f"the run of this commit recorded at {self.replaced} replaced"] if self.replaced else []
+        if self.kept:
+            notes.append(
+                f"this commit's run recorded at {self.kept} is in a closed segment: kept, this run not recorded"
+            )
         if self.left_out:
             named = ", ".join(f"{why}: {nodeid}" for nodeid, why in sorted(self.left_out.items())[:10])
             more = f" and {len(self.left_out) - 10} more" if len(self.left_out) > 10 else ""
@@ -409,9 +422,10 @@ class Recorded:
 
 def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str) -> dict[str, Recorded]:
     """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``; a commit has one
-    run: a run of a commit the open segment holds replaces it where it stands. An open segment of :data:`SEGMENT`
-    runs is closed: written to its own file, never rewritten, and the checkpoint advanced past it. Per model, what
-    was recorded."""
+    run: a run of a commit the open segment holds replaces it where it stands, and one of a commit the last closed
+    segment holds is not recorded (an older commit's run is appended as the newest). An open segment of
+    :data:`SEGMENT` runs is closed: written to its own file, never rewritten, and the checkpoint advanced past it.
+    Per model, what was recorded."""
     by_device: dict[str, list[MeasuredTest]] = {}
     for result in results:
         by_device.setdefault(result.device_slug, []).append(result)
@@ -427,15 +441,18 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
                 "upgrade pytest-syncguard"
             )
         run = run_of(tests, commit, when)
-        details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         same = next((i for i, r in enumerate(history.runs) if r.commit == commit), None)
+        if same is None and history.before is not None and commit in history.before.closed:
+            held[slug] = Recorded(history.count, kept=history.before.closed[commit], left_out=dict(run.left_out))
+            continue
+        details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         runs = (*history.runs, run) if same is None else (*history.runs[:same], run, *history.runs[same + 1 :])
         updated = History(slug, runs, details, history.before)
         if len(runs) >= SEGMENT:
             updated = History(slug, (), details, close_segment(folder, slug, history.before, runs))
         write(folder, updated)
         replaced = history.runs[same].time if same is not None else None
-        held[slug] = Recorded(updated.count, replaced, dict(run.left_out))
+        held[slug] = Recorded(updated.count, replaced, left_out=dict(run.left_out))
     return held
 
 

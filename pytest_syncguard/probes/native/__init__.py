@@ -3,11 +3,12 @@ the race probe's access check (``races.cpp``) and the PM sampler's decode loop (
 built once per machine and torch installation, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
-``~/.cache/torch_extensions`` by default; about a minute on two cores the first time) and loaded from that cache
-afterwards: one build per torch version and content of the sources, whatever checkout or virtual environment they
-lie in (the builder is given copies of them in its cache, named by their content: its ninja file names the
-sources' paths). Where it cannot be built the sync probe falls back to its Python
-kernels, which count the same syncs more slowly, operators are not counted, and :data:`NATIVE` says why.
+``~/.cache/torch_extensions`` by default), as one translation unit (``extension.cpp`` includes the four sources, so
+torch's headers are compiled once: about 16 s of CPU on the 2-core machine), and loaded from that cache afterwards:
+one build per torch installation and content of the sources, whatever checkout they lie in (the builder is given
+copies of them in its cache, named by their content: its ninja file names the sources' paths). Where it cannot be
+built the sync probe falls back to its Python kernels, which count the same syncs more slowly, operators are not
+counted, and :data:`NATIVE` says why.
 ``SYNCGUARD_NATIVE=0`` skips it; ``SYNCGUARD_NATIVE=1`` makes a failed build an error."""
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from types import ModuleType
 import torch
 
 ENVIRONMENT = "SYNCGUARD_NATIVE"
-SOURCES = tuple(str(Path(__file__).with_name(name)) for name in ("kernels.cpp", "ops.cpp", "races.cpp", "samples.cpp"))
+#: The sources, the first the one the builder compiles (it includes the others).
+SOURCES = tuple(
+    str(Path(__file__).with_name(name))
+    for name in ("extension.cpp", "kernels.cpp", "ops.cpp", "races.cpp", "samples.cpp")
+)
 
 
 class NativeKernelError(RuntimeError):
@@ -111,7 +116,7 @@ def _name() -> str:
 def _sources(name: str) -> list[str]:
     """Copies of the sources in the builder's cache, beside the build of ``name`` (named by their content), for the
     builder to name in its ninja file: the same paths from every checkout, so none rebuilds another's build. The
-    sources where they are, where the cache cannot be found."""
+    sources where they are, where the cache cannot be found. The first is the one to compile."""
     from ...files import write_atomically
 
     try:
@@ -145,7 +150,8 @@ def _build(name: str) -> ModuleType:
 
     # NDEBUG as torch's release builds have it: RecordFunction has a debug-only member without it, and the access
     # check would read the inputs of a class laid out differently from torch's.
-    module: ModuleType = load(name=name, sources=_sources(name), extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+    unit = _sources(name)[0]
+    module: ModuleType = load(name=name, sources=[unit], extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
     return module
 
 

@@ -16,7 +16,7 @@
 
 namespace py = pybind11;
 
-namespace {
+namespace op_counter {
 
 // One operator's count on one thread. Only that thread writes it; a reader may load it at any time.
 struct Count {
@@ -119,10 +119,10 @@ py::dict counts() {
   return result;
 }
 
-}  // namespace
+}  // namespace op_counter
 
 void bind_op_counter(py::module_& m) {
-  m.def("ops_start", &start, "Count operator calls (FUNCTION scope, every thread) until the matching ops_stop()");
-  m.def("ops_stop", &stop, "Stop counting once every ops_start() has its ops_stop()");
-  m.def("ops_counts", &counts, "Operator calls counted so far, by name: {name: count}");
+  m.def("ops_start", &op_counter::start, "Count operator calls (FUNCTION scope, every thread) until the matching ops_stop()");
+  m.def("ops_stop", &op_counter::stop, "Stop counting once every ops_start() has its ops_stop()");
+  m.def("ops_counts", &op_counter::counts, "Operator calls counted so far, by name: {name: count}");
 }

@@ -21,7 +21,7 @@
 
 namespace py = pybind11;
 
-namespace {
+namespace race_watch {
 
 struct Watch {
   int64_t id;
@@ -64,7 +64,7 @@ const std::vector<int>& uses_of(const at::RecordFunction& fn) {
 }
 
 // The bytes a strided tensor may touch: from its first element to its last.
-}  // namespace
+}  // namespace race_watch
 
 bool race_extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end) {
   if (!tensor.defined() || !tensor.is_cpu() || !tensor.has_storage() || tensor.numel() == 0) {
@@ -79,7 +79,7 @@ bool race_extent(const at::Tensor& tensor, uintptr_t* start, uintptr_t* end) {
   return true;
 }
 
-namespace {
+namespace race_watch {
 
 struct Hit {
   int64_t id;
@@ -213,7 +213,7 @@ void set_callback(py::object callback) {
   }
 }  // the old callback is released here, outside the lock
 
-}  // namespace
+}  // namespace race_watch
 
 // Watch the host bytes of `host` (a copy's pinned tensor) under `id`, for accesses of its storage while it lives.
 void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads) {
@@ -221,21 +221,21 @@ void race_watch_tensor(int64_t id, const at::Tensor& host, bool reads) {
   if (!race_extent(host, &start, &end)) {
     return;
   }
-  Watch watch{id, start, end, reads};
+  race_watch::Watch watch{id, start, end, reads};
   watch.impl = host.storage().unsafeGetStorageImpl();
   watch.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(host.storage().getWeakStorageImpl());
-  add(std::move(watch));
+  race_watch::add(std::move(watch));
 }
 
 // How many ranges are watched (kernels.cpp asks before it tells Python that the host waited for a stream).
 size_t race_watched() {
-  std::lock_guard<std::mutex> lock(mutex);
-  return watches.size();
+  std::lock_guard<std::mutex> lock(race_watch::mutex);
+  return race_watch::watches.size();
 }
 
 void bind_race_watch(py::module_& m) {
-  m.def("race_watch", &watch, "Watch host bytes [start, end) of an async copy: report reads (reads=True) and writes");
-  m.def("race_unwatch", &unwatch, "Stop watching a copy's bytes (-1: all)");
-  m.def("race_callback", &set_callback, "on_access(id, operator, wrote), or None");
+  m.def("race_watch", &race_watch::watch, "Watch host bytes [start, end) of an async copy: report reads (reads=True) and writes");
+  m.def("race_unwatch", &race_watch::unwatch, "Stop watching a copy's bytes (-1: all)");
+  m.def("race_callback", &race_watch::set_callback, "on_access(id, operator, wrote), or None");
   m.def("race_watched", &race_watched, "How many ranges are watched");
 }

@@ -23,7 +23,7 @@
 
 namespace py = pybind11;
 
-namespace {
+namespace pm_samples {
 
 using CuptiCall = int (*)(void*);
 
@@ -147,10 +147,10 @@ size_t compact(uintptr_t starts, uintptr_t ends, uintptr_t active, uintptr_t ela
   return kept;
 }
 
-}  // namespace
+}  // namespace pm_samples
 
 void bind_pm_samples(py::module_& m) {
-  m.def("pm_decode", &decode,
+  m.def("pm_decode", &pm_samples::decode,
         "Decode PM samples into arrays: (status, failed call, sample index); status 0 when every call succeeded");
-  m.def("pm_compact", &compact, "Merge touching wholly active or idle samples in place; returns the rows kept");
+  m.def("pm_compact", &pm_samples::compact, "Merge touching wholly active or idle samples in place; returns the rows kept");
 }
