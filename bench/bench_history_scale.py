@@ -3,8 +3,9 @@ project's own writer, each test one of the real H100 strategy tests (tests/data/
 another name, its device time moved by a runner's offset (4 runners) and run noise, kept as the store keeps it
 (closed segments of :data:`.history.SEGMENT` runs, the checkpoint, the open segment, written a segment at a time);
 then, timed on this machine: recording one more push (``history record``) into the open segment (``runs`` % SEGMENT
-runs) and into one that the push closes, and ``syncguard report --history`` of a pull request that changes nothing,
-regresses one test, and regresses every test (+10% device time), each to its Markdown comment. CPU.
+runs) and into one that the push closes, ``syncguard report --history`` of a pull request that changes nothing,
+regresses one test, and regresses every test (+10% device time), each to its Markdown comment, and ``history page``:
+its time, its size, and its first frame in headless Chromium (less an empty page's). CPU.
 
 Run from the repository root: ``python -m bench.bench_history_scale [--tests 500] [--runs 1100 10100]``.
 """
@@ -98,6 +99,35 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - began
 
 
+def first_frame(page: Path) -> float:
+    """The median seconds of 3 headless Chromium screenshots of ``page`` (1300 x 1100): its load, script and first
+    frame, and the browser's start (an empty page's, subtracted by the caller)."""
+    if not page.exists():
+        page.write_text("<!doctype html><title>blank</title>")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        return float("nan")
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                f"--screenshot={page.with_suffix('.png')}",
+                "--window-size=1300,1100",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=300,
+            check=True,
+        )
+        times.append(time.perf_counter() - began)
+    return sorted(times)[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tests", type=int, default=500)
@@ -110,7 +140,8 @@ def main() -> None:
     print(f"{args.tests} tests of {slug}, segments of {segment} runs, CPU: {os.cpu_count()} cores")
     print(
         "runs | store MB | read by a report MB | record s (open segment of runs % SEGMENT) | record s (closes it) | "
-        "report clean s | one regressed s | all regressed s | comment bytes (all)"
+        "report clean s | one regressed s | all regressed s | comment bytes (all) | page s | page MB | "
+        "first frame s (Chromium, less a blank page's)"
     )
     for runs in args.runs:
         work = Path(tempfile.mkdtemp(prefix="syncguard-scale-"))
@@ -137,7 +168,13 @@ def main() -> None:
         more = tuple(Run(f"{n:039x}a", r.time, r.host, r.tests) for n, r in enumerate(more))
         histories.write(folder, History(slug, held.runs + more, held.details, held.before))
         closing = timed([*record, "d" * 40], work)
-        print(f"{runs} | {store:.0f} | {read:.1f} | {into_open:.1f} | {closing:.1f} | {' | '.join(cells)} | {comment}")
+        made = timed([*cli, "history", "page", str(folder), "--out", "page.html", "--repository", "octo/decode"], work)
+        model = work / f"page.{slug}.html"
+        frame = first_frame(model) - first_frame(work / "blank.html")
+        print(
+            f"{runs} | {store:.0f} | {read:.1f} | {into_open:.1f} | {closing:.1f} | {' | '.join(cells)} | {comment} | "
+            f"{made:.1f} | {model.stat().st_size / 1e6:.2f} | {frame:.2f}"
+        )
         shutil.rmtree(work)
 
 

@@ -27,8 +27,8 @@ from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge import history
 from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
-from pytest_syncguard.render.charts import page
 from pytest_syncguard.render.markdown import render
+from pytest_syncguard.render.page import model_page
 
 DATA = Path(__file__).parent / "data" / "h100_pr"
 GRAPH = "examples/test_strategies.py::test_speed[cuda_graph]"
@@ -162,7 +162,7 @@ def test_the_history_branch_takes_two_pushes_at_once_and_a_first_gpu_model(
     log = _git(remote, "log", "--format=%s", history_branch.BRANCH).splitlines()
     assert len(log) == 3 and all(line.startswith("syncguard history: ") for line in log), log
     assert _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).split() == [
-        "nvidia-h100-80gb-hbm3.details.json", "nvidia-h100-80gb-hbm3.jsonl"]  # fmt: skip
+        "nvidia-h100-80gb-hbm3.details.json", "nvidia-h100-80gb-hbm3.jsonl", "nvidia-h100-80gb-hbm3.latest.json"]  # fmt: skip
     assert _git(remote, "rev-parse", "main").strip() == _git(tmp_path / "seed", "rev-parse", "HEAD").strip()
     pr = _clone(remote, tmp_path / "pr")
     assert history_branch.fetch(pr, pr / "history")
@@ -191,8 +191,11 @@ def test_the_cli_records_fetches_and_writes_baselines_and_a_page(tmp_path: Path,
     done = subprocess.run([*cli, "page", "h", "--out", "page.html", "--repository", "octo/decode"], cwd=tmp_path,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    text = (tmp_path / "page.html").read_text()
-    assert f'<a href="https://github.com/octo/decode/commit/{"1" * 40}">' in text and "<svg" in text
+    assert done.stdout.startswith("syncguard history: page.html: 1 GPU model (page.nvidia-h100-80gb-hbm3.html 0.0")
+    assert '<a href="page.nvidia-h100-80gb-hbm3.html">nvidia-h100-80gb-hbm3</a>' in (tmp_path / "page.html").read_text()
+    text = (tmp_path / "page.nvidia-h100-80gb-hbm3.html").read_text()
+    assert '"commit_url":"https://github.com/octo/decode/commit/"' in text and f'["{"1" * 12}",' in text
+    assert '<a href="page.html">all GPU models</a>' in text
 
 
 def test_the_page_escapes_what_the_history_says_and_chromium_draws_it(
@@ -203,8 +206,8 @@ def test_the_page_escapes_what_the_history_says_and_chromium_draws_it(
     history.record(tmp_path, moved(hostile, 1.0, random.Random(7), HOSTS[1]), "4" * 40, "t")
     found = history.read(tmp_path, "nvidia-h100-80gb-hbm3")
     assert found is not None
-    text = page([found], GITHUB.web("octo/decode"))
-    assert "<img" not in text and "&lt;img src=x" in text
+    text = model_page(found, GITHUB.web("octo/decode"))
+    assert "<img" not in text and "\\u003cimg src=x onerror=alert(1)>" in text  # JSON the script sets as text
     (tmp_path / "page.html").write_text(text)
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -284,5 +287,5 @@ def test_the_trend_charts_what_moved_most_a_sync_from_none_before_operators(
 def test_the_page_counts_its_runs_and_hosts_in_words(suite: list[MeasuredTest]) -> None:
     runs = tuple(history.run_of(suite, f"{n:040x}", f"t{n}") for n in range(4))
     runs = tuple(replace(r, host=HOSTS[0]) for r in runs)
-    text = page([history.History("nvidia-h100-80gb-hbm3", runs)])
-    assert "nvidia-h100-80gb-hbm3: 4 runs on 1 host</h2>" in text
+    text = model_page(history.History("nvidia-h100-80gb-hbm3", runs))
+    assert "<p>4 runs on 1 host, t0 to t3. Each chart" in text

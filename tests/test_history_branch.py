@@ -95,7 +95,11 @@ def test_the_branch_keeps_files_of_others_and_reads_only_history_files(
     assert _git(remote, "show", f"{history_branch.BRANCH}:README.md") == "the history of our GPU job\n"
     pr = _clone(remote, tmp_path / "pr")
     assert history_branch.fetch(pr, pr / "h")
-    assert sorted(p.name for p in (pr / "h").iterdir()) == [f"{SLUG}.details.json", f"{SLUG}.jsonl"]
+    assert sorted(p.name for p in (pr / "h").iterdir()) == [
+        f"{SLUG}.details.json",
+        f"{SLUG}.jsonl",
+        f"{SLUG}.latest.json",
+    ]
     found = history.read(pr / "h", SLUG)
     assert found is not None and len(found.runs) == 2
 
@@ -178,7 +182,8 @@ def test_closed_segments_go_onto_the_branch_once_and_a_report_fetches_only_what_
         history_branch.push(runner, suite, f"{push + 1:040x}", remote="origin", say=_quiet)
     names = _git(remote, "ls-tree", "--name-only", history_branch.BRANCH).split()
     closed = [f"{SLUG}.000000.jsonl", f"{SLUG}.000002.jsonl"]
-    assert sorted(names) == sorted([*closed, f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.details.json"])
+    judging = [f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.latest.json", f"{SLUG}.details.json"]
+    assert sorted(names) == sorted([*closed, *judging])
     first_closed = _git(remote, "log", "--format=%s", history_branch.BRANCH, "--", closed[0]).splitlines()
     assert len(first_closed) == 1  # written by the push that closed it, never again
     tip = _git(remote, "rev-parse", history_branch.BRANCH)
@@ -188,9 +193,7 @@ def test_closed_segments_go_onto_the_branch_once_and_a_report_fetches_only_what_
     assert said == [f"syncguard history: {again[SLUG].describe(SLUG)}; nothing pushed"], said
     pr = _clone(remote, tmp_path / "pr")
     assert history_branch.fetch(pr, pr / "window")
-    assert sorted(p.name for p in (pr / "window").iterdir()) == sorted(
-        [f"{SLUG}.jsonl", f"{SLUG}.state.json", f"{SLUG}.details.json"]
-    )
+    assert sorted(p.name for p in (pr / "window").iterdir()) == sorted(judging)
     assert history_branch.fetch(pr, pr / "all", every_run=True)
     whole = history.read(pr / "all", SLUG, every_run=True)
     window = history.read(pr / "window", SLUG)

@@ -251,6 +251,30 @@ def test_a_judgement_from_the_checkpoint_is_the_replay_of_every_run(
     assert history.describe(windowed, nodeid, DEVICE_TIME) == history.describe(whole, nodeid, DEVICE_TIME)
 
 
+def test_the_latest_state_a_record_advances_is_the_replay_of_every_run(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After each push (segments of 4: closing ones, a job run again that replaces a run in the middle, one that
+    replaces the last), the latest state the record advanced by one run equals the checkpoint's replay through the
+    open segment; one that does not match the open segment (an earlier version's record) is not used."""
+    monkeypatch.setattr(history, "SEGMENT", 4)
+    folder, rng = tmp_path / "h", random.Random(3)
+    pushes = [(n, factor) for n, factor in enumerate(FACTORS[:14])] + [(13, 1.02), (12, 1.0), (14, 1.01), (14, 1.0)]
+    for n, factor in pushes:
+        history.record(folder, scaled(suite, factor, HOSTS[n % 4], rng), f"{n:040x}", f"t{n}-{factor}")
+        found = history.read(folder, SLUG)
+        assert found is not None and found.latest is not None, n
+        assert found.latest == history.replay_of(found.before, found.runs), n
+    assert found.count == 15 and len(found.runs) == 3
+    path = folder / f"{SLUG}.latest.json"
+    stale = json.loads(path.read_text())
+    stale["last_run"] = [f"{13:040x}", "t13-1.02"]  # as if the last run had not been replaced
+    path.write_text(json.dumps(stale))
+    reread = history.read(folder, SLUG)
+    assert reread is not None and reread.latest is None
+    assert history.levels(reread).baseline.tests == history.levels(found).baseline.tests
+
+
 def test_a_closed_segment_is_never_written_again_and_a_record_reads_a_bounded_amount(
     tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,9 @@ request read and write a bounded amount whatever the history's age:
 - ``<slug>.state.json``, the checkpoint: the level rule's state (:class:`Replay`) after every run before the open
   segment: each test's latest counts, each device-side metric's level (its last :data:`WINDOW` runs and outliers),
   where each level began and how many runs measured it: what judging needs of the older runs;
+- ``<slug>.latest.json``, the same state after every run, the open segment's included: a record advances it by its
+  run and a report reads it in place of replaying the open segment (where it does not match the open segment, written
+  by an earlier version, the open segment is replayed);
 - ``<slug>.<first run>.jsonl``, the closed segments, written once when the open segment fills and never read again
   by a record or a judgement: the runs kept for the history page;
 - ``<slug>.details.json``, the sync sites and the counters' contributors of each test's latest run, which explain a
@@ -29,7 +32,7 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -84,6 +87,8 @@ class History:
     """Per test, what explains a change of its counts: its latest run's sync sites and contributors."""
     before: Replay | None = None
     """The level rule's state after the runs before :attr:`runs` (the checkpoint); None where ``runs`` are all."""
+    latest: Replay | None = None
+    """The level rule's state after :attr:`runs`, where the store holds one that matches them; else None (replayed)."""
     unknown: tuple[str, ...] = ()
     """The fields of its runs this version does not know (a newer version wrote them): read without them, and the
     history is never rewritten by this version (:func:`record`), which would drop them."""
@@ -135,6 +140,14 @@ class Replay:
     closed: dict[str, str] = field(default_factory=dict)
     """The commits of the last closed segment's runs, each with when it was recorded: a job run again after its
     commit's run was closed is not recorded twice (:func:`record`)."""
+    last_run: tuple[str, str] = ("", "")
+    """The commit and time of the last run taken: a state matches the runs whose count and last run it names."""
+    starts: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    """Per test and device-side metric, the runs (numbered from the history's first, 0) where each of its levels
+    began, oldest first (the history page draws them): a few numbers a level."""
+    recent: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    """Per test and metric, the numbers of the last :data:`.baselines.CONFIRM` runs that measured it (where a level
+    that they confirm began)."""
 
     def advance(
         self, run: Run, parts: dict[str, dict[str, tuple[tuple[Recording, ...], tuple[Recording, ...]]]]
@@ -148,15 +161,27 @@ class Replay:
             self.tests[nodeid] = {**self.tests.get(nodeid, {}), **entry}
             self.good[nodeid] = run.commit
             measured, since = self.measured.setdefault(nodeid, {}), self.since.setdefault(nodeid, {})
+            recent, starts = self.recent.setdefault(nodeid, {}), self.starts.setdefault(nodeid, {})
             for name in values:
                 measured[name] = measured.get(name, 0) + 1
                 since.setdefault(name, 1)
+                if name in self.kept[nodeid]:
+                    last = recent.setdefault(name, [])
+                    last[:] = [*last[1 - CONFIRM :], self.runs]
+                    starts.setdefault(name, [self.runs])
             for name in restarted:
                 since[name] = measured[name] - CONFIRM + 1
+                starts[name].append(recent[name][0])
         self.runs += 1
         self.hosts = tuple(sorted({*self.hosts, *(h for h in run.host.split(",") if h)}))
         self.last_tests = tuple(run.tests)
         self.last_left_out = dict(run.left_out)
+        self.last_run = (run.commit, run.time)
+
+    def matches(self, first: int, runs: Sequence[Run]) -> bool:
+        """Whether this is the state after the ``runs`` that follow the ``first`` runs before them."""
+        last = (runs[-1].commit, runs[-1].time) if runs else None
+        return self.runs == first + len(runs) and (last is None or self.last_run == last)
 
     def copy(self) -> Replay:
         """A copy that advancing leaves this one as it is (the recordings are immutable)."""
@@ -171,6 +196,9 @@ class Replay:
             self.last_tests,
             dict(self.last_left_out),
             dict(self.closed),
+            self.last_run,
+            {n: {m: list(v) for m, v in names.items()} for n, names in self.starts.items()},
+            {n: {m: list(v) for m, v in names.items()} for n, names in self.recent.items()},
         )
 
 
@@ -200,9 +228,10 @@ def run_of(results: Iterable[MeasuredTest], commit: str, when: str) -> Run:
     return Run(commit, when, ",".join(sorted(h for h in hosts if h)), tests, left_out=left_out)
 
 
-#: A GPU model's open segment, its details file and its checkpoint: ``<slug>.jsonl``, ``<slug>.details.json``,
-#: ``<slug>.state.json``; its closed segments are ``<slug>.<first run, 6 digits or more>.jsonl``.
-RUNS_SUFFIX, DETAILS_SUFFIX, STATE_SUFFIX = ".jsonl", ".details.json", ".state.json"
+#: A GPU model's open segment, its details file, its checkpoint and its latest state: ``<slug>.jsonl``,
+#: ``<slug>.details.json``, ``<slug>.state.json``, ``<slug>.latest.json``; its closed segments are
+#: ``<slug>.<first run, 6 digits or more>.jsonl``.
+RUNS_SUFFIX, DETAILS_SUFFIX, STATE_SUFFIX, LATEST_SUFFIX = ".jsonl", ".details.json", ".state.json", ".latest.json"
 _SEGMENT_NAME = re.compile(r"(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*)\.(?P<first>[0-9]{6,})\.jsonl")
 
 
@@ -217,6 +246,11 @@ def state_path(folder: Path, slug: str) -> Path:
     return path_for(folder, slug).with_suffix(STATE_SUFFIX)
 
 
+def latest_path(folder: Path, slug: str) -> Path:
+    """The level rule's state after every run of GPU model ``slug`` in ``folder``."""
+    return path_for(folder, slug).with_suffix(LATEST_SUFFIX)
+
+
 def segment_path(folder: Path, slug: str, first: int) -> Path:
     """The closed segment of GPU model ``slug`` whose first run is run ``first`` (counted from 0)."""
     return folder / f"{slug}.{first:06d}{RUNS_SUFFIX}"
@@ -227,7 +261,7 @@ def slug_of(name: str) -> str | None:
     any other file (a README, a name that is no device slug)."""
     if (closed := _SEGMENT_NAME.fullmatch(name)) is not None:
         return closed["slug"]
-    for suffix in (DETAILS_SUFFIX, STATE_SUFFIX, RUNS_SUFFIX):
+    for suffix in (DETAILS_SUFFIX, STATE_SUFFIX, LATEST_SUFFIX, RUNS_SUFFIX):
         if name.endswith(suffix) and is_slug(stem := name.removesuffix(suffix)):
             return stem
     return None
@@ -279,15 +313,15 @@ def read(folder: Path, slug: str, *, every_run: bool = False) -> History | None:
     state = state_path(folder, slug)
     try:
         first, runs, unknown = _segment(runs_path, slug)
-        before = None
-        if state.exists():
-            _checked(state)
-            before = decode(Replay, loads(state.read_text(encoding="utf-8"), constants=False), "state")
+        before = _state(state)
         if (before.runs if before is not None else 0) != first:
             raise HistoryError(
                 f"{runs_path}: its first run is run {first}, its checkpoint {state.name} holds "
                 f"{before.runs if before is not None else 'none'}: the files are of different records"
             )
+        latest = _state(latest_path(folder, slug))
+        if latest is not None and not latest.matches(first, runs):
+            latest = None  # written by a version before it, or by hand: the open segment is replayed
         if every_run and first:
             runs, before = _closed(folder, slug, first) + runs, None
         if details_path.exists():
@@ -301,25 +335,45 @@ def read(folder: Path, slug: str, *, every_run: bool = False) -> History | None:
         if isinstance(exc, HistoryError):
             raise
         raise HistoryError(f"{runs_path}: not readable ({str(exc)[:200]}); fix it on the history branch") from exc
-    return History(slug, runs, details, before, tuple(unknown))
+    return History(slug, runs, details, before, latest, tuple(unknown))
+
+
+def _state(path: Path) -> Replay | None:
+    """The level rule's state in ``path``; None where there is no such file."""
+    if not path.exists():
+        return None
+    _checked(path)
+    return decode(Replay, loads(path.read_text(encoding="utf-8"), constants=False), path.name)
 
 
 def _closed(folder: Path, slug: str, until: int) -> tuple[Run, ...]:
     """The runs of the closed segments of ``slug``, oldest first, which must hold runs 0 to ``until`` - 1."""
+    return tuple(_closed_runs(folder, slug, until))
+
+
+def _closed_runs(folder: Path, slug: str, until: int) -> Iterator[Run]:
+    """:func:`_closed`'s runs, read a segment at a time."""
     segments = sorted(
         (int(found["first"]), path)
         for path in folder.iterdir()
         if (found := _SEGMENT_NAME.fullmatch(path.name)) is not None and found["slug"] == slug
     )
-    runs: tuple[Run, ...] = ()
+    count = 0
     for number, path in segments:
         first, held, _ = _segment(path, slug)
-        if first != number or first != len(runs):
-            raise HistoryError(f"{path}: holds runs from {first}, after {len(runs)} runs: a segment is missing")
-        runs += held
-    if len(runs) != until:
-        raise HistoryError(f"{folder}: the closed segments of {slug} hold {len(runs)} runs, the checkpoint {until}")
-    return runs
+        if first != number or first != count:
+            raise HistoryError(f"{path}: holds runs from {first}, after {count} runs: a segment is missing")
+        count += len(held)
+        yield from held
+    if count != until:
+        raise HistoryError(f"{folder}: the closed segments of {slug} hold {count} runs, the checkpoint {until}")
+
+
+def every_run(folder: Path, history: History) -> Iterator[Run]:
+    """Every run of ``history`` (read from ``folder`` without ``every_run``), oldest first: its closed segments',
+    read one at a time, then its own; :class:`HistoryError` where a segment is missing."""
+    yield from _closed_runs(folder, history.device, history.first)
+    yield from history.runs
 
 
 def _filled(runs: Iterable[Run]) -> Iterable[Run]:
@@ -369,23 +423,27 @@ def replay_of(before: Replay | None, runs: Iterable[Run]) -> Replay:
     return replay
 
 
-def close_segment(folder: Path, slug: str, before: Replay | None, runs: Sequence[Run]) -> Replay:
+def close_segment(
+    folder: Path, slug: str, before: Replay | None, runs: Sequence[Run], after: Replay | None = None
+) -> Replay:
     """Write ``runs``, the full open segment after the runs of checkpoint ``before``, as a closed segment of
-    ``slug`` in ``folder``; the checkpoint past them."""
+    ``slug`` in ``folder``; the checkpoint past them (``after``, the state after them, where known)."""
     first = before.runs if before is not None else 0
     write_atomically(segment_path(folder, slug, first), segment_text(slug, first, runs))
-    replay = replay_of(before, runs)
+    replay = after.copy() if after is not None else replay_of(before, runs)
     replay.closed = {run.commit: run.time for run in runs}
     return replay
 
 
 def write(folder: Path, history: History) -> None:
-    """Write ``history``'s open segment, checkpoint and details into ``folder`` (each file atomically; the
-    checkpoint before the segment that names it)."""
+    """Write ``history``'s open segment, checkpoint, latest state (replayed where it has none) and details into
+    ``folder`` (each file atomically; the checkpoint before the segment that names it, the latest state after)."""
     runs_path, details_path = paths(folder, history.device)
     if history.before is not None:
         write_atomically(state_path(folder, history.device), json.dumps(encode(history.before), sort_keys=True) + "\n")
     write_atomically(runs_path, segment_text(history.device, history.first, history.runs))
+    latest = history.latest if history.latest is not None else replay_of(history.before, history.runs)
+    write_atomically(latest_path(folder, history.device), json.dumps(encode(latest), sort_keys=True) + "\n")
     write_atomically(details_path, json.dumps(encode(dict(sorted(history.details.items()))), sort_keys=True) + "\n")
 
 
@@ -446,10 +504,17 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
             held[slug] = Recorded(history.count, kept=history.before.closed[commit], left_out=dict(run.left_out))
             continue
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
-        runs = (*history.runs, run) if same is None else (*history.runs[:same], run, *history.runs[same + 1 :])
-        updated = History(slug, runs, details, history.before)
+        if same is None:
+            runs = (*history.runs, run)
+            latest = history.latest.copy() if history.latest is not None else replay_of(history.before, history.runs)
+            latest.advance(run, {})
+        else:  # a run in the middle replaced: the state after it is replayed from the checkpoint
+            runs = (*history.runs[:same], run, *history.runs[same + 1 :])
+            latest = replay_of(history.before, runs)
+        updated = History(slug, runs, details, history.before, latest)
         if len(runs) >= SEGMENT:
-            updated = History(slug, (), details, close_segment(folder, slug, history.before, runs))
+            closed = close_segment(folder, slug, history.before, runs, latest)
+            updated = History(slug, (), details, closed, closed)
         write(folder, updated)
         replaced = history.runs[same].time if same is not None else None
         held[slug] = Recorded(updated.count, replaced, left_out=dict(run.left_out))
@@ -479,7 +544,7 @@ def levels(history: History) -> Levels:
     cached = _REPLAYED.get(id(history))
     if cached is not None and cached[0] is history:
         return cached[1]
-    replay = replay_of(history.before, history.runs)
+    replay = history.latest if history.latest is not None else replay_of(history.before, history.runs)
     stale = {n: (why, replay.good[n]) for n, why in replay.last_left_out.items() if n in replay.tests}
     last = set(replay.last_tests)
     tests = {nodeid: values for nodeid, values in replay.tests.items() if nodeid in last or nodeid in stale}
@@ -490,6 +555,13 @@ def levels(history: History) -> Levels:
         _REPLAYED.clear()
     _REPLAYED[id(history)] = (history, replayed)
     return replayed
+
+
+def level_starts(history: History) -> dict[tuple[str, str], list[int]]:
+    """Per (test, device-side metric), the runs where each of its levels began, oldest first, numbered from the
+    history's first run (0): the latest state's, else the level rule replayed through the runs held."""
+    replay = history.latest if history.latest is not None else replay_of(history.before, history.runs)
+    return {(nodeid, name): list(runs) for nodeid, names in replay.starts.items() for name, runs in names.items()}
 
 
 def baseline(history: History) -> Baseline:

@@ -1,22 +1,17 @@
-"""Pictures of the history: a regressed test's metric over the last runs of the default branch and this run, as a
-Mermaid chart GitHub draws in a comment (:func:`mermaid`), and every test's metrics per GPU model as a static HTML
-page whose points link to their commits (:func:`page`). Renderers only: the numbers come from :mod:`..history`.
+"""The comment's picture of the history: a regressed test's metric over the last runs of the default branch and this
+run, as a Mermaid chart GitHub draws in a comment (:func:`mermaid`); the history page is :mod:`.page`'s. A renderer
+only: the numbers come from :mod:`..judge.history`.
 
-Text from the history or the run (test ids, commits, hosts) is untrusted: in the chart it is cut to a harmless
-alphabet (Mermaid reads the block, not Markdown, and a quote or a backtick would end its string or the fence), in
-the page it is HTML-escaped."""
+Text from the history or the run (test ids, commits, hosts) is untrusted: it is cut to a harmless alphabet (Mermaid
+reads the block, not Markdown, and a quote or a backtick would end its string or the fence)."""
 
 from __future__ import annotations
 
-import html
 import math
 import re
-from collections.abc import Sequence
 
 from ..judge.history import History, Run
-from ..metrics import DEVICE_TIME, metric
-from ..words import plural
-from .links import RepositoryWeb
+from ..metrics import metric
 
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20
@@ -63,67 +58,3 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
         f"    line [{', '.join(plain(v) for v in values)}]",
         "```",
     ]
-
-
-def page(histories: Sequence[History], web: RepositoryWeb | None = None) -> str:
-    """A static HTML page: per GPU model, per test, a small SVG chart of each metric the history keeps, each point a
-    link to its commit (on the repository's pages ``web`` where given) with its value and host in its title."""
-    parts = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8"><title>syncguard history</title>',
-        "<style>body{font-family:sans-serif;margin:2em}svg{background:#fafafa;border:1px solid #ddd;margin:4px}"
-        "h2{margin-top:2em}figure{display:inline-block;margin:0 8px}figcaption{font-size:12px}</style>",
-        "</head><body>",
-        "<h1>syncguard history</h1>",
-    ]
-    for history in histories:
-        held = f"{plural(history.count, 'run')} on {plural(len(history.hosts), 'host')}"
-        parts.append(f"<h2>{html.escape(history.device)}: {held}</h2>")
-        tests = sorted({nodeid for run in history.runs for nodeid in run.tests})
-        for nodeid in tests:
-            parts.append(f"<h3>{html.escape(nodeid)}</h3>")
-            names = sorted({n for run in history.runs for n in run.tests.get(nodeid, {})}, key=_first)
-            steady = []
-            for name in names:
-                points = history.series(nodeid, name)
-                if name != DEVICE_TIME and len({v for _, v in points}) == 1:
-                    steady.append(f"{name} {points[0][1]:g}")
-                    continue
-                parts.append(_chart(points, name, web))
-            if steady:
-                parts.append(f"<p>the same in every run: {html.escape(', '.join(steady))}</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def _chart(points: Sequence[tuple[Run, float]], name: str, web: RepositoryWeb | None) -> str:
-    width, height, pad = 320, 120, 12
-    values = [v for _, v in points]
-    low, high = min(values), max(values)
-    span = (high - low) or abs(high) or 1.0
-    step = (width - 2 * pad) / max(len(points) - 1, 1)
-
-    def y(value: float) -> float:
-        if high == low:
-            return height / 2
-        return height - pad - (value - low) / span * (height - 2 * pad)
-
-    coordinates = [(pad + i * step, y(v)) for i, v in enumerate(values)]
-    line = " ".join(f"{x:.1f},{yy:.1f}" for x, yy in coordinates)
-    dots = []
-    for (run, value), (x, yy) in zip(points, coordinates, strict=True):
-        title = html.escape(f"{run.commit[:12]} on {run.host}: {name} {value:g}")
-        href = web.commit(run.commit) if web is not None else None
-        dot = f'<circle cx="{x:.1f}" cy="{yy:.1f}" r="3" fill="#1f6feb"><title>{title}</title></circle>'
-        dots.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
-    label = html.escape(f"{name}: {values[-1]:g} (last), {low:g} to {high:g}")
-    return (
-        f'<figure><svg width="{width}" height="{height}" role="img" aria-label="{label}">'
-        f'<polyline points="{line}" fill="none" stroke="#888"/>{"".join(dots)}</svg>'
-        f"<figcaption>{label}</figcaption></figure>"
-    )
-
-
-def _first(name: str) -> tuple[int, str]:
-    """Device time first, then the rest by name."""
-    return (name != DEVICE_TIME, name)

@@ -11,7 +11,7 @@ from ...document.file import ResultsError, read_all
 from ...files import write_atomically
 from ...judge import history
 from ...judge.baselines import document
-from ...render.charts import page
+from ...render.page import pages
 from ...words import plural
 from .. import history_branch
 from ..forge.base import CommentError
@@ -59,7 +59,12 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     baselines.add_argument("--out", metavar="DIR", required=True, help="the baselines folder to write into")
     page = actions.add_parser("page", help="a static HTML page of every test's metrics per GPU model")
     page.add_argument("folder", metavar="DIR", help="a folder of history files")
-    page.add_argument("--out", metavar="FILE", required=True, help="the HTML file to write")
+    page.add_argument(
+        "--out",
+        metavar="FILE",
+        required=True,
+        help="the index page to write (NAME.html); each GPU model's page is written beside it (NAME.<slug>.html)",
+    )
     page.add_argument("--repository", metavar="OWNER/NAME", help="each point links to its commit on the forge")
     options.forge_options(page)
     history.set_defaults(run=run)
@@ -91,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        histories = _histories(Path(args.folder), every_run=args.action == "page")
+        histories = _histories(Path(args.folder))
         if args.action == "baselines":
             for kept in histories:
                 reference = history.baseline(kept)
@@ -102,25 +107,32 @@ def run(args: argparse.Namespace) -> int:
                 print(f"syncguard history: {target}: {len(reference.tests)} tests from {kept.count} runs")
             return 0
 
-        inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
-        if (problem := clobbers("history page", [("--out", args.out, "file")], inputs)) is not None:
-            print(problem, file=sys.stderr)
-            return 2
-
+        out = Path(args.out)
         forge = forge_named(args.forge, args.server)
         if args.repository and (wrong := forge.repository_problem(args.repository)) is not None:
             print(f"syncguard history: {wrong}", file=sys.stderr)
             return 2
-        write_atomically(Path(args.out), page(histories, forge.web(args.repository) if args.repository else None))
-        print(f"syncguard history: {args.out}: {plural(len(histories), 'GPU model')}")
+        streamed = [(kept, history.every_run(Path(args.folder), kept)) for kept in histories]
+        files = pages(streamed, out.name, forge.web(args.repository) if args.repository else None)
+        inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
+        names = [out.name, *(f"{out.name.removesuffix('.html')}.{kept.device}.html" for kept in histories)]
+        outputs = [("--out", str(out.with_name(name)), "file") for name in names]
+        if (problem := clobbers("history page", outputs, inputs)) is not None:
+            print(problem, file=sys.stderr)
+            return 2
+        sizes = []
+        for made in files:  # a model's page made, written and let go before the next; the index last
+            write_atomically(out.with_name(made.name), made.text)
+            sizes.append(f"{made.name} {len(made.text.encode()) / 1e6:.1f} MB")
+        print(f"syncguard history: {args.out}: {plural(len(histories), 'GPU model')} ({', '.join(sizes[:-1])})")
         return 0
     except (history.HistoryError, ResultsError, CommentError, OSError) as exc:
         print(f"syncguard history: {exc}", file=sys.stderr)
         return 2
 
 
-def _histories(folder: Path, *, every_run: bool) -> list[History]:
-    """Every GPU model's history in ``folder`` (with ``every_run``, its closed segments' runs too)."""
+def _histories(folder: Path) -> list[History]:
+    """Every GPU model's history in ``folder``: its checkpoint and open segment."""
 
     names = sorted(folder.glob(f"*{history.RUNS_SUFFIX}"))
     files = [path for path in names if history.judging_file(path.name) or history.slug_of(path.name) is None]
@@ -130,4 +142,4 @@ def _histories(folder: Path, *, every_run: bool) -> list[History]:
             file=sys.stderr,
         )
     slugs = [slug for path in files if (slug := history.slug_of(path.name)) is not None]
-    return [found for slug in slugs if (found := history.read(folder, slug, every_run=every_run)) is not None]
+    return [found for slug in slugs if (found := history.read(folder, slug)) is not None]

@@ -1,0 +1,238 @@
+"""The history page: per GPU model, one static HTML file of every test's metrics over the default branch's runs,
+with an index of the tests and a search over them; and an index of the models (:func:`pages`).
+
+A page stays small whatever the history's age: each chart's runs are cut into at most :data:`BUCKETS` buckets, kept
+within its levels (a bucket never spans the start of a level), each bucket's lowest and highest value and its last
+run kept, so a glitch shows however many runs lie around it; every run stays in the history's segments. The charts
+are drawn by the page's own script on a canvas, only when they scroll into view, with axes, dates, the levels'
+medians and, on hover, the runs, commits, hosts and dates of the bucket under the pointer (a click opens its last
+commit where the repository is known). Counts that never changed are one line of text.
+
+Text from the history (test ids, commits, hosts) is untrusted: it reaches the page as JSON inside a script element
+whose ``<`` are escaped, and the script sets it as text, never as HTML."""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..judge.history import History, Run, level_starts
+from ..metrics import DEVICE_TIME, metric
+from ..words import plural
+from .links import RepositoryWeb
+
+#: The most buckets a chart's runs are drawn in (about one per two pixels of its width).
+BUCKETS = 240
+
+
+@dataclass(frozen=True)
+class PageFile:
+    """One file of the page: its name beside the index, and its text."""
+
+    name: str
+    text: str
+
+
+def _short(value: float) -> float:
+    """``value`` to 5 significant digits (what a chart can show): a third of the bytes of a full float."""
+    return float(f"{value:.5g}")
+
+
+class _Series:
+    """One test's metric as the runs stream by: its buckets (at most one per ``width`` runs, cut at each level's
+    start: ``[first run, last run, lowest, highest, last value]``), its levels (``[first run, last run, median]``),
+    whether every value was the same; each level's values held only until it ends."""
+
+    def __init__(self, starts: Sequence[int], width: int) -> None:
+        self.starts, self.width = [*starts, -1], width  # -1: past the last start
+        self.next = 0
+        self.buckets: list[list[float]] = []
+        self.levels: list[list[float]] = []
+        self.values = array("d")
+        self.level_first = -1
+        self.runs = 0
+        self.steady: float | None = None
+        self.moved = False
+
+    def add(self, number: int, value: float) -> None:
+        while self.next < len(self.starts) - 1 and self.starts[self.next] <= number:
+            self.next += 1
+            self._end_level()
+        bucket = self.buckets[-1] if self.buckets else None
+        if bucket is None or bucket[1] // self.width != number // self.width or self.level_first < 0:
+            bucket = [number, number, value, value, value]
+            self.buckets.append(bucket)
+        bucket[1], bucket[2], bucket[3], bucket[4] = number, min(bucket[2], value), max(bucket[3], value), value
+        if self.level_first < 0:
+            self.level_first = number
+        self.values.append(value)
+        self.runs += 1
+        self.moved = self.moved or (self.steady is not None and value != self.steady)
+        self.steady = value
+
+    def _end_level(self) -> None:
+        if self.level_first >= 0:
+            self.levels.append([self.level_first, self.buckets[-1][1], _short(statistics.median(self.values))])
+        self.values, self.level_first = array("d"), -1
+
+    def chart(self, name: str) -> dict[str, Any]:
+        self._end_level()
+        spec = metric(name)
+        unit = spec.unit if spec is not None and spec.unit else ""
+        return {"metric": name, "unit": unit, "runs": self.runs, **_encoded(self.buckets), "levels": self.levels}
+
+
+#: The steps a chart's range is cut into: each drawn value an integer of at most 4 digits (a tenth of a pixel).
+STEPS = 9999
+
+
+def _encoded(buckets: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Buckets as the page holds them: each bucket's last run (its first is the bucket before's last + 1), and its
+    lowest, highest and last value as whole steps of the chart's range above ``base``."""
+    low, high = min(b[2] for b in buckets), max(b[3] for b in buckets)
+    step = (high - low) / STEPS
+
+    def at(value: float) -> int:
+        return round((value - low) / step) if step else 0
+
+    return {
+        "base": _short(low),
+        "step": float(f"{step:.6g}"),
+        "first": buckets[0][0],
+        "ends": [b[1] for b in buckets],
+        "lo": [at(b[2]) for b in buckets],
+        "hi": [at(b[3]) for b in buckets],
+        "last": [at(b[4]) for b in buckets],
+    }
+
+
+def data(history: History, runs: Iterable[Run] | None = None, web: RepositoryWeb | None = None) -> dict[str, Any]:
+    """What one GPU model's page draws, from ``runs``, every run of it streamed oldest first (the history's own
+    runs where None): the runs (commit, time, host), the hosts, where a commit's page is, and per test its charts and
+    steady counts. ``history`` (its checkpoint and open segment) gives the run count and the levels' starts."""
+    first = history.first if runs is None else 0
+    width = max(1, -(-(history.count - first) // BUCKETS))
+    starts = level_starts(history)
+    hosts: dict[str, int] = {}
+    table: list[list[str | int]] = []
+    series: dict[str, dict[str, _Series]] = {}
+    for number, run in enumerate(history.runs if runs is None else runs, first):
+        table.append([run.commit[:12], run.time, hosts.setdefault(run.host, len(hosts))])
+        for nodeid, values in run.tests.items():
+            held = series.setdefault(nodeid, {})
+            for name, value in values.items():
+                if name not in held:
+                    held[name] = _Series(starts.get((nodeid, name), ()), width)
+                held[name].add(number, value)
+    tests = []
+    for nodeid, names in sorted(series.items()):
+        charts, steady = [], {}
+        for name in sorted(names, key=_first):
+            kept = names[name]
+            if name != DEVICE_TIME and not kept.moved and kept.steady is not None:
+                steady[name] = kept.steady
+            else:
+                charts.append(kept.chart(name))
+        tests.append({"id": nodeid, "charts": charts, "steady": steady})
+    link = web.commit("0" * 40) if web is not None else None
+    return {
+        "device": history.device,
+        "first": first,
+        "runs": table,
+        "hosts": list(hosts),
+        "commit_url": link.removesuffix("0" * 40) if link else "",
+        "tests": tests,
+        "time_metric": DEVICE_TIME,
+    }
+
+
+def model_page(
+    history: History, web: RepositoryWeb | None = None, index: str | None = None, runs: Iterable[Run] | None = None
+) -> str:
+    """One GPU model's page from ``runs`` (:func:`data`); ``index``: the name of the models' index beside it,
+    linked at its top."""
+    found = data(history, runs, web)
+    table = found["runs"]
+    held = f"{plural(history.count, 'run')} on {plural(len(history.hosts), 'host')}"
+    when = f", {table[0][1]} to {table[-1][1]}" if table else ""
+    back = f'<p><a href="{html.escape(index)}">all GPU models</a></p>' if index else ""
+    payload = json.dumps(found, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>syncguard history: {html.escape(history.device)}</title>",
+            f"<style>{_STYLE}</style>",
+            "</head><body>",
+            back,
+            f"<h1>{html.escape(history.device)}</h1>",
+            f"<p>{html.escape(held + when)}. Each chart: every run of the default branch in buckets (the bar: the "
+            "bucket's lowest to highest value, the dot: its last run), the level each run was judged against (its "
+            "median, a line), the newest run last. Hover for the runs, click for the commit.</p>",
+            '<p><input id="search" type="search" placeholder="search tests" size="60"> <span id="shown"></span></p>',
+            '<table id="index"><thead><tr><th>test</th><th>device time, last run</th><th>levels</th></tr></thead>'
+            "<tbody></tbody></table>",
+            '<div id="tests"></div><div id="tip" hidden></div>',
+            f'<script type="application/json" id="data">{payload}</script>',
+            f"<script>{_SCRIPT}</script>",
+            "</body></html>",
+        ]
+    )
+
+
+def index_page(histories: Sequence[History], names: Sequence[str]) -> str:
+    """The models' index: per GPU model, its runs, hosts and dates, and a link to its page (``names``, in order)."""
+    rows = []
+    for history, name in zip(histories, names, strict=True):
+        when = history.runs[-1].time if history.runs else history.before.last_run[1] if history.before else ""
+        held = f"{plural(history.count, 'run')} on {plural(len(history.hosts), 'host')}"
+        rows.append(
+            f'<tr><td><a href="{html.escape(name)}">{html.escape(history.device)}</a></td>'
+            f"<td>{html.escape(held)}</td><td>{html.escape(when)}</td></tr>"
+        )
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html lang="en"><head><meta charset="utf-8"><title>syncguard history</title>',
+            f"<style>{_STYLE}</style></head><body>",
+            "<h1>syncguard history</h1>",
+            "<table><thead><tr><th>GPU model</th><th>runs</th><th>last run</th></tr></thead><tbody>",
+            *rows,
+            "</tbody></table></body></html>",
+        ]
+    )
+
+
+def pages(
+    histories: Sequence[tuple[History, Iterable[Run]]], index: str, web: RepositoryWeb | None = None
+) -> Iterator[PageFile]:
+    """One page per GPU model (``NAME.<slug>.html``), each from its history and every run of it, streamed, then
+    the models' index that links them, named ``index`` (``NAME.html``)."""
+    stem = index.removesuffix(".html")
+    names = [f"{stem}.{history.device}.html" for history, _ in histories]
+    for (history, runs), name in zip(histories, names, strict=True):
+        yield PageFile(name, model_page(history, web, index, runs))
+    yield PageFile(index, index_page([history for history, _ in histories], names))
+
+
+def _first(name: str) -> tuple[int, str]:
+    """Device time first, then the rest by name."""
+    return (name != DEVICE_TIME, name)
+
+
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}"
+    "td,th{padding:2px 8px;text-align:left;border-bottom:1px solid #eee}h2{font-size:15px;margin:1.5em 0 .3em}"
+    "figure{display:inline-block;margin:0 12px 8px 0}figcaption{font-size:12px}canvas{border:1px solid #ddd}"
+    "#tip{position:fixed;background:#fff;border:1px solid #888;padding:4px 6px;font-size:12px;pointer-events:none;"
+    "white-space:pre}#index{max-height:40vh;overflow:auto;display:block}"
+)
+
+#: The page's script: the index, the search, and each chart drawn when it scrolls into view.
+_SCRIPT = Path(__file__).with_name("page.js").read_text(encoding="utf-8")
