@@ -46,6 +46,8 @@ def _runs(suite: list[MeasuredTest], count: int, step_at: int, glitch_at: int) -
             nodeid: {k: v * factor * (1 + rng.gauss(0, 0.002)) if k == DEVICE_TIME else v for k, v in values.items()}
             for nodeid, values in base.tests.items()
         }
+        if n >= count * 7 // 15:  # a count that moved once: 1 sync more per step
+            tests[GRAPH] = {**tests[GRAPH], "syncs": tests[GRAPH]["syncs"] + 100}
         runs.append(Run(f"{n:040x}", f"2026-{1 + n // 600:02d}-01T{n % 24:02d}:00:00Z", HOSTS[n % 4], tests))
     return runs
 
@@ -80,7 +82,15 @@ def test_a_long_history_is_drawn_in_bounded_buckets_within_its_levels(suite: lis
         assert (low, high, end) == pytest.approx((min(held), max(held), held[-1]), abs=chart["step"])
     assert [level[:2] for level in chart["levels"]] == [[0, 999], [1000, 1499]]
     assert chart["levels"][1][2] == pytest.approx(statistics.median(values[1000:]), rel=1e-4)
-    assert all(set(t["steady"]) and all(c["metric"] != "syncs" for c in t["charts"]) for t in found["tests"])
+    others = [t for t in found["tests"] if t["id"] != GRAPH]
+    assert all(set(t["steady"]) and all(c["metric"] != "syncs" for c in t["charts"]) for t in others)
+    (syncs,) = [c for c in graph["charts"] if c["metric"] == "syncs"]  # the count that moved at run 700, as steps
+    steps = _rows(syncs)
+    assert len(steps) <= BUCKETS and steps[0][0] == 0 and steps[-1][1] == 1499 and not syncs["levels"]
+    before, after = runs[0].tests[GRAPH]["syncs"], runs[-1].tests[GRAPH]["syncs"]
+    moved = next(b for b in steps if b[0] <= 700 <= b[1])
+    assert moved[2:] == pytest.approx([before, after, after]) and steps[0][2:] == pytest.approx([before] * 3)
+    assert all(b[2:] == pytest.approx([after] * 3) for b in steps if b[0] > 700)
     text = model_page(History("nvidia-h100-80gb-hbm3", tuple(runs)))
     payload = re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S)
     assert payload is not None and json.loads(payload.group(1)) == found
@@ -108,7 +118,7 @@ def test_the_level_starts_a_record_keeps_are_those_of_a_replay_of_every_run(
     # The page streams the closed segments one at a time beside the window a report reads: the same page.
     window = history.read(tmp_path, "nvidia-h100-80gb-hbm3")
     assert window is not None and window.first == 40
-    assert data(window, history.every_run(tmp_path, window)) == data(kept)
+    assert data(window, history.every_run(tmp_path, window, filled=False)) == data(kept)
     (tmp_path / "nvidia-h100-80gb-hbm3.000010.jsonl").unlink()
     with pytest.raises(history.HistoryError, match=r"000020\.jsonl: holds runs from 20, after 10 runs"):
-        data(window, history.every_run(tmp_path, window))
+        data(window, history.every_run(tmp_path, window, filled=False))

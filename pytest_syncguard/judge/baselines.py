@@ -48,8 +48,14 @@ if TYPE_CHECKING:
 SCHEMA = "pytest-syncguard/baselines"
 SCHEMA_VERSION = 3
 LOCK_TIMEOUT_S = 120.0
-#: The largest baseline file read (the H100 file of 17 tests with their details and histories is about 200 kB).
-MAX_FILE_BYTES = 64 << 20
+#: A baseline file of any size up to this is read (the H100 file of 17 tests with their details and histories is
+#: 314 kB: 18.5 kB a test).
+SMALL_FILE_BYTES = 64 << 20
+#: Beyond :data:`SMALL_FILE_BYTES` the limit follows the suite: at most this much a test it holds (a file from a
+#: history of 20,000 tests is about 410 MB), ...
+PER_TEST_BYTES = 256 << 10
+#: ... and never more than this, whatever it holds (what reading it may cost in memory).
+MAX_FILE_BYTES = 2 << 30
 #: The most recordings a calibrated metric's history keeps; an update beyond it drops the oldest.
 HISTORY_LIMIT = 10
 
@@ -173,9 +179,10 @@ def path_for(directory: Path, slug: str) -> Path:
 
 
 def read(path: Path) -> Baseline | None:
-    """The baseline in ``path``; None when there is no such file. Only a regular file of at most
-    :data:`MAX_FILE_BYTES` is read (a FIFO would hang the reader, a device or a huge file exhaust its memory, and a
-    symlink a pull request commits could point anywhere on the runner)."""
+    """The baseline in ``path``; None when there is no such file. Only a regular file is read (a FIFO would hang the
+    reader, a device exhaust its memory, and a symlink a pull request commits could point anywhere on the runner), of
+    at most :data:`MAX_FILE_BYTES`, and beyond :data:`SMALL_FILE_BYTES` of at most :data:`PER_TEST_BYTES` a test it
+    holds (:func:`parse`)."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
@@ -186,7 +193,10 @@ def read(path: Path) -> Baseline | None:
         what = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
         raise BaselineError(f"{path}: {what}; a baseline is a regular file (it was left as it is)")
     if found.st_size > MAX_FILE_BYTES:
-        raise BaselineError(f"{path}: {found.st_size} bytes, more than a baseline file holds ({MAX_FILE_BYTES})")
+        raise BaselineError(
+            f"{path}: {found.st_size} bytes, more than a baseline file holds ({MAX_FILE_BYTES >> 20} MB); it was left "
+            "as it is"
+        )
     try:
         with path.open("rb") as source:
             raw = source.read(MAX_FILE_BYTES + 1)
@@ -200,7 +210,8 @@ def read(path: Path) -> Baseline | None:
 
 def parse(text: str, path: Path) -> Baseline:
     """The baseline that ``text`` (the content of ``path``, a file or a commit's blob) holds; :class:`BaselineError`
-    names ``path`` and what is wrong."""
+    names ``path`` and what is wrong (a text over :data:`SMALL_FILE_BYTES` holding fewer tests than one per
+    :data:`PER_TEST_BYTES` among it)."""
     try:
         data = loads(text, constants=False)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
@@ -221,6 +232,12 @@ def parse(text: str, path: Path) -> Baseline:
         for entry in tests.values()
     ):
         raise BaselineError(f"{path}: 'tests' must map node ids to {{metric: number}}")
+    size = len(text) if 4 * len(text) <= SMALL_FILE_BYTES else len(text.encode("utf-8"))  # UTF-8: 1 to 4 bytes a char
+    if size > SMALL_FILE_BYTES and size > PER_TEST_BYTES * len(tests):
+        raise BaselineError(
+            f"{path}: {size} bytes for {len(tests)} tests: beyond {SMALL_FILE_BYTES >> 20} MB a baseline file holds at "
+            f"most {PER_TEST_BYTES >> 10} kB a test; fix or delete it, it was left as it is"
+        )
     for nodeid, entry in tests.items():  # as a results or JUnit file's values are checked (metrics.value_problem)
         problem = next((p for name, v in entry.items() if (p := value_problem(name, float(v))) is not None), None)
         if problem is not None:

@@ -278,9 +278,9 @@ def _checked(path: Path) -> None:
         raise HistoryError(f"{path}: not a regular file of at most {MAX_FILE_BYTES >> 20} MB: left as it is")
 
 
-def _segment(path: Path, slug: str) -> tuple[int, tuple[Run, ...], list[str]]:
-    """A segment file's first run's number, its runs (counts filled in) and the fields of them this version does
-    not know."""
+def _segment(path: Path, slug: str, *, filled: bool = True) -> tuple[int, tuple[Run, ...], list[str]]:
+    """A segment file's first run's number, its runs (counts filled in; as stored, each only where it changed, where
+    not ``filled``) and the fields of them this version does not know."""
     _checked(path)
     lines = path.read_text(encoding="utf-8").splitlines()
     header = loads(lines[0]) if lines else None
@@ -295,7 +295,8 @@ def _segment(path: Path, slug: str) -> tuple[int, tuple[Run, ...], list[str]]:
     raw = [loads(line, constants=False) for line in lines[1:]]
     known = {f.name for f in fields(Run)}
     unknown = sorted({key for line in raw if isinstance(line, dict) for key in line} - known)
-    runs = tuple(_filled(decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2)))
+    stored = (decode(Run, line, f"line {i}") for i, line in enumerate(raw, 2))
+    runs = tuple(_filled(stored) if filled else stored)
     for run in runs:
         for nodeid, values in run.tests.items():
             problem = next((p for n, v in values.items() if (p := value_problem(n, v)) is not None), None)
@@ -351,8 +352,8 @@ def _closed(folder: Path, slug: str, until: int) -> tuple[Run, ...]:
     return tuple(_closed_runs(folder, slug, until))
 
 
-def _closed_runs(folder: Path, slug: str, until: int) -> Iterator[Run]:
-    """:func:`_closed`'s runs, read a segment at a time."""
+def _closed_runs(folder: Path, slug: str, until: int, *, filled: bool = True) -> Iterator[Run]:
+    """:func:`_closed`'s runs, read a segment at a time (as stored where not ``filled``)."""
     segments = sorted(
         (int(found["first"]), path)
         for path in folder.iterdir()
@@ -360,7 +361,7 @@ def _closed_runs(folder: Path, slug: str, until: int) -> Iterator[Run]:
     )
     count = 0
     for number, path in segments:
-        first, held, _ = _segment(path, slug)
+        first, held, _ = _segment(path, slug, filled=filled)
         if first != number or first != count:
             raise HistoryError(f"{path}: holds runs from {first}, after {count} runs: a segment is missing")
         count += len(held)
@@ -369,11 +370,12 @@ def _closed_runs(folder: Path, slug: str, until: int) -> Iterator[Run]:
         raise HistoryError(f"{folder}: the closed segments of {slug} hold {count} runs, the checkpoint {until}")
 
 
-def every_run(folder: Path, history: History) -> Iterator[Run]:
+def every_run(folder: Path, history: History, *, filled: bool = True) -> Iterator[Run]:
     """Every run of ``history`` (read from ``folder`` without ``every_run``), oldest first: its closed segments',
-    read one at a time, then its own; :class:`HistoryError` where a segment is missing."""
-    yield from _closed_runs(folder, history.device, history.first)
-    yield from history.runs
+    read one at a time, then its own; :class:`HistoryError` where a segment is missing. Not ``filled``: each count
+    only where it differs from the run before in its segment (a segment's first run has them all), as stored."""
+    yield from _closed_runs(folder, history.device, history.first, filled=filled)
+    yield from history.runs if filled else compact(history.runs)
 
 
 def _filled(runs: Iterable[Run]) -> Iterable[Run]:
@@ -388,11 +390,11 @@ def _filled(runs: Iterable[Run]) -> Iterable[Run]:
         yield Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out)
 
 
-def _compact(runs: Sequence[Run]) -> list[Run]:
+def compact(runs: Sequence[Run]) -> list[Run]:
     """Each run with a count left out where it equals that test's count in the run before (:func:`_filled` undoes
     it)."""
     last: dict[str, dict[str, float]] = {}
-    compact = []
+    kept = []
     for run in runs:
         tests = {}
         for nodeid, values in run.tests.items():
@@ -403,14 +405,14 @@ def _compact(runs: Sequence[Run]) -> list[Run]:
                 if not ((spec := metric(n)) is not None and spec.counted and before.get(n) == v)
             }
             last[nodeid] = {**before, **{n: v for n, v in values.items() if (s := metric(n)) is None or s.counted}}
-        compact.append(Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out))
-    return compact
+        kept.append(Run(run.commit, run.time, run.host, tests, run.world_size, run.left_out))
+    return kept
 
 
 def segment_text(slug: str, first: int, runs: Sequence[Run]) -> str:
     """A segment file's text: its header (``first``: the number of its first run) and its runs, compacted."""
     header = json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "device": slug, "first": first})
-    lines = [header, *(json.dumps(encode(run), sort_keys=True, allow_nan=False) for run in _compact(runs))]
+    lines = [header, *(json.dumps(encode(run), sort_keys=True, allow_nan=False) for run in compact(runs))]
     return "\n".join(lines) + "\n"
 
 

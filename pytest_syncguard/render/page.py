@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..judge.history import History, Run, level_starts
+from ..judge.history import History, Run, compact, level_starts
 from ..metrics import DEVICE_TIME, metric
 from ..words import plural
 from .links import RepositoryWeb
@@ -45,47 +45,100 @@ def _short(value: float) -> float:
 
 
 class _Series:
-    """One test's metric as the runs stream by: its buckets (at most one per ``width`` runs, cut at each level's
-    start: ``[first run, last run, lowest, highest, last value]``), its levels (``[first run, last run, median]``),
-    whether every value was the same; each level's values held only until it ends."""
+    """A device-side metric of one test as the runs stream by: its buckets (one per ``width`` runs at most, cut at
+    each level's start: ``[first run, last run, lowest, highest, last value]``) and its levels (``[first run, last
+    run, median]``); each level's values are held only until it ends."""
 
     def __init__(self, starts: Sequence[int], width: int) -> None:
-        self.starts, self.width = [*starts, -1], width  # -1: past the last start
-        self.next = 0
+        self.starts, self.width = list(starts), width
         self.buckets: list[list[float]] = []
         self.levels: list[list[float]] = []
         self.values = array("d")
+        self.bucket: list[float] | None = None
+        self.until = -1  # the first run the current bucket cannot take (its window's end, or a level's start)
         self.level_first = -1
         self.runs = 0
-        self.steady: float | None = None
-        self.moved = False
 
     def add(self, number: int, value: float) -> None:
-        while self.next < len(self.starts) - 1 and self.starts[self.next] <= number:
-            self.next += 1
-            self._end_level()
-        bucket = self.buckets[-1] if self.buckets else None
-        if bucket is None or bucket[1] // self.width != number // self.width or self.level_first < 0:
-            bucket = [number, number, value, value, value]
-            self.buckets.append(bucket)
-        bucket[1], bucket[2], bucket[3], bucket[4] = number, min(bucket[2], value), max(bucket[3], value), value
-        if self.level_first < 0:
-            self.level_first = number
+        bucket = self.bucket
+        if bucket is None or number >= self.until:
+            bucket = self._open(number, value)
+        bucket[1] = number
+        if value < bucket[2]:
+            bucket[2] = value
+        elif value > bucket[3]:
+            bucket[3] = value
+        bucket[4] = value
         self.values.append(value)
         self.runs += 1
-        self.moved = self.moved or (self.steady is not None and value != self.steady)
-        self.steady = value
+
+    def _open(self, number: int, value: float) -> list[float]:
+        """A new bucket at run ``number``, and a new level where one starts at or before it."""
+        if self.starts and self.starts[0] <= number:
+            while self.starts and self.starts[0] <= number:
+                self.starts.pop(0)
+            self._end_level()
+        if not self.values:
+            self.level_first = number
+        bucket = [number, number, value, value, value]
+        self.buckets.append(bucket)
+        self.bucket = bucket
+        window_end = (number // self.width + 1) * self.width
+        self.until = min(window_end, self.starts[0]) if self.starts else window_end
+        return bucket
 
     def _end_level(self) -> None:
-        if self.level_first >= 0:
+        if self.values:
             self.levels.append([self.level_first, self.buckets[-1][1], _short(statistics.median(self.values))])
-        self.values, self.level_first = array("d"), -1
+        self.values = array("d")
+
+    @property
+    def moved(self) -> bool:
+        return any(b[2] != b[3] for b in self.buckets) or len({b[4] for b in self.buckets}) > 1
 
     def chart(self, name: str) -> dict[str, Any]:
         self._end_level()
-        spec = metric(name)
-        unit = spec.unit if spec is not None and spec.unit else ""
-        return {"metric": name, "unit": unit, "runs": self.runs, **_encoded(self.buckets), "levels": self.levels}
+        return {"metric": name, "unit": _unit(name), "runs": self.runs, **_encoded(self.buckets), "levels": self.levels}
+
+
+class _Steps:
+    """A count of one test as the runs stream by, as stored: a value where it changed (or a segment began), so
+    the runs between keep it."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[int, float]] = []
+
+    def add(self, number: int, value: float) -> None:
+        if not self.changes or self.changes[-1][1] != value:
+            self.changes.append((number, value))
+
+    def chart(self, name: str, last: int, width: int) -> dict[str, Any]:
+        """Its buckets over its runs up to ``last`` (the last run that had its test), each window's values."""
+        buckets: list[list[float]] = []
+        changes, at = self.changes, 0
+        value = changes[0][1]
+        begin = changes[0][0]
+        while begin <= last:
+            end = min(last, (begin // width + 1) * width - 1)
+            low = high = value
+            while at + 1 < len(changes) and changes[at + 1][0] <= end:
+                at += 1
+                value = changes[at][1]
+                low, high = min(low, value), max(high, value)
+            buckets.append([begin, end, low, high, value])
+            begin = end + 1
+        return {
+            "metric": name,
+            "unit": _unit(name),
+            "runs": last - changes[0][0] + 1,
+            **_encoded(buckets),
+            "levels": [],
+        }
+
+
+def _unit(name: str) -> str:
+    spec = metric(name)
+    return spec.unit if spec is not None and spec.unit else ""
 
 
 #: The steps a chart's range is cut into: each drawn value an integer of at most 4 digits (a tenth of a pixel).
@@ -113,30 +166,42 @@ def _encoded(buckets: Sequence[Sequence[float]]) -> dict[str, Any]:
 
 
 def data(history: History, runs: Iterable[Run] | None = None, web: RepositoryWeb | None = None) -> dict[str, Any]:
-    """What one GPU model's page draws, from ``runs``, every run of it streamed oldest first (the history's own
-    runs where None): the runs (commit, time, host), the hosts, where a commit's page is, and per test its charts and
-    steady counts. ``history`` (its checkpoint and open segment) gives the run count and the levels' starts."""
+    """What one GPU model's page draws, from ``runs``, every run of it streamed oldest first as stored (each count
+    only where it changed: :func:`.history.every_run` without ``filled``; the history's own runs where None): the
+    runs (commit, time, host), the hosts, where a commit's page is, and per test its charts and steady counts.
+    ``history`` (its checkpoint and open segment) gives the run count and the levels' starts."""
     first = history.first if runs is None else 0
     width = max(1, -(-(history.count - first) // BUCKETS))
     starts = level_starts(history)
     hosts: dict[str, int] = {}
     table: list[list[str | int]] = []
-    series: dict[str, dict[str, _Series]] = {}
-    for number, run in enumerate(history.runs if runs is None else runs, first):
+    series: dict[str, dict[str, _Series | _Steps]] = {}
+    seen: dict[str, int] = {}  # the last run that had each test
+    stored = compact(history.runs) if runs is None else runs
+    for number, run in enumerate(stored, first):
         table.append([run.commit[:12], run.time, hosts.setdefault(run.host, len(hosts))])
         for nodeid, values in run.tests.items():
+            seen[nodeid] = number
             held = series.setdefault(nodeid, {})
             for name, value in values.items():
-                if name not in held:
-                    held[name] = _Series(starts.get((nodeid, name), ()), width)
-                held[name].add(number, value)
+                kept = held.get(name)
+                if kept is None:
+                    spec = metric(name)
+                    counted = spec is not None and spec.counted
+                    kept = held[name] = _Steps() if counted else _Series(starts.get((nodeid, name), ()), width)
+                kept.add(number, value)
     tests = []
     for nodeid, names in sorted(series.items()):
         charts, steady = [], {}
         for name in sorted(names, key=_first):
             kept = names[name]
-            if name != DEVICE_TIME and not kept.moved and kept.steady is not None:
-                steady[name] = kept.steady
+            if isinstance(kept, _Steps):
+                if len(kept.changes) == 1:
+                    steady[name] = kept.changes[0][1]
+                else:
+                    charts.append(kept.chart(name, seen[nodeid], width))
+            elif name != DEVICE_TIME and not kept.moved:
+                steady[name] = kept.buckets[0][4]
             else:
                 charts.append(kept.chart(name))
         tests.append({"id": nodeid, "charts": charts, "steady": steady})

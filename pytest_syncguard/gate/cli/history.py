@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if args.repository and (wrong := forge.repository_problem(args.repository)) is not None:
             print(f"syncguard history: {wrong}", file=sys.stderr)
             return 2
-        streamed = [(kept, history.every_run(Path(args.folder), kept)) for kept in histories]
+        streamed = [(kept, history.every_run(Path(args.folder), kept, filled=False)) for kept in histories]
         files = pages(streamed, out.name, forge.web(args.repository) if args.repository else None)
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
         names = [out.name, *(f"{out.name.removesuffix('.html')}.{kept.device}.html" for kept in histories)]
