@@ -36,14 +36,15 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        post_artifact(
-            Path(args.artifact),
-            args.repo,
-            args.head_sha,
-            baselines=Path(args.baselines),
-            work=Path(args.work or tempfile.mkdtemp(prefix="syncguard-")),
-            approval_label=args.approval_label,
-        )
+        with tempfile.TemporaryDirectory(prefix="syncguard-") as scratch:  # removed after, unless --work names one
+            post_artifact(
+                Path(args.artifact),
+                args.repo,
+                args.head_sha,
+                baselines=Path(args.baselines),
+                work=Path(args.work or scratch),
+                approval_label=args.approval_label,
+            )
     except ArtifactError as exc:
         print(f"syncguard post-artifact: {exc}", file=sys.stderr)
         return 1
