@@ -437,11 +437,12 @@ def close_segment(
     return replay
 
 
-def write(folder: Path, history: History) -> None:
-    """Write ``history``'s open segment, checkpoint, latest state (replayed where it has none) and details into
-    ``folder`` (each file atomically; the checkpoint before the segment that names it, the latest state after)."""
+def write(folder: Path, history: History, *, checkpoint: bool = True) -> None:
+    """Write ``history``'s open segment, checkpoint (unless not ``checkpoint``: the file holds it already), latest
+    state (replayed where it has none) and details into ``folder`` (each file atomically; the checkpoint before the
+    segment that names it, the latest state after)."""
     runs_path, details_path = paths(folder, history.device)
-    if history.before is not None:
+    if history.before is not None and checkpoint:
         write_atomically(state_path(folder, history.device), json.dumps(encode(history.before), sort_keys=True) + "\n")
     write_atomically(runs_path, segment_text(history.device, history.first, history.runs))
     latest = history.latest if history.latest is not None else replay_of(history.before, history.runs)
@@ -514,10 +515,11 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
             runs = (*history.runs[:same], run, *history.runs[same + 1 :])
             latest = replay_of(history.before, runs)
         updated = History(slug, runs, details, history.before, latest)
-        if len(runs) >= SEGMENT:
+        closing = len(runs) >= SEGMENT
+        if closing:
             closed = close_segment(folder, slug, history.before, runs, latest)
             updated = History(slug, (), details, closed, closed)
-        write(folder, updated)
+        write(folder, updated, checkpoint=closing)  # the checkpoint moves only when a segment closes
         replaced = history.runs[same].time if same is not None else None
         held[slug] = Recorded(updated.count, replaced, left_out=dict(run.left_out))
     return held
