@@ -108,7 +108,7 @@ def test_a_pr_is_judged_against_the_recent_runs_and_the_tolerance_narrows(
     html = cmarkgfm.github_flavored_markdown_to_html(text, options=cmarkgfm.cmark.Options.CMARK_OPT_UNSAFE)
     assert '<pre lang="mermaid"><code>xychart-beta' in html  # GitHub draws this block as a chart
     chart = text.split("```mermaid")[1].split("```")[0]
-    assert chart.count('"') >= 2 * 13 and '"this PR"' in chart  # 12 commits and this run
+    assert chart.count('"') >= 2 * 13 and '"this run"' in chart  # 12 commits and this run
 
 
 def test_a_change_merged_on_purpose_starts_a_new_level(tmp_path: Path, suite: list[MeasuredTest]) -> None:

@@ -38,13 +38,14 @@ def _series(history: History, nodeid: str, name: str) -> list[tuple[Run, float]]
 
 def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
     """A fenced Mermaid ``xychart-beta`` of metric ``name`` of test ``nodeid``: its last runs on the default branch
-    (labelled by commit) and this run's value last (``this PR``); empty where the history has no run of it."""
+    (labelled by commit) and this run's value last (``this run``: a pull request's, or the default branch's own before
+    it is recorded); empty where the history has no run of it."""
     points = _series(history, nodeid, name)
     if not points:
         return []
     spec = metric(name)
     unit = spec.unit if spec is not None and spec.unit else name
-    labels = [_label(run.commit[:7]) or "?" for run, _ in points] + ["this PR"]
+    labels = [_label(run.commit[:7]) or "?" for run, _ in points] + ["this run"]
     values = [value for _, value in points] + [now]
     low, high = min(values), max(values)
     margin = (high - low) * 0.2 or abs(high) * 0.01 or 1.0
