@@ -77,13 +77,15 @@ def _ref(branch: str) -> str:
 
 def _fetched(checkout: Path, remote: str, branch: str) -> str | None:
     """The commit the remote's branch (exactly that branch: ``feature/syncguard-history`` is not ``syncguard-history``)
-    is at, fetched; None where the remote has no such branch yet."""
+    is at, fetched without its history (``--depth 1``); None where the remote has no such branch yet."""
     ref = _ref(branch)
     checked_name("--remote", remote)
     listed = _git(checkout, "ls-remote", "--end-of-options", remote, ref).stdout.splitlines()
     if not any(line.split("\t")[-1] == ref for line in listed):
         return None
-    _git(checkout, "fetch", "--quiet", "--end-of-options", remote, f"+{ref}:refs/syncguard/{branch}")
+    # Its tip only: the files a record or a report reads are the tip's (measured with bench/bench_history_fetch.py,
+    # 50 tests x 1,100 pushes: 0.86 MB in 0.2 s, the whole branch 3.83 MB in 2.6 s).
+    _git(checkout, "fetch", "--quiet", "--depth", "1", "--end-of-options", remote, f"+{ref}:refs/syncguard/{branch}")
     return _git(
         checkout, "rev-parse", "--verify", "--end-of-options", f"refs/syncguard/{branch}^{{commit}}"
     ).stdout.strip()
