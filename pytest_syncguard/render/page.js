@@ -50,7 +50,7 @@ D.tests.forEach((t, i) => {
   for (const c of t.charts) {
     const f = el('figure'), cv = el('canvas'); cv.width = W; cv.height = H; cv.chart = c;
     f.append(cv, el('figcaption', c.metric + (c.unit ? ' (' + c.unit + ')' : '') + ': last ' + fmt(lastOf(c)) + ', ' +
-      c.runs + ' runs, ' + c.levels.length + (c.levels.length === 1 ? ' level' : ' levels')));
+      c.runs + ' runs' + (c.levels.length ? ', ' + c.levels.length + (c.levels.length === 1 ? ' level' : ' levels') : ', a count: judged exactly')));
     s.append(f); seen.observe(cv);
   }
   const steady = Object.entries(t.steady);
