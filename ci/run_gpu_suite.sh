@@ -19,7 +19,9 @@
 # its host timings too (not judged against a baseline recorded on another machine). SYNCGUARD_HISTORY (default true):
 # judge against the default branch's history of this GPU model on origin's syncguard-history branch, where it has one
 # (the push job records it: syncguard history record --push origin): the suite is judged against it too, so that
-# pytest's summary and the report in one log say the same. SYNCGUARD_REQUIRE_GPU (default true): false rehearses the
+# pytest's summary and the report in one log say the same. SYNCGUARD_ACCEPT (default empty): why this change's
+# regressions are intended (the action sets it from the pull request's accept label): reported as accepted, and the
+# A/B's regressions do not fail the job. SYNCGUARD_REQUIRE_GPU (default true): false rehearses the
 # job on a machine without a GPU (no CUDA device required; the CUDA budgets then say "not measured").
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -105,8 +107,11 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     fi
     budget="${SYNCGUARD_AB_BUDGET:-$(( ${SYNCGUARD_JOB_BUDGET:-600} - SECONDS - 30 ))}"
     [ "$budget" -ge 60 ] || budget=60
+    # A change accepted as intended (SYNCGUARD_ACCEPT) is A/B-tested and reported; its regressions fail nothing.
+    fail_on=(--fail-on-regression)
+    [ -z "${SYNCGUARD_ACCEPT:-}" ] || fail_on=()
     syncguard ab --base "$merge_base" --time-budget "$budget" --out "$out/ab" "${judged[@]}" \
-        --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" --fail-on-regression -- "${ab_tests[@]}" \
+        --json "$out/ab-$slug.json" --markdown "$out/ab-$slug.md" "${fail_on[@]}" -- "${ab_tests[@]}" \
         || status=1
     # An A/B that could not run wrote no report: the comment says so (its log is in the artifact), and is posted.
     if [ -f "$out/ab-$slug.json" ]; then
@@ -126,8 +131,10 @@ repository="${GITHUB_REPOSITORY:-${CI_PROJECT_PATH:-}}"
 if [ -n "$repository" ] && [ -n "$commit" ]; then
     links=(--repository "$repository" --commit "$commit")
 fi
+accept=()
+[ -z "${SYNCGUARD_ACCEPT:-}" ] || accept=(--accept "$SYNCGUARD_ACCEPT")
 syncguard report "$out/results-$slug.json" --baselines "$baselines" "${history[@]}" "${ab[@]}" "${links[@]}" \
-    --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
+    "${accept[@]}" --markdown "$out/report-$slug.md" --json "$out/report-$slug.json" || status=1
 stage report
 # The report in the job's log: its verdict, the failed budgets and each regression's chain, then the rest.
 cat "$out/report-$slug.md" 2>/dev/null

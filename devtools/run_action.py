@@ -9,12 +9,13 @@ in a scratch repository (docs/howto/ci-gpu-runner.md): a push to main, then a pu
     python devtools/run_action.py REPO/.github/workflows/gpu.yml --event pull_request --pr 7 --base SHA
 
 Only the expressions the action and a workflow snippet use are understood (context paths, string literals,
-``==``, ``!=``, ``&&``, ``||``, ``always()``); anything else is an error, never a guess.
+``==``, ``!=``, ``&&``, ``||``, ``always()``, ``toJSON(path)``); anything else is an error, never a guess.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -27,7 +28,7 @@ import yaml  # type: ignore[import-untyped]
 
 ACTION = Path(__file__).resolve().parents[1] / ".github" / "actions" / "syncguard"
 EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
-TOKEN = re.compile(r"\s*(always\(\)|'[^']*'|==|!=|&&|\|\||[A-Za-z_][\w.-]*)")
+TOKEN = re.compile(r"\s*(always\(\)|toJSON\([A-Za-z_][\w.-]*\)|'[^']*'|==|!=|&&|\|\||[A-Za-z_][\w.-]*)")
 
 
 def lookup(context: dict[str, Any], path: str) -> Any:
@@ -53,6 +54,8 @@ def evaluate(expression: str, context: dict[str, Any]) -> Any:
             values.append(token)
         elif token == "always()":
             values.append(True)
+        elif token.startswith("toJSON("):
+            values.append(json.dumps(lookup(context, token[len("toJSON(") : -1])))
         elif token.startswith("'"):
             values.append(token[1:-1])
         else:

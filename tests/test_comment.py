@@ -222,6 +222,53 @@ def test_the_poster_comments_and_removes_the_forks_approval(tmp_path: Path) -> N
         "syncguard/nvidia-h100-80gb-hbm3", "description": "syncguard passed"}]  # fmt: skip
 
 
+def test_a_pull_request_labelled_syncguard_accept_posts_its_regression_as_accepted_and_passes(tmp_path: Path) -> None:
+    """The fork-safe job reads the PR's labels through GitHub's API (the fork cannot set them): with
+    ``syncguard-accept``, a regression against the baseline (syncs 0 -> 3) is posted under ⚠️ as accepted and the
+    commit status passes; without it, the same artifact fails."""
+    from pytest_syncguard.judge.baselines import document
+
+    regressed = JUNIT.replace('name="syncguard.syncs" value="0"', 'name="syncguard.syncs" value="3"')
+    results = {"junit-nvidia-h100-80gb-hbm3.xml": regressed}
+
+    def with_baseline(folder: Path) -> None:
+        (folder / "baselines").mkdir()
+        baseline = document("nvidia-h100-80gb-hbm3", {}, {"t.py::test_x": {"syncs": 0.0}})
+        (folder / "baselines" / "nvidia-h100-80gb-hbm3.json").write_text(baseline)
+
+    for accept in (False, True):
+        folder = tmp_path / str(accept)
+        folder.mkdir()
+        with_baseline(folder)
+        gh = FakeGitHub(folder, [], login=None)
+        state = json.loads(gh.state.read_text())
+        state["pulls"] = {"12": {"head": {"sha": SHA, "repo": {"full_name": "mallory/decoder"}},
+                                 "labels": [{"name": "syncguard-accept"}] if accept else []}}  # fmt: skip
+        gh.state.write_text(json.dumps(state))
+        artifact = folder / "artifact"
+        artifact.mkdir()
+        (artifact / "pr-number").write_text("12")
+        (artifact / "device-slug").write_text("nvidia-h100-80gb-hbm3\n")
+        for name, text in results.items():
+            (artifact / name).write_text(text)
+        command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "post-artifact", str(artifact), "--repo",
+                   "acme/decoder", "--head-sha", SHA, "--work", str(folder / "work")]  # fmt: skip
+        done = subprocess.run(command, env={**gh.env(), "GITHUB_ACTIONS": "true"}, cwd=folder, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (created,) = gh.comments
+        status = _state(gh)["statuses"][0]["state"]
+        if accept:
+            assert created["body"].startswith("**⚠️ syncguard: 1 test passed, 1 with regressions accepted (the pull")
+            assert (
+                "### ⚠️ Regressions accepted as intended, the pull request is labelled syncguard-accept"
+                in (created["body"])
+            )
+            assert status == "success"
+        else:
+            assert created["body"].startswith("**❌ syncguard: 1 of 1 test failed: 1 regressed") and status == "failure"
+
+
 def _state(gh: FakeGitHub) -> dict[str, Any]:
     return dict(json.loads(gh.state.read_text()))
 

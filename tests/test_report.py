@@ -234,6 +234,23 @@ def test_case_with_a_long_descriptive_name_for_the_generation_strategy_under_tes
 """
 
 
+def test_a_change_accepted_as_intended_reports_its_regressions_and_passes(pr_run: Path) -> None:
+    """``--accept WHY`` (the job sets it from the pull request's ``syncguard-accept`` label): the regression is in
+    the comment, under a ⚠️ heading that says why, the headline reads ⚠️ and ``--fail-on-regression`` exits 0; the
+    same run without it exits 1."""
+    why = "the pull request is labelled syncguard-accept"
+    options = ("--baselines", "baselines", "--fail-on-regression", "--markdown")
+    refused = cli(pr_run, "pr.json", *options, "out/refused.md")
+    assert refused.returncode == 1, refused.stderr
+    done = cli(pr_run, "pr.json", *options, "out/accepted.md", "--accept", why)
+    assert done.returncode == 0, done.stderr
+    text = (pr_run / "out" / "accepted.md").read_text()
+    assert text.splitlines()[0] == f"**⚠️ syncguard: 8 tests passed, 1 with regressions accepted ({why})**"
+    assert f"### ⚠️ Regressions accepted as intended, {why} (1 test)" in text and "### ❌" not in text
+    assert "- **`test_suite.py::test_regresses`** on `cpu`" in text
+    assert done.stderr.strip().endswith(f"syncguard report: 8 tests passed, 1 with regressions accepted ({why})")
+
+
 def test_cli_truncates_a_report_over_65536_characters(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_many=MANY)
     pytester.runpytest_subprocess("--syncguard", "--junitxml=many.xml", "-q")

@@ -115,6 +115,11 @@ def device_slugs(results: list[Path]) -> set[str]:
         raise ArtifactError(f"artifact results not readable: {exc}") from exc
 
 
+#: The label a maintainer puts on a pull request that changes performance on purpose: its regressions are reported
+#: as accepted (``report --accept``), and do not fail its commit status.
+ACCEPT_LABEL = "syncguard-accept"
+
+
 def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, work: Path, approval_label: str) -> None:
     """Validate the artifact in ``folder``, render its report into ``work``, post it on the pull request it names in
     ``repo`` and set its verdict as the head's commit status, if that pull request is still at ``head_sha``; raises
@@ -132,7 +137,8 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
     if sha != head_sha:
         raise ArtifactError(f"PR {pr} is at {sha}, the GPU run tested {head_sha}: not posting")
     try:
-        _post(github, folder, repo, pr, slug, head_sha, baselines=baselines, work=work)
+        accept = f"the pull request is labelled {ACCEPT_LABEL}" if ACCEPT_LABEL in labels else None
+        _post(github, folder, repo, pr, slug, head_sha, baselines=baselines, work=work, accept=accept)
     finally:
         if approval_label and fork and approval_label in labels:
             try:
@@ -144,7 +150,18 @@ def post_artifact(folder: Path, repo: str, head_sha: str, *, baselines: Path, wo
                 )
 
 
-def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *, baselines: Path, work: Path) -> None:
+def _post(
+    github: Any,
+    folder: Path,
+    repo: str,
+    pr: str,
+    slug: str,
+    sha: str,
+    *,
+    baselines: Path,
+    work: Path,
+    accept: str | None,
+) -> None:
 
     results = results_files(folder)
     measured = device_slugs(results)
@@ -167,6 +184,7 @@ def _post(github: Any, folder: Path, repo: str, pr: str, slug: str, sha: str, *,
         fail_on_regression=True,
         history=history,
         history_unavailable=unread,
+        accept=accept,
     )
     verdict = report(request)
     if verdict not in (0, 1):

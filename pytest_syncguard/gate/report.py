@@ -43,6 +43,7 @@ class ReportRequest:
     commit: str | None = None
     history: str | None = None
     history_unavailable: str | None = None
+    accept: str | None = None
     base_ref: str | None = None
     forge: str | None = None
     server: str | None = None
@@ -112,6 +113,7 @@ def report(args: ReportRequest) -> int:
             history=Path(args.history) if args.history else None,
         )
         run.history_unavailable = args.history_unavailable
+        run.accepted = args.accept or None
     except (ResultsError, JUnitError, BaselineError) as exc:
         print(f"syncguard report: {exc}", file=sys.stderr)
         return 2

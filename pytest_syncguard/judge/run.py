@@ -59,6 +59,9 @@ class RunComparison:
     """Per results file written by another version: what in it this version does not know (read without it)."""
     history_unavailable: str | None = None
     """Why the default branch's history could not be read where one was asked for (judged without it)."""
+    accepted: str | None = None
+    """Why this change's regressions are intended (``report --accept``, a pull request's label): they are reported,
+    and do not fail the run."""
 
     def with_status(self, status: str) -> list[CaseComparison]:
         return [c for c in self.cases if c.comparison.status == status]

@@ -28,6 +28,9 @@ AB_REGRESSED = "regressed in the A/B"
 AB_FAILED = "failed on the A/B's head"
 AB_UNMEASURED = "not measured on the A/B's head"
 REASONS = (FAILED_BUDGET, REGRESSED, FAILED, AB_REGRESSED, AB_FAILED, AB_UNMEASURED)
+#: The reasons an intended change accepts (``report --accept``): a budget, a failure or a head that was not measured
+#: still fail the run.
+ACCEPTABLE = (REGRESSED, AB_REGRESSED)
 
 Key = tuple[str, str]
 """(device slug, node id) of a test; an A/B test's device is the A/B runner's."""
@@ -49,6 +52,10 @@ class Verdict:
     """The files written by another version whose parts this one does not know (read without them, not judged)."""
     history_unread: bool = False
     """The default branch's history was asked for and could not be read: judged without it."""
+    accepted: Mapping[Key, tuple[str, ...]] = field(default_factory=dict)
+    """The tests whose regressions the change accepts (:attr:`.run.RunComparison.accepted`), and those reasons:
+    reported, not failing the run (a failed budget or a failed test still fails it)."""
+    accepted_why: str | None = None
 
     @classmethod
     def of(cls, run: RunComparison, ab: ABReport | None = None) -> Verdict:
@@ -82,6 +89,14 @@ class Verdict:
             undecided = tuple(t.nodeid for t in ab.with_verdict("inconclusive")) + tuple(ab.unreached)
             keys |= {(device, nodeid) for nodeid in ab.unreached}
         keys |= set(reasons)
+        accepted: dict[Key, tuple[str, ...]] = {}
+        if run.accepted is not None:  # an intended change: its regressions are said, and pass
+            for key, found in list(reasons.items()):
+                if kept := [r for r in found if r not in ACCEPTABLE]:
+                    reasons[key] = kept
+                else:
+                    accepted[key] = tuple(found)
+                    del reasons[key]
         ordered = {key: tuple(sorted(found, key=REASONS.index)) for key, found in sorted(reasons.items())}
         return cls(
             ordered,
@@ -90,6 +105,8 @@ class Verdict:
             tuple(run.loosened),
             tuple(sorted(run.unknown)),
             run.history_unavailable is not None,
+            dict(sorted(accepted.items())),
+            run.accepted,
         )
 
     @property
@@ -105,8 +122,13 @@ class Verdict:
         if self.failing:
             reasons = ", ".join(f"{len(self.with_reason(r))} {r}" for r in REASONS if self.with_reason(r))
             text = f"{len(self.failing)} of {plural(self.tests, 'test')} failed: {reasons}"
+        elif self.accepted:
+            text = f"{plural(self.tests, 'test')} passed, {len(self.accepted)} with regressions accepted"
         else:
             text = f"no regressions: {plural(self.tests, 'test')} passed"
+        if self.accepted:
+            text += f" ({self.accepted_why})" if not self.failing else ""
+            text += f"; {len(self.accepted)} with regressions accepted ({self.accepted_why})" if self.failing else ""
         if self.undecided:
             text += f"; {plural(len(self.undecided), 'A/B verdict')} undecided"
         if self.loosened:
@@ -119,7 +141,7 @@ class Verdict:
 
     def headline(self) -> str:
         """The comment's first line: the sentence, marked failed (❌), to look at (⚠️) or passed (✅)."""
-        cautions = self.undecided or self.loosened or self.unread or self.history_unread
+        cautions = self.undecided or self.loosened or self.unread or self.history_unread or self.accepted
         mark = "❌" if self.failing else "⚠️" if cautions else "✅"
         return f"**{mark} syncguard: {self.sentence()}**"
 

@@ -338,7 +338,10 @@ def sections(
         blocks.append([f"### ❌ Failed budgets ({plural(len(budgets), 'test')})", "", *_entries(budgets, links)])
     regressions = regression_entries(run, ab)
     if regressions:
-        blocks.append([f"### ❌ Regressions ({plural(len(regressions), 'test')})", "", *_entries(regressions, links)])
+        title = f"### ❌ Regressions ({plural(len(regressions), 'test')})"
+        if run.accepted is not None:
+            title = f"### ⚠️ Regressions accepted as intended, {run.accepted} ({plural(len(regressions), 'test')})"
+        blocks.append([title, "", *_entries(regressions, links)])
         blocks.append(trend_block(run))
     other = [v for v in run.failed_tests if not v.case.broken]
     if other:

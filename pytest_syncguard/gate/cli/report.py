@@ -70,6 +70,12 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "be read, and why: the report judges against --baselines and reads ⚠️ at best",
     )
     report.add_argument(
+        "--accept",
+        metavar="WHY",
+        help="this change's regressions are intended, and WHY (a pull request's label, say): they are reported and "
+        "do not fail the run with --fail-on-regression; failed budgets and failed tests still do",
+    )
+    report.add_argument(
         "--base-ref",
         metavar="REF",
         help="judge against this commit's files of --baselines (a pull "
