@@ -149,14 +149,14 @@ def _encoded(buckets: Sequence[Sequence[float]]) -> dict[str, Any]:
     """Buckets as the page holds them: each bucket's last run (its first is the bucket before's last + 1), and its
     lowest, highest and last value as whole steps of the chart's range above ``base``."""
     low, high = min(b[2] for b in buckets), max(b[3] for b in buckets)
-    step = (high - low) / STEPS
+    base, step = _short(low), float(f"{(high - low) / STEPS:.6g}")
 
     def at(value: float) -> int:
-        return round((value - low) / step) if step else 0
+        return round((value - base) / step) if step else 0
 
     return {
-        "base": _short(low),
-        "step": float(f"{step:.6g}"),
+        "base": base,
+        "step": step,
         "first": buckets[0][0],
         "ends": [b[1] for b in buckets],
         "lo": [at(b[2]) for b in buckets],
