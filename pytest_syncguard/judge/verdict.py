@@ -56,6 +56,7 @@ class Verdict:
     """The tests whose regressions the change accepts (:attr:`.run.RunComparison.accepted`), and those reasons:
     reported, not failing the run (a failed budget or a failed test still fails it)."""
     accepted_why: str | None = None
+    """Why they are accepted."""
 
     @classmethod
     def of(cls, run: RunComparison, ab: ABReport | None = None) -> Verdict:
@@ -123,12 +124,12 @@ class Verdict:
             reasons = ", ".join(f"{len(self.with_reason(r))} {r}" for r in REASONS if self.with_reason(r))
             text = f"{len(self.failing)} of {plural(self.tests, 'test')} failed: {reasons}"
         elif self.accepted:
-            text = f"{plural(self.tests, 'test')} passed, {len(self.accepted)} with regressions accepted"
+            text = f"{plural(self.tests, 'test')} passed"
         else:
             text = f"no regressions: {plural(self.tests, 'test')} passed"
         if self.accepted:
-            text += f" ({self.accepted_why})" if not self.failing else ""
-            text += f"; {len(self.accepted)} with regressions accepted ({self.accepted_why})" if self.failing else ""
+            text += "; " if self.failing else ", "
+            text += f"{len(self.accepted)} with regressions accepted ({self.accepted_why})"
         if self.undecided:
             text += f"; {plural(len(self.undecided), 'A/B verdict')} undecided"
         if self.loosened:
