@@ -4,7 +4,8 @@ exit status and the sections below the headline all say.
 A test fails the run for each reason it has (a failed budget, a regression against its baseline, a failure of its
 own, a regression in the A/B, a failure or a skip on the A/B's head, or no measurement on the head at all); it is
 counted once however many it has, and each reason counts the tests that have it (so the reasons of one run may
-add up to more than its failed tests). No torch here."""
+add up to more than its failed tests). A change accepted as intended (``report --accept``) keeps its regressions,
+against the baseline and in the A/B, as accepted: said, not failing the run. No torch here."""
 
 from __future__ import annotations
 
