@@ -18,6 +18,7 @@ from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.measured import MeasuredTest
 from pytest_syncguard.judge import history
 from pytest_syncguard.judge.comparison import tolerance_of
+from pytest_syncguard.judge.history import History
 from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.metrics import DEVICE_TIME, Metrics
 
@@ -302,6 +303,22 @@ def test_a_closed_segment_is_never_written_again_and_a_record_reads_a_bounded_am
         assert (folder / name).read_bytes() == data and (folder / name).stat().st_mtime_ns == mtime
     found = history.read(folder, SLUG)
     assert found is not None and found.count == 11 and len(found.runs) == 3
+
+
+def test_a_segment_closes_at_its_size_in_bytes_before_its_runs(
+    tmp_path: Path, suite: list[MeasuredTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large suite's runs are large (20,000 tests: 200 runs passed the 256 MB a history file may hold, and the
+    record refused its own file): a segment closes at SEGMENT_BYTES too, and judges as a replay of every run."""
+    monkeypatch.setattr(history, "SEGMENT_BYTES", 1_200)  # the one test of `suite`: about 3 runs
+    folder = tmp_path / "h"
+    main_runs(folder, suite, FACTORS[:12])
+    closed = _segments(folder)
+    assert len(closed) >= 2
+    assert all((folder / name).stat().st_size < 1_200 + 1_000 for name in closed)  # a run's line past it at most
+    windowed, whole = history.read(folder, SLUG), history.read(folder, SLUG, every_run=True)
+    assert windowed is not None and whole is not None and whole.count == windowed.count == 12
+    assert history.levels(windowed).baseline.tests == history.levels(History(SLUG, whole.runs)).baseline.tests
 
 
 def test_a_missing_segment_or_a_checkpoint_of_another_record_is_named(

@@ -1,8 +1,8 @@
 """The history of a repository's GPU job on its default branch: per GPU model, each push's run a line, and the
 baseline a pull request is judged against made from it.
 
-A GPU model's runs are kept in segments of at most :data:`SEGMENT` runs, so that recording a run and judging a pull
-request read and write a bounded amount whatever the history's age:
+A GPU model's runs are kept in segments of at most :data:`SEGMENT` runs (or :data:`SEGMENT_BYTES`), so that
+recording a run and judging a pull request read and write a bounded amount whatever the history's age:
 
 - ``<slug>.jsonl``, the open segment: JSON Lines, a header (schema, version, device, the number of its first run),
   then one line per run, oldest first: its commit, time, host (the GPU that ran it) and, per test, the metrics the
@@ -51,6 +51,9 @@ SCHEMA_VERSION = 2
 READ_VERSIONS = (1, 2)
 #: The most runs of an open segment: a record or a judgement reads at most these runs and the checkpoint.
 SEGMENT = 200
+#: The most bytes of an open segment, whatever its runs: a large suite's runs are large (20,000 tests: 1.2 MB a run,
+#: 200 of them past :data:`MAX_FILE_BYTES`), so its segments close sooner.
+SEGMENT_BYTES = 64 << 20
 #: The most runs of a level that set a device-side metric's baseline and tolerance.
 WINDOW = 20
 #: The largest history file read (a decade of daily runs of a large suite).
@@ -485,7 +488,8 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
     """Append the run of ``results`` to the history of each GPU model they measured, in ``folder``; a commit has one
     run: a run of a commit the open segment holds replaces it where it stands, and one of a commit the last closed
     segment holds is not recorded (an older commit's run is appended as the newest). An open segment of
-    :data:`SEGMENT` runs is closed: written to its own file, never rewritten, and the checkpoint advanced past it.
+    :data:`SEGMENT` runs, or of :data:`SEGMENT_BYTES` with this run, is closed: written to its own file, never
+    rewritten, and the checkpoint advanced past it.
     Per model, what was recorded."""
     by_device: dict[str, list[MeasuredTest]] = {}
     for result in results:
@@ -515,7 +519,9 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
             runs = (*history.runs[:same], run, *history.runs[same + 1 :])
             latest = replay_of(history.before, runs)
         updated = History(slug, runs, details, history.before, latest)
-        closing = len(runs) >= SEGMENT
+        held_bytes = paths(folder, slug)[0].stat().st_size if history.runs else 0
+        line = len(json.dumps(encode(run), sort_keys=True, allow_nan=False))  # at most its compacted line
+        closing = len(runs) >= SEGMENT or held_bytes + line >= SEGMENT_BYTES
         if closing:
             closed = close_segment(folder, slug, history.before, runs, latest)
             updated = History(slug, (), details, closed, closed)
