@@ -465,6 +465,16 @@ def test_the_headline_the_exit_status_and_every_count_are_one_verdict_with_the_a
     rows = [r for r in re.findall(r"<tr>(.*?)</tr>", html(text), flags=re.S) if "<code>launches</code>" in r]
     assert rows and all(re.findall(r"<td>(.*?)</td>", r, flags=re.S)[-1] == "regression" for r in rows), rows
     assert all("627 → 726 (exact)" in r for r in rows)
+    # The same change accepted as intended: said, marked ⚠️ in the headline and the A/B's title, and exit 0.
+    why = "the pull request is labelled syncguard-accept"
+    accepted = cli(tmp_path, str(results), "--baselines", str(Path(__file__).parents[1] / "baselines"), "--ab",
+                   str(ab), "--markdown", "accepted.md", "--fail-on-regression", "--accept", why)  # fmt: skip
+    text = (tmp_path / "accepted.md").read_text()
+    assert (
+        accepted.returncode == 0
+        and text.splitlines()[0] == f"**⚠️ syncguard: 17 tests passed, 1 with regressions accepted ({why})**"
+    )
+    assert "### ⚠️ A/B on one runner: 1 regression in 7 tests" in text and "❌" not in text
 
 
 def test_a_failure_in_any_document_stays_whatever_their_order(tmp_path: Path) -> None:

@@ -354,7 +354,7 @@ def sections(
             ]
         )
     if ab is not None:
-        blocks.append(ab_lines(ab))
+        blocks.append(ab_lines(ab, accepted=run.accepted is not None))
     blocks.append(_details(run, every_row, full_report))
     return blocks
 
@@ -430,9 +430,10 @@ def _plain(verdict: CaseComparison) -> bool:
     )
 
 
-def ab_lines(report: ABReport) -> list[str]:
+def ab_lines(report: ABReport, accepted: bool = False) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
-    changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed."""
+    changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed. An
+    ``accepted`` change's regressions are marked ⚠️, not ❌ (a failure or a test missing on the head still is)."""
     from .ab import failure_text
 
     regressed = report.with_verdict(Status.REGRESSION)
@@ -453,7 +454,7 @@ def ab_lines(report: ABReport) -> list[str]:
         if report.unreached:
             verdict += f"; {plural(len(report.unreached), 'test')} not A/B-tested"
         undecided = report.unreached or report.with_verdict("inconclusive")
-        mark = "❌" if regressed or failed or missing else "⚠️" if undecided else "✅"
+        mark = "❌" if (regressed and not accepted) or failed or missing else "⚠️" if undecided or regressed else "✅"
         title = f"{mark} A/B on one runner: {verdict}"
     lines = [
         *([f"Stopped: {code(stopped)}", ""] if not harmless(stopped) else []),
