@@ -51,8 +51,8 @@ SCHEMA_VERSION = 2
 READ_VERSIONS = (1, 2)
 #: The most runs of an open segment: a record or a judgement reads at most these runs and the checkpoint.
 SEGMENT = 200
-#: The most bytes of an open segment, whatever its runs: a large suite's runs are large (20,000 tests: 1.2 MB a run,
-#: 200 of them past :data:`MAX_FILE_BYTES`), so its segments close sooner.
+#: The most bytes of an open segment, whatever its runs: a large suite's runs are large (20,000 tests: more than
+#: 1.2 MB a run, 199 of them past :data:`MAX_FILE_BYTES`), so its segments close sooner.
 SEGMENT_BYTES = 64 << 20
 #: The most runs of a level that set a device-side metric's baseline and tolerance.
 WINDOW = 20
