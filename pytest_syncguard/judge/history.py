@@ -116,6 +116,11 @@ class History:
         earlier = set(self.before.hosts) if self.before is not None else set()
         return earlier | {h for run in self.runs for h in run.host.split(",") if h}
 
+    def replayed(self) -> Replay:
+        """The level rule's state after every run: :attr:`latest` where the store holds it, else :attr:`before`
+        replayed through :attr:`runs`."""
+        return self.latest if self.latest is not None else replay_of(self.before, self.runs)
+
 
 @dataclass
 class Replay:
@@ -448,8 +453,7 @@ def write(folder: Path, history: History, *, checkpoint: bool = True) -> None:
     if history.before is not None and checkpoint:
         write_atomically(state_path(folder, history.device), json.dumps(encode(history.before), sort_keys=True) + "\n")
     write_atomically(runs_path, segment_text(history.device, history.first, history.runs))
-    latest = history.latest if history.latest is not None else replay_of(history.before, history.runs)
-    write_atomically(latest_path(folder, history.device), json.dumps(encode(latest), sort_keys=True) + "\n")
+    write_atomically(latest_path(folder, history.device), json.dumps(encode(history.replayed()), sort_keys=True) + "\n")
     write_atomically(details_path, json.dumps(encode(dict(sorted(history.details.items()))), sort_keys=True) + "\n")
 
 
@@ -513,7 +517,7 @@ def record(folder: Path, results: Sequence[MeasuredTest], commit: str, when: str
         details = {**history.details, **{t.nodeid: t.details() for t in tests if t.nodeid in run.tests}}
         if same is None:
             runs = (*history.runs, run)
-            latest = history.latest.copy() if history.latest is not None else replay_of(history.before, history.runs)
+            latest = history.replayed().copy()
             latest.advance(run, {})
         else:  # a run in the middle replaced: the state after it is replayed from the checkpoint
             runs = (*history.runs[:same], run, *history.runs[same + 1 :])
@@ -554,7 +558,7 @@ def levels(history: History) -> Levels:
     cached = _REPLAYED.get(id(history))
     if cached is not None and cached[0] is history:
         return cached[1]
-    replay = history.latest if history.latest is not None else replay_of(history.before, history.runs)
+    replay = history.replayed()
     stale = {n: (why, replay.good[n]) for n, why in replay.last_left_out.items() if n in replay.tests}
     last = set(replay.last_tests)
     tests = {nodeid: values for nodeid, values in replay.tests.items() if nodeid in last or nodeid in stale}
@@ -570,7 +574,7 @@ def levels(history: History) -> Levels:
 def level_starts(history: History) -> dict[tuple[str, str], list[int]]:
     """Per (test, device-side metric), the runs where each of its levels began, oldest first, numbered from the
     history's first run (0): the latest state's, else the level rule replayed through the runs held."""
-    replay = history.latest if history.latest is not None else replay_of(history.before, history.runs)
+    replay = history.replayed()
     return {(nodeid, name): list(runs) for nodeid, names in replay.starts.items() for name, runs in names.items()}
 
 

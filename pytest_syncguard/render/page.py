@@ -274,13 +274,19 @@ def index_page(histories: Sequence[History], names: Sequence[str]) -> str:
     )
 
 
+def page_names(index: str, devices: Sequence[str]) -> list[str]:
+    """The files :func:`pages` writes beside the index named ``index`` (``NAME.html``): one per GPU model,
+    ``NAME.<slug>.html``, in ``devices``' order, then the index."""
+    stem = index.removesuffix(".html")
+    return [*(f"{stem}.{device}.html" for device in devices), index]
+
+
 def pages(
     histories: Sequence[tuple[History, Iterable[Run]]], index: str, web: RepositoryWeb | None = None
 ) -> Iterator[PageFile]:
     """One page per GPU model (``NAME.<slug>.html``), each from its history and every run of it, streamed, then
-    the models' index that links them, named ``index`` (``NAME.html``)."""
-    stem = index.removesuffix(".html")
-    names = [f"{stem}.{history.device}.html" for history, _ in histories]
+    the models' index that links them, named ``index`` (``NAME.html``): :func:`page_names`."""
+    names = page_names(index, [history.device for history, _ in histories])[:-1]
     for (history, runs), name in zip(histories, names, strict=True):
         yield PageFile(name, model_page(history, web, index, runs))
     yield PageFile(index, index_page([history for history, _ in histories], names))

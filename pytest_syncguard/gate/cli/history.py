@@ -11,7 +11,7 @@ from ...document.file import ResultsError, read_all
 from ...files import write_atomically
 from ...judge import history
 from ...judge.baselines import document
-from ...render.page import pages
+from ...render.page import page_names, pages
 from ...words import plural
 from .. import history_branch
 from ..forge.base import CommentError
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         streamed = [(kept, history.every_run(Path(args.folder), kept, filled=False)) for kept in histories]
         files = pages(streamed, out.name, forge.web(args.repository) if args.repository else None)
         inputs = [("DIR", str(p)) for p in Path(args.folder).iterdir() if p.name.endswith((".jsonl", ".json"))]
-        names = [out.name, *(f"{out.name.removesuffix('.html')}.{kept.device}.html" for kept in histories)]
+        names = page_names(out.name, [kept.device for kept in histories])
         outputs = [("--out", str(out.with_name(name)), "file") for name in names]
         if (problem := clobbers("history page", outputs, inputs)) is not None:
             print(problem, file=sys.stderr)
