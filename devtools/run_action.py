@@ -1,9 +1,10 @@
-"""Run a repository's GitHub workflow job that uses this repository's composite action (.github/actions/syncguard)
-on this machine, as the runner would run it: the job's step that names the action, with its ``with:`` inputs, then
-the action's own steps in order, each ``if:`` and ``${{ }}`` expression evaluated against the event given, each
-step's outputs passed on through ``GITHUB_OUTPUT``. The checkout step is the repository as it is; a step that uses
-a JavaScript action (the artifact upload) is named and skipped: its folder stays on disk. How the action was proven
-in a scratch repository (docs/howto/ci-gpu-runner.md): a push to main, then a pull request, on a lent GPU.
+"""Run a repository's GitHub workflow job that uses this repository's composite action (.github/actions/syncguard, or
+the copy `syncguard init` vendored into that repository) on this machine, as the runner would run it: the job's step
+that names the action, with its ``with:`` inputs, then the action's own steps in order, each ``if:`` and ``${{ }}``
+expression evaluated against the event given, each step's outputs passed on through ``GITHUB_OUTPUT``. The checkout
+step is the repository as it is; a step that uses a JavaScript action (the artifact upload) is named and skipped: its
+folder stays on disk. How the action was proven in a scratch repository (docs/howto/ci-gpu-runner.md): a push to
+main, then a pull request, on a lent GPU.
 
     python devtools/run_action.py REPO/.github/workflows/gpu.yml --event push [--token T]
     python devtools/run_action.py REPO/.github/workflows/gpu.yml --event pull_request --pr 7 --base SHA
@@ -137,14 +138,16 @@ def main() -> int:
     repo = args.workflow.resolve().parents[2]
     workflow = yaml.safe_load(args.workflow.read_text())
     (job,) = workflow["jobs"].values()
-    (uses,) = [s for s in job["steps"] if "/.github/actions/syncguard@" in s.get("uses", "")]
+    (uses,) = [s for s in job["steps"] if ".github/actions/syncguard" in s.get("uses", "")]
+    # A vendored copy (`syncguard init`: uses ./.github/actions/syncguard) is the repository's own; else this one's.
+    action_dir = repo / ".github" / "actions" / "syncguard" if uses["uses"].startswith("./") else ACTION
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout
     event: dict[str, Any] = {"repository": {"default_branch": "main"}}
     if args.event == "pull_request":
         event["pull_request"] = {"number": args.pr, "base": {"sha": args.base}}
-    context = {"github": {"action_path": str(ACTION), "event_name": args.event, "event": event, "token": args.token,
+    context = {"github": {"action_path": str(action_dir), "event_name": args.event, "event": event, "token": args.token,
                           "ref_name": args.branch, "sha": sha.strip()}}  # fmt: skip
-    action = yaml.safe_load((ACTION / "action.yml").read_text())
+    action = yaml.safe_load((action_dir / "action.yml").read_text())
     inputs = {name: str(spec.get("default", "")) for name, spec in action["inputs"].items()}
     for name, value in (uses.get("with") or {}).items():
         if name not in inputs:

@@ -325,7 +325,7 @@ def test_help_texts_are_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
         assert "``" not in shown and ":func:" not in shown, (command, shown)
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "The syncguard command: report (a run's results" in capsys.readouterr().out
+    assert "The syncguard command: init (a repository's CI for syncguard" in capsys.readouterr().out
 
 
 def test_baselines_record_into_a_file_names_the_folder_to_give(

@@ -383,7 +383,9 @@ def test_a_real_planted_host_read_reads_as_its_line_the_idle_time_it_opened_and_
     assert any(f"100 syncs at {line} in `kv_cache`: `_ = int(token[0].item())" in b for b in budgets)
     timeline = shown[shown.index("- **`examples/test_strategies.py::test_timeline[kv_cache]`** on "
                                  "`nvidia-h100-80gb-hbm3`"):]  # fmt: skip
-    assert timeline[2].startswith(f"  - **what changed:** sync site appeared at {line} in `kv_cache`")
+    # The speed test, first, names the site that appeared; the timeline test, regressed by the same, points to it.
+    assert any(entry.startswith(f"  - **what changed:** sync site appeared at {line} in `kv_cache`") for entry in shown)
+    assert timeline[2] == "  - **what changed:** the same as in `examples/test_strategies.py::test_speed[kv_cache]`"
     gpu = next(i for i, entry in enumerate(timeline) if entry.startswith("  - **on the GPU:**"))
     assert timeline[gpu] == "  - **on the GPU:** idle +1520 µs per token (3152 → 4672 µs)"
     assert "device time per token 2044 → 2045 µs (+0.0%): unchanged within 1.5%" in timeline[gpu + 3]
@@ -409,6 +411,31 @@ def test_a_real_ab_puts_its_regression_in_view_and_counts_the_rest(tmp_path: Pat
     row = "| `examples/test_strategies.py::test_speed[cuda_graph]` | `gpu_us_per_token` | x1.029 [1.019, 1.032] |"
     assert any(line.startswith(row) for line in shown)
     assert any(line.startswith("6 tests unchanged: ") for line in shown)
+
+
+def test_tests_that_share_one_cause_say_it_once_and_their_ab_is_in_their_entries(tmp_path: Path) -> None:
+    """The H100 job's planted host read regressed two tests of one loop: the second entry points to the first for what
+    changed. The A/B's finding of a regressed test is a line of its entry, and the A/B's table leaves it out."""
+    from pytest_syncguard.document.ab import CountChange, HeadAgainstBase, read_report
+
+    run_ = compare_run([_h100(tmp_path, "planted-item")], Path(__file__).parents[1] / "baselines")
+    planted = read_report(H100_PR / "ab-planted-cuda-graph.json")
+    speed, timeline = (
+        "examples/test_strategies.py::test_speed[kv_cache]",
+        "examples/test_strategies.py::test_timeline[kv_cache]",
+    )
+    found = HeadAgainstBase(speed, (CountChange("syncs", 0, 100, "regression"),), {})
+    text, _ = render(run_, ab=replace(planted, tests=(found, *(t for t in planted.tests if t.nodeid != speed))))
+    shown = visible(text)
+    changed = [line for line in shown if line.startswith("  - **what changed:**")]
+    assert changed[0].startswith("  - **what changed:** sync site appeared at `examples/strategies.py:74`")
+    assert f"  - **what changed:** the same as in `{speed}`" in changed[1:]
+    assert sum("examples/strategies.py:74" in line for line in changed) == 1
+    assert "  - **in the A/B:** regression on this runner, head against base: `counts syncs 0 → 100`" in shown
+    assert f'In the entries above ("in the A/B"): `{speed}`' in shown
+    assert not [line for line in shown if line.startswith(f"| `{speed}` |")]  # not a third time in the table
+    assert any(line.startswith("| `examples/test_strategies.py::test_speed[cuda_graph]`") for line in shown)
+    assert timeline in text
 
 
 def test_a_failing_tests_terminal_text_carries_the_same_chain(tmp_path: Path) -> None:

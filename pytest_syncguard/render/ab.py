@@ -8,6 +8,7 @@ from pathlib import Path
 from ..document.ab import INCONCLUSIVE, REGRESSION, ABReport, RatioVerdict
 from ..metrics import metric, timing_order
 from ..status import Status
+from ..words import plural
 
 
 def failure_text(nodeid: str, how: Mapping[str, Sequence[int]]) -> str:
@@ -105,7 +106,7 @@ def rounds_text(report: ABReport, shown: Callable[[str], str] = str) -> str:
     if not report.host_timings:
         processes += ", host timings not judged"
     took = f", {duration(report.elapsed_s)}" if report.elapsed_s is not None else ""
-    return f"{report.rounds} rounds interleaved ({shown(report.stopped or 'as asked')}{took}; {processes})"
+    return f"{plural(report.rounds, 'round')} interleaved ({shown(report.stopped or 'as asked')}{took}; {processes})"
 
 
 def verdict_note(v: RatioVerdict, name: str = "") -> str:

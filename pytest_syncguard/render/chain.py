@@ -96,7 +96,7 @@ def budget_entries(run: RunComparison) -> list[Entry]:
         )
         links = [("budget", budgets)] + ([("top sites", sites)] if sites else []) + _ranks_link(case)
         entries.append(Entry(case.nodeid, case.device_slug, "failed budget", tuple(links)))
-    return entries
+    return said_once(entries, "top sites")
 
 
 def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[Entry]:
@@ -120,10 +120,59 @@ def regression_entries(run: RunComparison, ab: ABReport | None = None) -> list[E
             ("what changed", changed),
             ("on the GPU", gpu_lines(verdict)),
             ("what it cost", cost_lines(verdict, ab)),
+            *((("in the A/B", found),) if (found := ab_link(ab, verdict.case.nodeid)) else ()),
             *_ranks_link(verdict.case, comparison),
         )
         entries.append(Entry(verdict.case.nodeid, verdict.case.device_slug, Status.REGRESSION, links))
-    return entries
+    return said_once(entries, "what changed")
+
+
+def said_once(entries: list[Entry], title: str) -> list[Entry]:
+    """Tests that share one cause (the same link ``title``: the same sync site, the same counts moved) say it once:
+    a later test points to the first that said it."""
+    first: dict[tuple[Line, ...], str] = {}
+    kept = []
+    for entry in entries:
+        links = []
+        for name, lines in entry.links:
+            if name == title and lines:
+                if lines in first:
+                    lines = (("the same as in ", Code(first[lines])),)
+                else:
+                    first[lines] = entry.nodeid
+            links.append((name, lines))
+        kept.append(Entry(entry.nodeid, entry.device, entry.verdict, tuple(links)))
+    return kept
+
+
+def ab_link(ab: ABReport | None, nodeid: str) -> tuple[Line, ...]:
+    """The A/B's finding for one test, folded into its entry (the A/B's own section then leaves the test out): its
+    verdict, the counts that moved from base to head, and its timings' head/base ratios that did not stay unchanged."""
+    from .ab import ratio_text
+
+    test = None if ab is None else next((t for t in ab.tests if t.nodeid == nodeid), None)
+    if ab is None or test is None:
+        if ab is not None and nodeid in ab.unreached:
+            return (("not A/B-tested: the time budget ran out first",),)
+        return ()
+    moved = "; ".join(
+        f"{c.metric} {value_text(c.metric, c.base)} → {value_text(c.metric, c.head)}"
+        for c in test.counts
+        if c.status != Status.UNCHANGED
+    )
+    timed = "; ".join(
+        f"{name} {ratio_text(v)} {v.verdict}"
+        for name, v in sorted(test.timings.items())
+        if v.verdict != Status.UNCHANGED
+    )
+    found = ", ".join(part for part in (moved and f"counts {moved}", timed and f"head/base {timed}") if part)
+    return (
+        (
+            Word(test.verdict),
+            f" on this runner, head against base{': ' if found else ''}",
+            *((Code(found),) if found else ()),
+        ),
+    )
 
 
 def rank_lines(case: RunCase) -> tuple[Line, ...]:

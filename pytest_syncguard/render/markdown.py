@@ -354,7 +354,8 @@ def sections(
             ]
         )
     if ab is not None:
-        blocks.append(ab_lines(ab, accepted=run.accepted is not None))
+        folded = frozenset(entry.nodeid for entry in regressions)
+        blocks.append(ab_lines(ab, accepted=run.accepted is not None, folded=folded))
     blocks.append(_details(run, every_row, full_report))
     return blocks
 
@@ -430,10 +431,11 @@ def _plain(verdict: CaseComparison) -> bool:
     )
 
 
-def ab_lines(report: ABReport, accepted: bool = False) -> list[str]:
+def ab_lines(report: ABReport, accepted: bool = False, folded: frozenset[str] = frozenset()) -> list[str]:
     """The A/B of a change on one runner: its verdict, then per test that did not stay unchanged its counts, what
     changed in them, and each timing's head/base ratio with its interval; collapsed where nothing regressed. An
-    ``accepted`` change's regressions are marked ⚠️, not ❌ (a failure or a test missing on the head still is)."""
+    ``accepted`` change's regressions are marked ⚠️, not ❌ (a failure or a test missing on the head still is). The
+    tests ``folded`` into the report's entries (:func:`.chain.ab_link`) are named, not repeated."""
     from .ab import failure_text
 
     regressed = report.with_verdict(Status.REGRESSION)
@@ -470,7 +472,7 @@ def ab_lines(report: ABReport, accepted: bool = False) -> list[str]:
         lines += [f"Head {code(report.head)} against base {code(report.base)}: no round run.", ""]
     else:
         lines += _rounds_lines(report)
-    lines += _ab_rows(report)
+    lines += _ab_rows(report, folded)
     if regressed or failed or missing or report.unreached:
         return [f"### {title}", "", *lines, ""]
     return [f"<details><summary>{title}</summary>", "", *lines, "", "</details>", ""]
@@ -497,15 +499,20 @@ def _rounds_lines(report: ABReport) -> list[str]:
     ]
 
 
-def _ab_rows(report: ABReport) -> list[str]:
+def _ab_rows(report: ABReport, folded: frozenset[str] = frozenset()) -> list[str]:
     """Per test that did not stay unchanged, its counts and timings; the unchanged, the tests of one side, those not
-    A/B-tested and those judged against the baseline."""
+    A/B-tested and those judged against the baseline. A test ``folded`` into an entry above is only named."""
     from .ab import ratio_text, verdict_note
 
     lines: list[str] = []
     rows: list[str] = []
     quiet: list[str] = []
+    above = [test.nodeid for test in report.tests if test.nodeid in folded]
+    if above:
+        lines += [f'In the entries above ("in the A/B"): {", ".join(code(n) for n in above)}', ""]
     for test in report.tests:
+        if test.nodeid in folded:
+            continue
         cells = [
             f"| {code(test.nodeid, cell=True)} | {code(c.metric, cell=True)} | {value_text(c.metric, c.base)} → "
             f"{value_text(c.metric, c.head)} (exact) | {said(c.status, cell=True)} |"

@@ -1,8 +1,8 @@
-"""The ``syncguard`` command: ``report`` (a run's results against baselines -> Markdown/JSON verdicts),
-``comment`` (one sticky comment per GPU model on a GitHub pull request or a GitLab merge request), ``trace`` (gap
-analysis of any PyTorch profiler trace), ``baselines`` (show or diff baseline files), ``history`` (the default
-branch's runs), ``device`` (this machine's slug and fingerprint) and ``ab`` (base and head of a change run in
-interleaved rounds on this runner, and judged)."""
+"""The ``syncguard`` command: ``init`` (a repository's CI for syncguard, a first budget test), ``report`` (a run's
+results against baselines -> Markdown/JSON verdicts), ``comment`` (one sticky comment per GPU model on a GitHub pull
+request or a GitLab merge request), ``trace`` (gap analysis of any PyTorch profiler trace), ``baselines`` (show or
+diff baseline files), ``history`` (the default branch's runs), ``device`` (this machine's slug and fingerprint) and
+``ab`` (base and head of a change run in interleaved rounds on this runner, and judged)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import ab, baselines, comment, device, history, post_artifact, report, trace
+from . import ab, baselines, comment, device, history, init, post_artifact, report, trace
 
 #: Each command is a module with ``add(commands)``, its parser, and ``run(args)``, its exit status.
-COMMANDS = (report, ab, comment, post_artifact, trace, baselines, history, device)
+COMMANDS = (init, report, ab, comment, post_artifact, trace, baselines, history, device)
 
 
 def build_parser() -> argparse.ArgumentParser:

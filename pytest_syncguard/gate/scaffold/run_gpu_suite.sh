@@ -1,0 +1,1 @@
+../../../ci/run_gpu_suite.sh
