@@ -14,7 +14,7 @@ nox.options.sessions = ["lowest"]
 #: The lowest release of each claimed requirement (pyproject.toml), as pins.
 LOWEST = [
     "pytest==8.0.*", "transformers==4.56.*", "orjson==3.8.*", "filelock==3.12.*", "junitparser==3.1.*",
-    "ninja==1.11.*", "pytest-xdist==3.5.*", "pyyaml==6.0.*", "cmarkgfm==2024.11.*",
+    "ninja==1.11.*", "numpy==1.26.*", "pytest-xdist==3.5.*", "pyyaml==6.0.*", "cmarkgfm==2024.11.*",
 ]  # fmt: skip
 #: The tests run under them: hooks and markers (an xdist run among them), the probes (operators through the native
 #: extension), the CLI's report, the examples' strategies, the rootdir check. About 70 s on the 2-core machine.

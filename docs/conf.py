@@ -4,6 +4,7 @@ Build: ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (what 
 
 project = "pytest-syncguard"
 author = "the pytest-syncguard developers"
+copyright = "2026, the pytest-syncguard developers (MIT license)"
 extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]

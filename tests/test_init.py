@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from pytest_syncguard.gate.cli import main
@@ -160,8 +161,9 @@ def decode(model, prompt, steps):
 """
 
 
-def test_from_init_to_the_first_comment_on_a_cpu(tmp_path: Path) -> None:
-    """The tutorial's flow (docs/tutorial-ci.md), run through init's own workflow by devtools/run_action.py."""
+def test_from_init_to_the_first_comment(tmp_path: Path) -> None:
+    """The tutorial's flow (docs/tutorial-ci.md), run through init's own workflow by devtools/run_action.py: on a CPU
+    as its rehearsal, on a GPU machine as the GPU job."""
     origin, repo = tmp_path / "origin.git", tmp_path / "repo"
     git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
@@ -175,10 +177,12 @@ def test_from_init_to_the_first_comment_on_a_cpu(tmp_path: Path) -> None:
     git(repo, "remote", "add", "origin", str(origin))
     git(repo, "push", "-q", "origin", "main")
     gh = FakeGitHub(tmp_path, [], login="github-actions[bot]")
-    env = {**gh.env(), "SYNCGUARD_REQUIRE_GPU": "false", "SYNCGUARD_NATIVE": "0",
+    gpu = torch.cuda.is_available()  # on a GPU machine the job runs as on a GPU runner, CUDA budgets required
+    env = {**gh.env(), "SYNCGUARD_REQUIRE_GPU": "true" if gpu else "false", "SYNCGUARD_NATIVE": "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(repo)]),
            "PATH": f"{gh.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if not gpu:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
 
     def job(event: str, out: str, *args: str) -> tuple[int, str]:
         done = subprocess.run([sys.executable, str(ROOT / "devtools" / "run_action.py"),
@@ -199,7 +203,9 @@ def test_from_init_to_the_first_comment_on_a_cpu(tmp_path: Path) -> None:
     git(repo, "commit", "-qm", "adopt syncguard")
     status, log = job("pull_request", "pr1", "--pr", "7", "--base", base)
     assert status == 0, log[-4000:]
-    assert "SYNCGUARD_REQUIRE_GPU=false: a rehearsal" in log
+    assert ("SYNCGUARD_REQUIRE_GPU=false: a rehearsal" in log) != gpu
+    slug = (tmp_path / "pr1" / "device-slug").read_text().strip()
+    assert (slug == "cpu") != gpu
     (comment,) = gh.comments
     assert comment["body"].splitlines()[0].startswith("**✅ syncguard: no regressions: 1 test passed**")
     assert f"the base has none of the tests: {TEST} is new in this change" in comment["body"]
@@ -208,12 +214,14 @@ def test_from_init_to_the_first_comment_on_a_cpu(tmp_path: Path) -> None:
     git(repo, "checkout", "-q", "main")
     git(repo, "merge", "-q", "--ff-only", "adopt")
     status, log = job("push", "push1")
-    assert status == 0 and "(cpu: run 1) pushed to origin syncguard-history" in log, log[-4000:]
+    assert status == 0 and f"({slug}: run 1) pushed to origin syncguard-history" in log, log[-4000:]
     git(repo, "commit", "-q", "--allow-empty", "-m", "second")
     status, log = job("push", "push2")
-    assert status == 0 and "(cpu: run 2) pushed to origin syncguard-history" in log, log[-4000:]
-    assert "new (no baseline entry)" not in log and "judged against the default branch's history: 1 run of cpu" in log
-    assert (tmp_path / "push2" / "report-cpu.full.md").is_file()
+    assert status == 0 and f"({slug}: run 2) pushed to origin syncguard-history" in log, log[-4000:]
+    assert (
+        "new (no baseline entry)" not in log and f"judged against the default branch's history: 1 run of {slug}" in log
+    )
+    assert (tmp_path / "push2" / f"report-{slug}.full.md").is_file()
 
     # A debug log that reads the device every step: the budget fails with the line, the comment is updated.
     base = git(repo, "rev-parse", "HEAD")
@@ -228,4 +236,4 @@ def test_from_init_to_the_first_comment_on_a_cpu(tmp_path: Path) -> None:
     body = comment["body"]
     assert body.splitlines()[0].startswith("**❌ syncguard: 1 of 1 test failed")
     assert "16 syncs at `mygen/decode.py:10` in `decode`: `print('token', next_token[0, 0].item())`" in body
-    assert "judged against the default branch's history: 2 runs of cpu" in body
+    assert f"judged against the default branch's history: 2 runs of {slug}" in body
