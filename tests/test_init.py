@@ -178,7 +178,7 @@ def test_from_init_to_the_first_comment(tmp_path: Path) -> None:
     git(repo, "push", "-q", "origin", "main")
     gh = FakeGitHub(tmp_path, [], login="github-actions[bot]")
     gpu = torch.cuda.is_available()  # on a GPU machine the job runs as on a GPU runner, CUDA budgets required
-    env = {**gh.env(), "SYNCGUARD_REQUIRE_GPU": "true" if gpu else "false", "SYNCGUARD_NATIVE": "0",
+    env = {**gh.env(), "SYNCGUARD_REQUIRE_GPU": "true" if gpu else "false", "SYNCGUARD_NATIVE": "1" if gpu else "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(repo)]),
            "PATH": f"{gh.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     if not gpu:
@@ -202,7 +202,7 @@ def test_from_init_to_the_first_comment(tmp_path: Path) -> None:
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "adopt syncguard")
     status, log = job("pull_request", "pr1", "--pr", "7", "--base", base)
-    assert status == 0, log[-4000:]
+    assert status == 0, log[-12000:]
     assert ("SYNCGUARD_REQUIRE_GPU=false: a rehearsal" in log) != gpu
     slug = (tmp_path / "pr1" / "device-slug").read_text().strip()
     assert (slug == "cpu") != gpu

@@ -36,7 +36,8 @@ def summary_lines(report: ABReport) -> list[str]:
         "each metric's own minimum effect" if report.min_effect is None else f"minimum effect {report.min_effect:.0%}"
     )
     lines = [
-        f"syncguard ab: head {report.head} against base {report.base} on {report.device}, {rounds_text(report)}, "
+        f"syncguard ab: head {report.head} against base {report.base} on {report.device or 'no device'}, "
+        f"{rounds_text(report)}, "
         f"{report.confidence:.0%} intervals, {effect}",
     ]
     for side in ("head", "base"):
