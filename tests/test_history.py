@@ -104,9 +104,9 @@ def test_a_pr_is_judged_against_the_recent_runs_and_the_tolerance_narrows(
     assert not held.with_status("regression")
     text, _ = render(regressed)
     assert "judged against the default branch's history: 12 runs of nvidia-h100-80gb-hbm3 on 4 hosts" in text
-    assert "#### Trend" in text and "```mermaid\nxychart-beta" in text
+    assert "#### Trend" in text and "```mermaid\n%%{init: " in text and "%%\nxychart-beta" in text
     html = cmarkgfm.github_flavored_markdown_to_html(text, options=cmarkgfm.cmark.Options.CMARK_OPT_UNSAFE)
-    assert '<pre lang="mermaid"><code>xychart-beta' in html  # GitHub draws this block as a chart
+    assert '<pre lang="mermaid"><code>%%{init: ' in html  # GitHub draws this block as a chart
     chart = text.split("```mermaid")[1].split("```")[0]
     assert chart.count('"') >= 2 * 13 and '"this run"' in chart  # 12 commits and this run
 

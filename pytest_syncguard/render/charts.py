@@ -16,6 +16,8 @@ from ..metrics import metric
 #: The most runs of the default branch a chart shows, newest last.
 SHOWN_RUNS = 20
 _LABEL = re.compile(r"[^A-Za-z0-9_.:/\[\]() -]")
+#: One saturated line, legible on GitHub's light and dark themes alike (Mermaid's default palette is pale on dark).
+THEME = '%%{init: {"theme": "base", "themeVariables": {"xyChart": {"plotColorPalette": "#e8590c"}}}}%%'
 
 
 def _label(text: str, limit: int = 80) -> str:
@@ -52,8 +54,10 @@ def mermaid(history: History, nodeid: str, name: str, now: float) -> list[str]:
     axis = ", ".join(f'"{label}"' for label in labels)
     return [
         "```mermaid",
+        THEME,
         "xychart-beta",
-        f'    title "{_label(nodeid)} {_label(name)}"',
+        # The metric alone: the caption above the chart names the test (a test id ran past the chart's edge).
+        f'    title "{_label(name)}"',
         f"    x-axis [{axis}]",
         f'    y-axis "{_label(unit)}" {plain(low - margin)} --> {plain(high + margin)}',
         f"    line [{', '.join(plain(v) for v in values)}]",
