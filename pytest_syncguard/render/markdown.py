@@ -484,7 +484,10 @@ def _rounds_lines(report: ABReport) -> list[str]:
 
     return [
         f"Head {code(report.head)} against base {code(report.base)} on "
-        f"{code(report.device) if report.device else 'no device'}: "
+        f"{code(report.device) if report.device else 'no device'}: {plural(report.rounds, 'round')} interleaved.",
+        "",
+        "<details><summary>How the rounds ran and how a timing was judged</summary>",
+        "",
         f"{rounds_text(report, said)}; head/base with {report.confidence:.0%} intervals (exact signed-rank"
         + ("; Student's t below 6 rounds" if report.held else "")
         + ("; the hull of each pair of processes' interval" if report.processes > 1 else "")
@@ -495,6 +498,8 @@ def _rounds_lines(report: ABReport) -> list[str]:
             if report.min_effect is not None
             else "each metric's minimum effect (device time ±1%, host timings ±3%)."
         ),
+        "",
+        "</details>",
         "",
     ]
 
