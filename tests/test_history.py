@@ -191,7 +191,7 @@ def test_the_cli_records_fetches_and_writes_baselines_and_a_page(tmp_path: Path,
     done = subprocess.run([*cli, "page", "h", "--out", "page.html", "--repository", "octo/decode"], cwd=tmp_path,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("syncguard history: page.html: 1 GPU model (page.nvidia-h100-80gb-hbm3.html 0.0")
+    assert done.stdout.startswith("syncguard history: page.html: 1 GPU model (page.nvidia-h100-80gb-hbm3.html 0.")
     assert '<a href="page.nvidia-h100-80gb-hbm3.html">nvidia-h100-80gb-hbm3</a>' in (tmp_path / "page.html").read_text()
     text = (tmp_path / "page.nvidia-h100-80gb-hbm3.html").read_text()
     assert '"commit_url":"https://github.com/octo/decode/commit/"' in text and f'["{"1" * 12}",' in text
@@ -217,6 +217,11 @@ def test_the_page_escapes_what_the_history_says_and_chromium_draws_it(
                     "--window-size=1200,900", (tmp_path / "page.html").as_uri()], capture_output=True, timeout=120,
                    check=False)  # fmt: skip
     assert shot.exists() and shot.stat().st_size > 10_000  # a page with its charts, not a blank one
+    # The charts on the first screen are drawn by the vendored uPlot, its scripts run without an error.
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
+                          "--virtual-time-budget=3000", "--dump-dom", (tmp_path / "page.html").as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False).stdout  # fmt: skip
+    assert dom.count('class="uplot') >= 1, dom[-2000:]
 
 
 def test_a_run_is_judged_against_its_own_hosts_runs_where_the_history_allows(

@@ -94,7 +94,10 @@ def test_a_long_history_is_drawn_in_bounded_buckets_within_its_levels(suite: lis
     text = model_page(History("nvidia-h100-80gb-hbm3", tuple(runs)))
     payload = re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S)
     assert payload is not None and json.loads(payload.group(1)) == found
-    assert len(text.encode()) < 100 * len(runs)  # runs' commits, times and hosts, and a bounded chart per test
+    from pytest_syncguard.render.page import _UPLOT, _UPLOT_STYLE
+
+    library = len((_UPLOT + _UPLOT_STYLE).encode())  # the chart library, the same 53 kB in every page
+    assert len(text.encode()) - library < 100 * len(runs)  # runs' commits, times, hosts; a bounded chart per test
 
 
 def test_the_level_starts_a_record_keeps_are_those_of_a_replay_of_every_run(
@@ -122,3 +125,17 @@ def test_the_level_starts_a_record_keeps_are_those_of_a_replay_of_every_run(
     (tmp_path / "nvidia-h100-80gb-hbm3.000010.jsonl").unlink()
     with pytest.raises(history.HistoryError, match=r"000020\.jsonl: holds runs from 20, after 10 runs"):
         data(window, history.every_run(tmp_path, window, filled=False))
+
+
+def test_the_page_carries_its_chart_library_pinned_and_licensed(suite: list[MeasuredTest]) -> None:
+    """uPlot is vendored at one version (render/vendor/README.md says from where), its license beside it and named in
+    each page, which carries the library inline (one file, no network)."""
+    from pytest_syncguard.render import page
+
+    vendor = Path(page.__file__).with_name("vendor")
+    script = (vendor / "uPlot.iife.min.js").read_text()
+    assert script.startswith(f"/*! https://github.com/leeoniya/uPlot (v{page.UPLOT_VERSION}) */")
+    assert f"uPlot {page.UPLOT_VERSION}" in (vendor / "README.md").read_text()
+    assert (vendor / "LICENSE.uPlot").read_text().startswith("The MIT License (MIT)")
+    text = model_page(History("nvidia-h100-80gb-hbm3", tuple(_runs(suite, 30, step_at=20, glitch_at=5))))
+    assert f"<!-- uPlot {page.UPLOT_VERSION}, MIT license (c) Leon Sorokin" in text and script in text

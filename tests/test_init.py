@@ -115,9 +115,11 @@ def test_what_init_writes_keeps_the_workflow_rules_and_its_names_agree(
             if flow is gpu:
                 continue
             assert flow["on"]["workflow_run"]["workflows"] == [WORKFLOW]  # they wait for the GPU job by its name
-            (follower,) = flow["jobs"].values()
+            follower, *published = flow["jobs"].values()  # the history's page job after its record
             downloads = [s for s in follower["steps"] if "download-artifact" in s.get("uses", "")]
             assert [s["with"]["name"] for s in downloads] == [ARTIFACT]  # and find its artifact by its name
+            assert all(job["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+                       for job in published)  # fmt: skip
             installs = [s["run"] for s in follower["steps"] if "pip install" in s.get("run", "")]
             assert installs == [f"python -m pip install --require-hashes --no-deps -r {ACTION_DIR}/report-requirements.txt"
                                 ' && python -m pip install --no-deps --no-build-isolation "$PACKAGE"']  # fmt: skip

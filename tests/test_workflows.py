@@ -82,8 +82,15 @@ def test_only_the_history_job_writes_and_only_for_the_default_branchs_own_runs()
     the default branch, with contents write and nothing else; no other job of the repository may write."""
     workflow = load("gpu-history.yml")
     assert set(workflow["on"]) == {"workflow_run"} and workflow["permissions"] == {}
-    (job,) = workflow["jobs"].values()
+    job, page = workflow["jobs"]["record"], workflow["jobs"]["page"]
+    assert set(workflow["jobs"]) == {"record", "page"}
     assert job["permissions"] == {"actions": "read", "contents": "write"}
+    # The page, published only where the repository asks for it, after the record, with Pages' rights alone.
+    assert page["needs"] == "record" and page["if"] == "vars.SYNCGUARD_PAGES == 'true'"
+    assert page["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    assert page["environment"]["name"] == "github-pages"
+    drawn = " ".join(step.get("run", "") for step in page["steps"])
+    assert "syncguard history fetch" in drawn and "--every-run" in drawn and "syncguard history page" in drawn
     condition = " ".join(job["if"].split())
     assert "github.event.workflow_run.event == 'push'" in condition
     assert "github.event.workflow_run.head_branch == github.event.repository.default_branch" in condition
@@ -217,10 +224,10 @@ def test_the_readmes_snippet_runs_through_the_action_in_a_scratch_repository(tmp
 def test_a_job_that_holds_a_write_token_installs_nothing_unpinned(name: str) -> None:
     """Every package those jobs install is pinned to a version and its hash; syncguard itself is built from the
     default branch's checkout with the pinned build backend (no build isolation, which would fetch one unpinned)."""
-    (job,) = load(name)["jobs"].values()
-    installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
-    assert installs == ["python -m pip install --require-hashes --no-deps -r ci/report-requirements.txt && "
-                        "python -m pip install --no-deps --no-build-isolation ."]  # fmt: skip
+    for job in load(name)["jobs"].values():  # the history's page job too (Pages' token)
+        installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
+        assert installs == ["python -m pip install --require-hashes --no-deps -r ci/report-requirements.txt && "
+                            "python -m pip install --no-deps --no-build-isolation ."]  # fmt: skip
     requirements = (ROOT / "ci" / "report-requirements.txt").read_text()
     pinned = re.findall(r"^([A-Za-z0-9_.-]+)==[0-9][^ ]* \\\n    --hash=sha256:[0-9a-f]{64}$", requirements, re.M)
     assert sorted(pinned) == ["filelock", "junitparser", "setuptools"]

@@ -4,9 +4,9 @@ with an index of the tests and a search over them; and an index of the models (:
 A page stays small whatever the history's age: each chart's runs are cut into at most :data:`BUCKETS` buckets, kept
 within its levels (a bucket never spans the start of a level), each bucket's lowest and highest value and its last
 run kept, so a glitch shows however many runs lie around it; every run stays in the history's segments. The charts
-are drawn by the page's own script on a canvas, only when they scroll into view, with axes, dates, the levels'
-medians and, on hover, the runs, commits, hosts and dates of the bucket under the pointer (a click opens its last
-commit where the repository is known). Counts that never changed are one line of text.
+are drawn with uPlot (vendored, pinned: ``render/vendor``), only when they scroll into view, with axes, dates, the
+levels' medians, zoom into runs and, on hover, the runs, commits, hosts and dates of the bucket under the pointer (a
+click opens its last commit where the repository is known). Counts that never changed are one line of text.
 
 Text from the history (test ids, commits, hosts) is untrusted: it reaches the page as JSON inside a script element
 whose ``<`` are escaped, and the script sets it as text, never as HTML."""
@@ -233,18 +233,21 @@ def model_page(
             "<!doctype html>",
             '<html lang="en"><head><meta charset="utf-8">',
             f"<title>syncguard history: {html.escape(history.device)}</title>",
-            f"<style>{_STYLE}</style>",
+            f"<style>{_UPLOT_STYLE}{_STYLE}</style>",
             "</head><body>",
             back,
             f"<h1>{html.escape(history.device)}</h1>",
             f"<p>{html.escape(held + when)}. Each chart: every run of the default branch in buckets (the bar: the "
             "bucket's lowest to highest value, the dot: its last run), the level each run was judged against (its "
-            "median, a line), the newest run last. Hover for the runs, click for the commit.</p>",
+            "median, a stepped line), the newest run last. Drag across a chart to zoom into its runs, double-click to "
+            "zoom out; hover for the runs, click for the commit.</p>",
             '<p><input id="search" type="search" placeholder="search tests" size="60"> <span id="shown"></span></p>',
             '<table id="index"><thead><tr><th>test</th><th>device time, last run</th><th>levels</th></tr></thead>'
             "<tbody></tbody></table>",
             '<div id="tests"></div><div id="tip" hidden></div>',
             f'<script type="application/json" id="data">{payload}</script>',
+            f"<!-- uPlot {UPLOT_VERSION}, MIT license (c) Leon Sorokin: https://github.com/leeoniya/uPlot -->",
+            f"<script>{_UPLOT}</script>",
             f"<script>{_SCRIPT}</script>",
             "</body></html>",
         ]
@@ -300,10 +303,16 @@ def _first(name: str) -> tuple[int, str]:
 _STYLE = (
     "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}"
     "td,th{padding:2px 8px;text-align:left;border-bottom:1px solid #eee}h2{font-size:15px;margin:1.5em 0 .3em}"
-    "figure{display:inline-block;margin:0 12px 8px 0}figcaption{font-size:12px}canvas{border:1px solid #ddd}"
+    "figure{display:inline-block;margin:0 12px 8px 0;vertical-align:top}figcaption{font-size:12px}"
+    ".chart{width:520px;height:220px;border:1px solid #ddd}"
     "#tip{position:fixed;background:#fff;border:1px solid #888;padding:4px 6px;font-size:12px;pointer-events:none;"
     "white-space:pre}#index{max-height:40vh;overflow:auto;display:block}"
 )
 
 #: The page's script: the index, the search, and each chart drawn when it scrolls into view.
 _SCRIPT = Path(__file__).with_name("page.js").read_text(encoding="utf-8")
+#: The chart library, vendored and pinned (render/vendor/README.md says from where and how to update it).
+UPLOT_VERSION = "1.6.32"
+_VENDOR = Path(__file__).with_name("vendor")
+_UPLOT = (_VENDOR / "uPlot.iife.min.js").read_text(encoding="utf-8")
+_UPLOT_STYLE = (_VENDOR / "uPlot.min.css").read_text(encoding="utf-8")
