@@ -62,9 +62,12 @@ fi
 # baseline where it has one, for the suite and the report alike; without it, the baselines folder judges.
 history=()
 reference="$baselines"
-if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && git remote get-url origin > /dev/null 2>&1; then
+# SYNCGUARD_HISTORY_STORE (a postgresql:// connection string): the history in that database instead of the branch.
+store=()
+[ -z "${SYNCGUARD_HISTORY_STORE:-}" ] || store=(--store "$SYNCGUARD_HISTORY_STORE")
+if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && { [ ${#store[@]} -gt 0 ] || git remote get-url origin > /dev/null 2>&1; }; then
     rm -rf "$out/history" "$out/reference"
-    if syncguard history fetch --into "$out/history" && [ -f "$out/history/$slug.jsonl" ]; then
+    if syncguard history fetch --into "$out/history" "${store[@]}" && [ -f "$out/history/$slug.jsonl" ]; then
         history=(--history "$out/history")
         syncguard history baselines "$out/history" --out "$out/reference" > /dev/null && reference="$out/reference"
     fi

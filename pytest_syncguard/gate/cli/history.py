@@ -13,7 +13,7 @@ from ...judge import history
 from ...judge.baselines import document
 from ...render.page import page_names, pages
 from ...words import plural
-from .. import history_branch
+from .. import history_branch, history_postgres
 from ..forge.base import CommentError
 from ..forge.choice import forge_named
 from ..history_branch import BRANCH
@@ -42,6 +42,11 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the history branch of this git remote (e.g. origin): "
         "fetched, appended and pushed, again on a new tip while another push rejects it",
     )
+    where.add_argument(
+        "--store",
+        metavar="URL",
+        help="a PostgreSQL database (postgresql://USER@HOST/DB): appended in one transaction under its lock",
+    )
     record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
     fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
     fetch.add_argument("--into", metavar="DIR", required=True, help="the folder the history files are copied into")
@@ -49,6 +54,7 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--remote", default="origin", help="the git remote whose history branch is read (default origin)"
     )
     fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    fetch.add_argument("--store", metavar="URL", help="read a PostgreSQL store (postgresql://...) instead of a branch")
     fetch.add_argument(
         "--every-run",
         action="store_true",
@@ -80,15 +86,21 @@ def run(args: argparse.Namespace) -> int:
                 held = history.record(Path(args.into), results, args.commit, history.now())
                 for slug, recorded in held.items():
                     print(f"syncguard history: {recorded.describe(slug)}")
+            elif args.store:
+                history_postgres.record(_store(args.store), results, args.commit)
             else:
                 history_branch.push(Path.cwd(), results, args.commit, remote=args.push, branch=args.branch)
             return 0
         if args.action == "fetch":
-            found = history_branch.fetch(
-                Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch, every_run=args.every_run
-            )
+            if args.store:
+                found = history_postgres.fetch(_store(args.store), Path(args.into), every_run=args.every_run)
+            else:
+                found = history_branch.fetch(
+                    Path.cwd(), Path(args.into), remote=args.remote, branch=args.branch, every_run=args.every_run
+                )
+            source = history_postgres.shown(args.store) if args.store else f"{args.remote} {args.branch}"
             print(
-                f"syncguard history: {args.remote} {args.branch} "
+                f"syncguard history: {source} "
                 + (
                     "fetched into " + args.into
                     if found
@@ -129,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
     except (history.HistoryError, ResultsError, CommentError, OSError) as exc:
         print(f"syncguard history: {exc}", file=sys.stderr)
         return 2
+
+
+def _store(url: str) -> str:
+    """A PostgreSQL connection string, or a usage error naming the option."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise history.HistoryError(f"--store {history_postgres.shown(url)!r}: give a postgresql:// connection string")
+    return url
 
 
 def _histories(folder: Path) -> list[History]:
