@@ -103,6 +103,27 @@ def main() -> None:
                 git(fresh, "cat-file", "blob", blob)
         seconds = time.perf_counter() - began
         print(f"{name} | {pack_bytes(fresh) / 1e6:.2f} | {seconds:.1f}")
+    # A developer's `git clone` of a repository whose main is one small commit, its history on the branch (git clone
+    # fetches every branch) or under refs/syncguard/ (history_branch.OUTSIDE_BRANCHES: a clone leaves it).
+    print("a developer's git clone | MB received (objects held after) | seconds")
+    for where in ("refs/heads/syncguard-history", "refs/syncguard/history"):
+        project = work / "project.git"
+        shutil.rmtree(project, ignore_errors=True)
+        subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(project)], check=True)
+        seed = work / "seed"
+        shutil.rmtree(seed, ignore_errors=True)
+        subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
+        (seed / "README.md").write_text("project\n")
+        git(seed, "add", ".")
+        git(seed, "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-qm", "main")
+        git(seed, "push", "-q", project.as_uri(), "main")
+        git(branch, "push", "-q", project.as_uri(), f"syncguard-history:{where}")
+        clone = work / "clone"
+        shutil.rmtree(clone, ignore_errors=True)
+        began = time.perf_counter()
+        subprocess.run(["git", "clone", "-q", project.as_uri(), str(clone)], check=True)
+        seconds = time.perf_counter() - began
+        print(f"the history at {where} | {pack_bytes(clone) / 1e6:.2f} | {seconds:.1f}")
     shutil.rmtree(work)
 
 

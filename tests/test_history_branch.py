@@ -200,3 +200,29 @@ def test_closed_segments_go_onto_the_branch_once_and_a_report_fetches_only_what_
     assert whole is not None and window is not None and whole.count == window.count == 5
     assert [r.commit for r in whole.runs] == [f"{n + 1:040x}" for n in range(5)]
     assert history.levels(window).baseline.tests == history.levels(whole).baseline.tests
+
+
+@pytest.mark.parametrize(
+    ("where", "cloned"), [(history_branch.BRANCH, True), ("refs/syncguard/history", False)], ids=["branch", "outside"]
+)
+def test_a_history_outside_the_branches_is_judged_alike_and_not_cloned(
+    tmp_path: Path, remote: Path, suite: list[MeasuredTest], where: str, cloned: bool
+) -> None:
+    """``--branch refs/syncguard/history``: pushed and fetched as the branch is, but a developer's ``git clone`` does
+    not download it (the branch's every commit comes with a clone: git clone fetches refs/heads/*)."""
+    runner = _clone(remote, tmp_path / "runner")
+    for push in range(3):
+        history_branch.push(runner, suite, f"{push + 1:040x}", remote="origin", branch=where, say=_quiet)
+    pr = _clone(remote, tmp_path / "pr")
+    assert history_branch.fetch(pr, pr / "h", branch=where)
+    found = history.read(pr / "h", SLUG)
+    assert found is not None and len(found.runs) == 3
+    ref = where if where.startswith("refs/") else f"refs/heads/{where}"
+    tip = _git(remote, "rev-parse", ref).strip()
+    developer = tmp_path / "developer"  # over git's transport, as from a server (a local clone copies every object)
+    subprocess.run(["git", "clone", "-q", "--no-local", str(remote), str(developer)], check=True)
+    held = subprocess.run(["git", "-C", str(developer), "cat-file", "-e", tip], capture_output=True)
+    assert (held.returncode == 0) == cloned
+    for wrong in ("refs/heads/x", "refs/syncguard/", "refs/syncguard/a b", "refs/tags/v1"):
+        with pytest.raises(history_branch.BranchError, match="not a branch name"):
+            history_branch.fetch(pr, pr / "w", branch=wrong)

@@ -68,11 +68,33 @@ def checked_name(what: str, value: str) -> str:
     return value
 
 
+#: Where a history may live outside the branches: a ref that ``git clone`` does not fetch (``refs/syncguard/history``).
+OUTSIDE_BRANCHES = "refs/syncguard/"
+
+
 def _ref(branch: str) -> str:
+    """The full ref of ``--branch``: a branch name (``refs/heads/NAME``), or a ref under :data:`OUTSIDE_BRANCHES`,
+    which a developer's clone does not download (and a branch ruleset does not protect)."""
     checked_name("--branch", branch)
-    if branch.startswith("refs/") or ".." in branch or branch.endswith((".lock", "/")) or "//" in branch:
-        raise BranchError(f"--branch {branch!r}: not a branch name (give it without refs/heads/)")
-    return f"refs/heads/{branch}"
+    full = branch.startswith(OUTSIDE_BRANCHES)
+    name = branch.removeprefix(OUTSIDE_BRANCHES) if full else branch
+    if (
+        not name
+        or name.startswith("refs/")
+        or ".." in branch
+        or branch.endswith((".lock", "/"))
+        or "//" in branch
+        or any(c in branch for c in " ~^:?*[\\")
+    ):
+        raise BranchError(
+            f"--branch {branch!r}: not a branch name (give it without refs/heads/) nor a ref under {OUTSIDE_BRANCHES}"
+        )
+    return branch if full else f"refs/heads/{branch}"
+
+
+def _tracking(branch: str) -> str:
+    """Where a fetched history is kept in the checkout: ``refs/syncguard/fetched/<the ref past refs/>``."""
+    return "refs/syncguard/fetched/" + _ref(branch).removeprefix("refs/")
 
 
 def _fetched(checkout: Path, remote: str, branch: str) -> str | None:
@@ -85,10 +107,8 @@ def _fetched(checkout: Path, remote: str, branch: str) -> str | None:
         return None
     # Its tip only: the files a record or a report reads are the tip's (measured with bench/bench_history_fetch.py,
     # 50 tests x 1,100 pushes: 0.86 MB in 0.2 s, the whole branch 3.83 MB in 2.6 s).
-    _git(checkout, "fetch", "--quiet", "--depth", "1", "--end-of-options", remote, f"+{ref}:refs/syncguard/{branch}")
-    return _git(
-        checkout, "rev-parse", "--verify", "--end-of-options", f"refs/syncguard/{branch}^{{commit}}"
-    ).stdout.strip()
+    _git(checkout, "fetch", "--quiet", "--depth", "1", "--end-of-options", remote, f"+{ref}:{_tracking(branch)}")
+    return _git(checkout, "rev-parse", "--verify", "--end-of-options", f"{_tracking(branch)}^{{commit}}").stdout.strip()
 
 
 def _files(checkout: Path, tip: str) -> list[tuple[str, str, int]]:

@@ -47,13 +47,21 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="URL",
         help="a PostgreSQL database (postgresql://USER@HOST/DB): appended in one transaction under its lock",
     )
-    record.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    record.add_argument(
+        "--branch",
+        default=BRANCH,
+        help=f"the history branch (default {BRANCH}), or a ref under refs/syncguard/ that git clone does not fetch",
+    )
     fetch = actions.add_parser("fetch", help="copy the history branch's files into a folder (for report --history)")
     fetch.add_argument("--into", metavar="DIR", required=True, help="the folder the history files are copied into")
     fetch.add_argument(
         "--remote", default="origin", help="the git remote whose history branch is read (default origin)"
     )
-    fetch.add_argument("--branch", default=BRANCH, help=f"the history branch (default {BRANCH})")
+    fetch.add_argument(
+        "--branch",
+        default=BRANCH,
+        help=f"the history branch (default {BRANCH}), or a ref under refs/syncguard/ that git clone does not fetch",
+    )
     fetch.add_argument("--store", metavar="URL", help="read a PostgreSQL store (postgresql://...) instead of a branch")
     fetch.add_argument(
         "--every-run",
