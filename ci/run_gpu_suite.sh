@@ -22,7 +22,8 @@
 # pytest's summary and the report in one log say the same. SYNCGUARD_ACCEPT (default empty): why this change's
 # regressions are intended (the action sets it from the pull request's accept label): reported as accepted, and the
 # A/B's regressions do not fail the job. SYNCGUARD_REQUIRE_GPU (default true): false rehearses the
-# job on a machine without a GPU (no CUDA device required; the CUDA budgets then say "not measured").
+# job on a machine without a GPU (no CUDA device required; the CUDA budgets then say "not measured"; the A/B judges
+# counts alone, with one warm pytest per side).
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-syncguard-out}"
@@ -104,6 +105,11 @@ if [[ "${BASE_SHA:-}" =~ ^[0-9a-f]{40}$ ]]; then
     # Device time, all the A/B judges here, comes from each measure()'s traced run: in the rounds after the first,
     # that run alone (the rounds make the interval). Host timings need the tests' own timed runs.
     judged=(--no-host-timings --timed-runs 0)
+    # A rehearsal without a GPU has no device time to judge, only counts (exact): one warm pytest per side does it
+    # (the second pair exists to cancel one process's offset in a timing).
+    if [ "${#require_gpu[@]}" -eq 0 ]; then
+        judged+=(--processes 1)
+    fi
     if [ "${SYNCGUARD_AB_HOST_TIMINGS:-false}" = "true" ]; then
         judged=()
     elif [ -f "$out/results-$slug.json" ]; then
