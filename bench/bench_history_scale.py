@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import random
 import shutil
@@ -164,7 +165,12 @@ def main() -> None:
         comment = (work / f"c{args.tests}.md").stat().st_size
         held = histories.read(folder, slug)
         assert held is not None
-        more = tuple(runs_of(document, segment - len(held.runs) - 1, seed=1))  # one short of closing the segment
+        # One short of closing the open segment: by its runs (SEGMENT), or by its bytes (SEGMENT_BYTES) where a run
+        # is large (20,000 tests: more than a megabyte a run).
+        size = (folder / f"{slug}{histories.RUNS_SUFFIX}").stat().st_size
+        per_run = size / max(1, len(held.runs))
+        by_bytes = math.ceil((histories.SEGMENT_BYTES - size) / per_run) - 1
+        more = tuple(runs_of(document, max(0, min(segment - len(held.runs) - 1, by_bytes)), seed=1))
         more = tuple(Run(f"{n:039x}a", r.time, r.host, r.tests) for n, r in enumerate(more))
         histories.write(folder, History(slug, held.runs + more, held.details, held.before))
         closing = timed([*record, "d" * 40], work)
