@@ -76,6 +76,9 @@ def test_a_second_init_replaces_only_what_it_wrote_and_says_what_it_left_alone(
     assert status == 2 and f"{tmp_path / MANIFEST}: not init's record of what it wrote" in said
     assert main(["init", str(tmp_path / "absent")]) == 2
     assert "absent: no such folder" in capsys.readouterr().err
+    (tmp_path / MANIFEST).unlink()
+    status, said = init(tmp_path, "--action", "acme/pytest-syncguard@v1", capsys=capsys)
+    assert status == 2 and "pinned to a full commit" in said  # a tag can move under the workflow
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     init.add_argument(
         "--action",
-        metavar="OWNER/REPO@REF",
-        help="reference the action at this public address (a commit of pytest-syncguard) instead of vendoring it",
+        metavar="OWNER/REPO@COMMIT",
+        help="reference the action at this public address, pinned to a full commit, instead of vendoring it",
     )
     init.add_argument(
         "--package",

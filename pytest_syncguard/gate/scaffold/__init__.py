@@ -30,8 +30,8 @@ FORK_SAFE = {
 }
 TEST = "tests/test_syncguard_budget.py"
 PYTEST_INI = "pytest.ini"
-#: A referenced action: OWNER/REPO@REF (a commit, best).
-ACTION_ADDRESS = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)@(?P<ref>[\w./-]+)")
+#: A referenced action: OWNER/REPO@COMMIT (pinned to a full commit, as GitHub advises for third-party actions).
+ACTION_ADDRESS = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)@(?P<ref>[0-9a-f]{40})")
 _PLACEHOLDER = re.compile(r"@@(\w+)@@")
 
 
@@ -58,7 +58,10 @@ def files(choices: Choices, pytest_configured: bool) -> dict[str, str]:
     if choices.action is not None:
         found = ACTION_ADDRESS.fullmatch(choices.action)
         if found is None:
-            raise ValueError(f"--action {choices.action!r}: give OWNER/REPO@REF (a commit of pytest-syncguard)")
+            raise ValueError(
+                f"--action {choices.action!r}: give OWNER/REPO@COMMIT, pinned to a full commit of pytest-syncguard "
+                "(40 hex digits: a tag or branch can move under the workflow)"
+            )
         uses = f"{found['repo']}/{ACTION_DIR}@{found['ref']}"
     else:
         uses = f"./{ACTION_DIR}  # zizmor: ignore[self-repository] -- vendored: the checked-out commit's"
