@@ -77,6 +77,10 @@ def test_a_second_init_replaces_only_what_it_wrote_and_says_what_it_left_alone(
     assert main(["init", str(tmp_path / "absent")]) == 2
     assert "absent: no such folder" in capsys.readouterr().err
     (tmp_path / MANIFEST).unlink()
+    (tmp_path / ".github" / "workflows" / "syncguard.yml").unlink()
+    (tmp_path / ".github" / "workflows" / "syncguard.yml").mkdir()  # where a file must go, a folder
+    assert main(["init", str(tmp_path), "--package", "p"]) == 0  # left alone: not a regular file, said
+    assert "left alone  .github/workflows/syncguard.yml (not a regular file)" in capsys.readouterr().out
     status, said = init(tmp_path, "--action", "acme/pytest-syncguard@v1", capsys=capsys)
     assert status == 2 and "pinned to a full commit" in said  # a tag can move under the workflow
 

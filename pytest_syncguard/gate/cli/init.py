@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = files(choices, pytest_configured=configured is not None)
         outcomes = apply(root, written, retired=tuple(SINGLE if args.fork_safe else FORK_SAFE))
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # a manifest it cannot read, a file it cannot write: named, no traceback
         print(f"syncguard init: {error}", file=sys.stderr)
         return 2
     for outcome in outcomes:

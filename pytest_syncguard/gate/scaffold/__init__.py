@@ -110,7 +110,10 @@ def pytest_configuration(root: Path) -> Path | None:
 def default_package() -> tuple[str, str | None]:
     """The requirement a runner installs this pytest-syncguard from, as pip recorded where it came from (PEP 610),
     and why it may not reach a runner (None where it will)."""
-    distribution = metadata.distribution("pytest-syncguard")
+    try:
+        distribution = metadata.distribution("pytest-syncguard")
+    except metadata.PackageNotFoundError:  # imported from a checkout on the path, never installed
+        return f"pytest-syncguard=={__version__}", "pytest-syncguard is not installed here, only importable"
     recorded = distribution.read_text("direct_url.json")
     if not recorded:
         return f"pytest-syncguard=={distribution.version}", None
