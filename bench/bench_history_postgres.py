@@ -43,7 +43,7 @@ def main() -> None:
         folder.mkdir()
         write_segmented(folder, slug, runs_of(document, args.runs), args.runs, args.runs % histories.SEGMENT)
         with psycopg.connect(url) as connection:
-            connection.execute(history_postgres._CREATE)
+            connection.execute(history_postgres.CREATE_TABLE)
             for path in folder.iterdir():
                 connection.execute(
                     f"INSERT INTO {history_postgres.TABLE} (name, content) VALUES (%s, %s)",

@@ -66,11 +66,11 @@ reference="$baselines"
 # SYNCGUARD_HISTORY_STORE (a postgresql:// connection string): the history in that database instead of the branch.
 # SYNCGUARD_HISTORY_BRANCH (default syncguard-history): the branch, or a ref under refs/syncguard/ that a developer's
 # git clone does not download (docs/howto/history.md).
-store=(--branch "${SYNCGUARD_HISTORY_BRANCH:-syncguard-history}")
-[ -z "${SYNCGUARD_HISTORY_STORE:-}" ] || store=(--store "$SYNCGUARD_HISTORY_STORE")
+history_from=(--branch "${SYNCGUARD_HISTORY_BRANCH:-syncguard-history}")
+[ -z "${SYNCGUARD_HISTORY_STORE:-}" ] || history_from=(--store "$SYNCGUARD_HISTORY_STORE")
 if [ "${SYNCGUARD_HISTORY:-true}" = "true" ] && { [ -n "${SYNCGUARD_HISTORY_STORE:-}" ] || git remote get-url origin > /dev/null 2>&1; }; then
     rm -rf "$out/history" "$out/reference"
-    if syncguard history fetch --into "$out/history" "${store[@]}" && [ -f "$out/history/$slug.jsonl" ]; then
+    if syncguard history fetch --into "$out/history" "${history_from[@]}" && [ -f "$out/history/$slug.jsonl" ]; then
         history=(--history "$out/history")
         syncguard history baselines "$out/history" --out "$out/reference" > /dev/null && reference="$out/reference"
     fi

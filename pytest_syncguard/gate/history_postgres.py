@@ -25,7 +25,8 @@ TABLE = "syncguard_history_files"
 #: The advisory lock every record of one store takes: records wait for each other, readers never do.
 LOCK = 0x5359_4E43  # "SYNC"
 CONNECT_TIMEOUT_S = 30
-_CREATE = (
+#: The store's one table, made by the first record.
+CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
     "(name text PRIMARY KEY, content bytea NOT NULL, updated timestamptz NOT NULL DEFAULT now())"
 )
@@ -108,7 +109,7 @@ def record(
     try:
         with connection, connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK,))
-            cursor.execute(_CREATE)
+            cursor.execute(CREATE_TABLE)
             _copy(cursor, [n for n in _names(cursor) if history.judging_file(n)], folder)
             before = {path.name: path.read_bytes() for path in folder.iterdir()}
             held = history.record(folder, results, commit, when)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ...files import write_atomically
 
 #: init's record of what it wrote (path -> sha256 of the text written), at the repository's root.
 MANIFEST = ".syncguard-init.json"
@@ -52,12 +53,9 @@ def apply(root: Path, files: dict[str, str], retired: tuple[str, ...] = ()) -> l
                 outcomes.append(Outcome(relative, "left alone", why))
                 continue
         done = "updated" if path.exists() else "wrote"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.init-partial")
-        partial.write_bytes(data)
+        write_atomically(path, text)
         if relative.endswith(".sh"):
-            partial.chmod(0o755)
-        os.replace(partial, path)
+            path.chmod(0o755)
         owned[relative] = _digest(data)
         outcomes.append(Outcome(relative, done))
     for relative in retired:
@@ -71,7 +69,5 @@ def apply(root: Path, files: dict[str, str], retired: tuple[str, ...] = ()) -> l
         else:
             outcomes.append(Outcome(relative, "left alone", "edited since init wrote it: remove it yourself"))
     record = {"written_by": "syncguard init", "files": dict(sorted(owned.items()))}
-    partial = manifest_path.with_name(f".{MANIFEST}.partial")
-    partial.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, manifest_path)
+    write_atomically(manifest_path, json.dumps(record, indent=2) + "\n")
     return outcomes
