@@ -26,7 +26,9 @@ def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, t
     """Run the strategy suite under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
     each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
     variant, each test's exact counts and what pytest printed."""
-    command = [sys.executable, "-m", "pytest", "examples", "--syncguard", "-p", "no:cacheprovider", "-q"]
+    # The counts come from each measure()'s first run: its timed runs are left out (--syncguard-repeat 0).
+    command = [sys.executable, "-m", "pytest", "examples", "--syncguard", "--syncguard-repeat", "0"]
+    command += ["-p", "no:cacheprovider", "-q"]
     runs = {
         name: subprocess.Popen(
             [*command, "--syncguard-json", str(tmp_path / f"{name}.json"), *args],
