@@ -9,8 +9,9 @@ its own GPU), gloo on the CPU. Outside a launch of several processes it is skipp
 
 Planted for the evidence of docs/howto/torchrun.md: ``SYNCGUARD_PLANT_STRAGGLER_US=200`` makes rank 1 spin that many
 microseconds on its GPU in each step, before its second layer (where its GPU has queued work, so that all of the spin
-delays its arrival at that layer's all-reduce: a straggler); ``SYNCGUARD_PLANT_KILL_RANK=1`` makes rank 1 kill itself
-(SIGKILL) in the middle of its first measured run.
+delays its arrival at that layer's all-reduce: a straggler), or before every layer with
+``SYNCGUARD_PLANT_STRAGGLER_LAYERS=all``; ``SYNCGUARD_PLANT_KILL_RANK=1`` makes rank 1 kill itself (SIGKILL) in the
+middle of its first measured run.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class ShardedMLP(torch.nn.Module):
     def __init__(self, device: torch.device, spin: int = 0) -> None:
         super().__init__()
         self.spin = spin
-        """GPU clock cycles spun before the second layer (a planted straggler); 0: none."""
+        """GPU clock cycles spun before the second layer, or every layer (a planted straggler); 0: none."""
+        self.spun = range(LAYERS) if os.environ.get("SYNCGUARD_PLANT_STRAGGLER_LAYERS") == "all" else (1,)
         width = 4 * HIDDEN // WORLD
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         generator = torch.Generator().manual_seed(dist.get_rank())
@@ -68,7 +70,7 @@ class ShardedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer, (up, down) in enumerate(zip(self.up, self.down, strict=True)):
-            if layer == 1 and self.spin:
+            if self.spin and layer in self.spun:
                 torch.cuda._sleep(self.spin)
             partial = torch.nn.functional.gelu(x @ up) @ down
             dist.all_reduce(partial)
@@ -129,3 +131,17 @@ def test_tp_decode(syncguard: SyncGuard, device: torch.device) -> None:
         return decode(model, x, kill_at)
 
     syncguard.measure(run, tokens=STEPS, warmup=1, repeat=5)
+
+
+@pytest.mark.max_syncs_per_token(1)
+@pytest.mark.max_collectives_per_token(LAYERS)
+def test_tp_decode_in_a_region(syncguard: SyncGuard, device: torch.device) -> None:
+    """The same loop in a plain region, as most tests are written: its collectives' waits come from the region."""
+    model = ShardedMLP(device)
+    x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)).to(device, model.up[0].dtype)
+    planted = float(os.environ.get("SYNCGUARD_PLANT_STRAGGLER_US", "0") or 0)
+    if planted and dist.get_rank() == 1 and device.type == "cuda":
+        model.spin = _spin_cycles(model, x, planted)
+    decode(model, x)  # warm-up
+    with syncguard.generation(tokens=STEPS):
+        decode(model, x)

@@ -160,6 +160,16 @@ class GenerationRegion:
         return self.device != "cpu" and torch.cuda.is_available()
 
     @property
+    def counting(self) -> bool:
+        """A ``measure()``'s counting run (traced, its operators and collectives counted by Python kernels)."""
+        return self.run == COUNTING_RUN
+
+    @property
+    def collective_calls(self) -> list[str]:
+        """The region's collectives so far, ``op at site`` in call order (what the collectives' part keeps)."""
+        return self._collectives
+
+    @property
     def counts(self) -> list[RegionCounts]:
         """The exact counts of the region's counters, each probe's appended (merged when it ends)."""
         return self._counts
@@ -201,15 +211,15 @@ class GenerationRegion:
                 f"the region computes on {self.device!r} (@pytest.mark.syncguard(device=...)) but CUDA is not "
                 "available: its host tensors cannot stand for device tensors"
             )
-        counts = RegionCounts()
-        for found in self._counts:
-            counts = counts.merged(found)
-        filled = {
+        filled = {  # first: a probe may count what it read once the clock stopped (the flight recorder's)
             name: value
             for probe in REGION_PROBES
             if probe.fills
             for name, value in probe.fills(self, self._states[probe.name]).items()
         }
+        counts = RegionCounts()
+        for found in self._counts:
+            counts = counts.merged(found)
         return Measurement.made(
             dict(
                 device=self.device,
@@ -284,12 +294,13 @@ _OWN_PROBES = (
     RegionProbe("compiles", "compiles", 90, _always, lambda r, _: compiles.counting(r.counts)),
     RegionProbe("CUDA graphs", "graphs", 100, _always, lambda r, _: graphs.counting(r.counts)),
     RegionProbe("operators", "ops", 110, lambda r: r.count_ops, lambda r, _: ops.counting(r.counts)),
-    # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds.
+    # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds. Where
+    # torch's flight recorder gives a region's collectives, they are counted from it (probes/collectives.py).
     RegionProbe(
         "collectives",
         "collectives",
         120,
-        lambda r: r.count_ops,
+        lambda r: r.count_ops and not collectives.records_collectives(r),
         lambda r, _: collectives.counting(r.counts, r._collectives),
         lambda r, _: collectives.filled(r.number, r.tokens or r.forward_calls or None, r._collectives),
     ),

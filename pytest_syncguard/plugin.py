@@ -381,8 +381,14 @@ class SyncguardSession:
         self._restore_threads: Callable[[], None] | None = None
         self._restore_stop: Callable[[], None] | None = None
         """Puts SIGTERM back as it was (a rank's stop stack, :func:`.ranks.record_stop`)."""
+        self._restore_timing: Callable[[], None] | None = None
+        """Puts the NCCL timing variables back (:func:`.environment.collective_timing`)."""
         if self.enabled and self.is_worker:
             self._assign_gpu()
+        if self.enabled:  # before any test makes a process group
+            from .environment import collective_timing
+
+            self._restore_timing = collective_timing()
         self._cores_shared = False
         """This xdist worker has taken its share of the cores (at its first measured test)."""
 
@@ -423,7 +429,7 @@ class SyncguardSession:
             self.notes.append(note)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        for name in ("_restore_threads", "_restore_stop"):
+        for name in ("_restore_threads", "_restore_stop", "_restore_timing"):
             restore = getattr(self, name)
             setattr(self, name, None)
             if restore is not None:

@@ -144,3 +144,113 @@ def test_collective_values_no_run_can_have_are_refused_naming_the_file(tmp_path:
     with pytest.raises(results_file.ResultsError, match=f"{path}: tests\\[0\\]\\.(records|joined)\\.collectives: "):
         results_file.read_all([path, other])
     assert main(["report", str(path), str(other)]) == 2
+
+
+def _timed_ranks(steps: int, per_step: int, late: dict[int, float], host_late: dict[int, float]) -> dict[int, object]:
+    """Two ranks' timed regions as the flight recorder gives them: each collective lasts ``TRANSFER`` us on the rank
+    that arrives last and that plus the wait on the other; ``late`` says how late rank 1's GPU is at a collective
+    of a step (by position), ``host_late`` how late its host enqueues it."""
+    from pytest_syncguard.analysis.collectives import TimedCollective, TimedRegion
+
+    transfer = 12.0
+    ranks = {}
+    for rank in (0, 1):
+        found = []
+        for step in range(steps):
+            for position in range(per_step):
+                seq = step * per_step + position + 1
+                wait = late.get(position, 0.0) if rank == 0 else 0.0
+                enqueued = step * 1000.0 + position * 50.0 + (host_late.get(position, 0.0) if rank == 1 else 0.0)
+                found.append(TimedCollective("0", seq, enqueued, transfer + wait + 0.1 * (seq % 3)))
+        region = TimedRegion(steps, tuple(found), host="node-a")
+        calls = tuple(f"all_reduce at tp.py:{10 + p} in forward" for p in range(per_step))
+        ranks[rank] = Collectives(steps, calls, (), 0, (region,))
+    return ranks
+
+
+def test_the_timed_runs_collectives_are_matched_by_sequence_number_and_split_by_their_device_times() -> None:
+    """A GPU late by 100 us at the second collective of each step: rank 0 waits that per token, named at that
+    collective's site; its host enqueued on time, so the wait is its GPU's. The waits come from the timed runs even
+    where a traced run's kernels are there too."""
+    from pytest_syncguard.analysis.collectives import FLIGHT_RECORDER
+
+    ranks = _timed_ranks(steps=16, per_step=4, late={1: 100.0}, host_late={})
+    traced = {r: Collectives(16, c.calls, tuple((i * 10.0, i * 10.0 + 5) for i in range(64)), 0, c.timed)
+              for r, c in ranks.items()}  # fmt: skip
+    waits = match(traced)
+    assert isinstance(waits, CollectiveWaits) and waits.clock == FLIGHT_RECORDER
+    assert waits.matched == 64 and waits.per_step == 4 and waits.straggler == 1
+    assert waits.late_us == pytest.approx(100.0, abs=0.5) and waits.wait_us[1] == pytest.approx(0.0, abs=0.5)
+    assert waits.worst == 1 and waits.worst_site == "all_reduce at tp.py:11 in forward" and waits.worst_last == 1
+    assert waits.host_late_us == pytest.approx(0.0)
+    # The traced kernels only where it is asked (or where no rank has timed runs).
+    assert match(traced, clock=STARTS).clock == STARTS  # type: ignore[union-attr]
+
+
+def test_a_wait_under_half_the_transfers_time_names_no_straggler() -> None:
+    """Ranks doing the same work arrive apart by some share of the transfers' time (two H200s: 16-33%): below half
+    of it no straggler is named, and the line says why."""
+    from pytest_syncguard.render.chain import collective_lines
+
+    waits = match(_timed_ranks(steps=8, per_step=2, late={0: 5.0}, host_late={}))
+    assert isinstance(waits, CollectiveWaits) and waits.straggler is None and waits.late_us == pytest.approx(5.0, 0.1)
+    text = "".join(str(part) for line in collective_lines(waits) for part in line)
+    assert "no straggler" in text and "half the transfers' time" in text
+    assert match(_timed_ranks(steps=8, per_step=2, late={0: 13.0}, host_late={})).straggler == 1  # type: ignore[union-attr]
+
+
+def test_collectives_missing_on_a_rank_or_untimed_are_left_out_and_said() -> None:
+    """A collective one rank's recorder no longer held, or did not time, is not matched; the waits say so."""
+    from dataclasses import replace
+
+    ranks = _timed_ranks(steps=4, per_step=2, late={}, host_late={})
+    one = ranks[1]
+    region = one.timed[0]  # type: ignore[attr-defined]
+    ranks[1] = replace(one, timed=(replace(region, collectives=region.collectives[1:], untimed=1, lost=True),))
+    waits = match(ranks)  # type: ignore[arg-type]
+    assert isinstance(waits, CollectiveWaits) and waits.matched == 7 and waits.per_step == 0
+    assert any("rank 1: 1" in said for said in waits.said) and any(
+        "TORCH_NCCL_TRACE_BUFFER_SIZE" in s for s in waits.said
+    )
+    assert waits.straggler is None
+
+
+def test_a_symmetric_loop_names_no_straggler() -> None:
+    waits = match(_timed_ranks(steps=32, per_step=8, late={}, host_late={}))
+    assert isinstance(waits, CollectiveWaits) and waits.straggler is None and waits.host_late_us is None
+    assert max(waits.wait_us) < 1.0
+
+
+def test_a_record_written_before_the_timed_runs_reads_with_none() -> None:
+    from pytest_syncguard import codec
+
+    old = {"tokens": 4, "calls": ["all_reduce"], "kernels": [[0.0, 1.0]], "more": 0}
+    record = codec.decode(Collectives, old)
+    assert record.timed == () and codec.decode(Collectives, codec.encode(record)) == record
+    timed = _timed_ranks(steps=2, per_step=1, late={}, host_late={})[0]
+    assert codec.decode(Collectives, codec.encode(timed)) == timed
+
+
+def test_the_plugin_turns_the_recorders_timing_on_for_the_run_and_back_off_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --syncguard, process groups made by a test time their collectives (unless the user said otherwise,
+    which is kept); after the run the variables are as they were."""
+    import os
+
+    from pytest_syncguard.environment import TIMING_VARIABLE, TRACE_VARIABLE
+
+    monkeypatch.delenv(TIMING_VARIABLE, raising=False)
+    monkeypatch.setenv(TRACE_VARIABLE, "64")
+    pytester.makepyfile(
+        test_env="""
+        import os
+
+        def test_sees():
+            assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "1"
+            assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
+        """
+    )
+    pytester.runpytest_inprocess("--syncguard", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert TIMING_VARIABLE not in os.environ and os.environ[TRACE_VARIABLE] == "64"
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(failed=1)  # not without --syncguard

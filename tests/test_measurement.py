@@ -20,7 +20,7 @@ def test_every_field_of_a_measurement_is_one_part_with_its_rules() -> None:
     # A field of the measurement's own, or a signal's own part (kept in Measurement.parts, empty where unfilled).
     assert {p.field for p in PARTS if p.empty is None} == {f.name for f in fields(Measurement)} - {"parts"}
     own = [p for p in PARTS if p.empty is not None]
-    assert {p.field for p in own} == {"collective_calls", "collective_kernels", "races"}
+    assert {p.field for p in own} == {"collective_calls", "collective_kernels", "collective_times", "races"}
     assert all(Measurement(device="cpu", tokens=1, events=()).part(p.field) == p.empty() for p in own)
     owners = {part.field: signal.name for signal in SIGNALS for part in signal.parts}
     assert owners["events"] == "syncs" and owners["memory"] == "memory" and owners["timings"] == "wall_time"
@@ -33,14 +33,15 @@ def test_every_signal_has_its_region_probes_but_the_wall_time_the_regions_own_cl
 
 
 def test_a_units_own_probes_run_beside_the_guards_in_their_place_and_on_demand() -> None:
-    """A signal that keeps its region probes in its unit (:attr:`Signal.probes`, the races) has them run by every
-    region, at their depth among the guard's, and only for a test with its budgets where they are on demand."""
+    """A signal that keeps its region probes in its unit (:attr:`Signal.probes`: the races, the collectives' times)
+    has them run by every region, at their depth among the guard's, and only for a test with its budgets where they
+    are on demand."""
     import importlib
 
     from pytest_syncguard.guard import GenerationRegion
 
     kept = [s for s in SIGNALS if s.probes]
-    assert [s.name for s in kept] == ["races"]
+    assert [s.name for s in kept] == ["races", "collectives"]
     for signal in kept:
         module = importlib.import_module(f"pytest_syncguard.probes.{signal.probes}")
         assert set(module.REGION_PROBES) <= set(REGION_PROBES)
@@ -48,6 +49,7 @@ def test_a_units_own_probes_run_beside_the_guards_in_their_place_and_on_demand()
     assert [p.depth for p in REGION_PROBES] == sorted(p.depth for p in REGION_PROBES)
     names = [p.name for p in REGION_PROBES]
     assert names.index("transfers") < names.index("races") < names.index("driver calls")
+    assert names[0] == "collective times"  # outermost: its window holds every collective of the region
     # A probe on demand serves a signal on demand, and a region gives each probe a state of its own.
     assert all(BY_NAME[p.signal].on_demand for p in REGION_PROBES if p.on_demand and p.signal is not None)
     one, two = GenerationRegion(2, "cpu"), GenerationRegion(2, "cpu")

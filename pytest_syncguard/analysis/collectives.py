@@ -13,16 +13,24 @@ kernels' start skew:
   rank to arrive waits for no one, so its kernel is the transfer alone: transfer = the shortest duration, wait =
   own duration - transfer.
 
-The straggler is the rank the others waited for, named where they waited at least :data:`MIN_LATE_US` per token,
+The straggler is the rank the others waited for, named where they waited at least :data:`MIN_LATE_US` per token and
+:data:`NOISE_SHARE` of the transfers' time,
 with the collective they waited longest at and its call site (the probe's k-th call, :mod:`..probes.collectives`,
 where the calls and kernels pair one to one).
+
+Those kernels come from a counting run, which the trace and the collective probe slow down (each collective by some
+100 µs of host time): its waits describe another program. The timed runs, which run as the loop runs without
+syncguard, give each collective's time on the device from torch's own NCCL process group (its flight recorder, with
+timing on: :mod:`..probes.collectives`), matched across ranks by the collective's sequence number in its group. These
+are what :func:`match` splits (by their durations, :data:`FLIGHT_RECORDER`) wherever every rank has them; the
+counting run's kernels stand in only where none has.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .trace_file import Trace
@@ -35,6 +43,11 @@ MIN_LATE_US = 10.0
 #: Clock slack (us): a kernel may end this much before another rank's start and the clocks still be shared.
 SLACK_US = 2.0
 STARTS, DURATIONS = "kernel starts", "kernel durations"
+FLIGHT_RECORDER = "collectives' device times in the timed runs (torch's flight recorder)"
+#: A straggler is named where the other ranks waited for it at least this share of the collectives' transfer time (per
+#: token, mean over ranks): below it is the arrival skew of ranks doing the same work (two H200s, the example's loop
+#: with nothing planted: waits of 16% and 33% of the transfers; a planted 200 us at one layer of four: 60%).
+NOISE_SHARE = 0.5
 
 
 def is_collective_kernel(name: str) -> bool:
@@ -43,8 +56,37 @@ def is_collective_kernel(name: str) -> bool:
 
 
 @dataclass(frozen=True)
+class TimedCollective:
+    """One collective of a timed region as torch's NCCL process group recorded it (its flight recorder, timing on)."""
+
+    group: str
+    """Its process group (the group's name, the same on every rank)."""
+    seq: int
+    """Its sequence number in the group: the same collective on every rank has the same."""
+    enqueued_us: float
+    """When the host enqueued it, us on the host's wall clock."""
+    device_us: float
+    """Its time on the device: from its start event (its inputs ready on its stream) to its end event."""
+
+
+@dataclass(frozen=True)
+class TimedRegion:
+    """The collectives of one timed region (a ``generation()`` region, or a timed run of ``measure()``)."""
+
+    tokens: int | None
+    collectives: tuple[TimedCollective, ...]
+    untimed: int = 0
+    """Collectives of the region the recorder gave no device time for (its process group was made without timing)."""
+    lost: bool = False
+    """The recorder's ring (``TORCH_NCCL_TRACE_BUFFER_SIZE``) no longer held the region's first collectives."""
+    host: str = ""
+    """The host it ran on: ranks of one host share its wall clock."""
+
+
+@dataclass(frozen=True)
 class Collectives:
-    """One rank's collectives in a traced region, in launch order: their calls and their kernels' times."""
+    """One rank's collectives: a traced region's calls and kernels' times, in launch order, and the timed regions'
+    device times (torch's flight recorder)."""
 
     tokens: int | None
     calls: tuple[str, ...]
@@ -53,10 +95,19 @@ class Collectives:
     """(start, end) of each collective kernel in launch order, us on the trace's clock."""
     more: int = 0
     """Kernels past :data:`MAX_KERNELS`, not kept."""
+    timed: tuple[TimedRegion, ...] = ()
+    """The timed regions' collectives (at most :data:`MAX_KERNELS` in all, the first regions')."""
 
     def site(self, index: int) -> str | None:
         """The call of the ``index``-th kernel, where calls and kernels pair one to one."""
         return self.calls[index] if len(self.calls) == len(self.kernels) + self.more else None
+
+    def step_site(self, position: int, per_step: int) -> str | None:
+        """The call of the ``position``-th collective of a decode step, where the calls are whole steps of
+        ``per_step`` (0: the region's ``position``-th)."""
+        if per_step and self.calls and len(self.calls) % per_step == 0 and position < per_step:
+            return self.calls[position]
+        return self.calls[position] if not per_step and position < len(self.calls) else None
 
 
 def kernels_in(trace: Trace, window: tuple[float, float]) -> tuple[tuple[tuple[float, float], ...], int]:
@@ -98,6 +149,12 @@ class CollectiveWaits:
     """In how many steps it arrived last there."""
     worst_site: str | None = None
     """Its call site, where known."""
+    host_late_us: float | None = None
+    """Per token, how much later the straggler's host enqueued its collectives than the other ranks' hosts (median
+    over steps, mean over them): data, not a cause (a GPU-bound loop's hosts run ahead whenever they enqueue). None
+    where the ranks' wall clocks are not one host's or there is no straggler."""
+    said: tuple[str, ...] = ()
+    """What limits the numbers (collectives the recorder did not time, or no longer held)."""
 
 
 def _shared_clock(kernels: Sequence[Sequence[tuple[float, float]]]) -> bool:
@@ -120,55 +177,166 @@ def _split(row: Sequence[tuple[float, float]], clock: str) -> tuple[list[float],
     return [d - durations[last] for d in durations], [durations[last]] * len(row), last
 
 
-def match(ranks: Mapping[int, Collectives], clock: str | None = None) -> CollectiveWaits | str | None:
-    """The waits of the ranks' collectives matched one by one, split by ``clock`` (:data:`STARTS` where None and the
-    traces share a clock, else :data:`DURATIONS`); a sentence saying why they cannot be matched (ranks that launched
-    different numbers); None where no rank launched a collective kernel.
+@dataclass(frozen=True)
+class _Chunk:
+    """A decode step's collectives matched across the ranks (``tokens`` 1), or a whole region's where they do not
+    divide into its steps: each collective's split, and each rank's enqueue time of it where known."""
 
-    Per token is per decode step: where the collectives divide evenly into the region's tokens, each rank's wait and
-    transfer are the medians over steps of a step's sum (a single hiccup of one host, a profiler's flush, moves no
-    median), else the totals over the tokens."""
-    if not ranks or not any(c.kernels for c in ranks.values()):
-        return None
-    order = sorted(ranks)
-    counts = {r: len(ranks[r].kernels) + ranks[r].more for r in order}
-    if len(set(counts.values())) > 1:
-        said = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
-        return f"the ranks launched different numbers of collective kernels ({said}): not matched"
-    kernels = [ranks[r].kernels for r in order]
-    matched = len(kernels[0])
-    tokens = next((c.tokens for c in ranks.values() if c.tokens), None) or 1
-    clock = clock or (STARTS if _shared_clock(kernels) else DURATIONS)
-    per_step = matched // tokens if matched % tokens == 0 and matched >= tokens else 0
-    width = per_step or matched
-    # [step][position in the step] -> (each rank's wait, each rank's transfer, the last rank)
-    split = [_split(row, clock) for row in zip(*kernels, strict=True)]
-    steps = [split[i : i + width] for i in range(0, matched, width)]
+    tokens: int
+    split: list[tuple[list[float], list[float], int]]
+    """Per collective: each rank's wait and transfer (us), and which rank arrived last."""
+    enqueued: list[list[float]] | None = None
+
+
+def _chunked(split: list[tuple[list[float], list[float], int]], tokens: int, per_step: int) -> list[_Chunk]:
+    """A region's matched collectives as its steps of ``per_step`` each, or whole (0)."""
+    if not per_step:
+        return [_Chunk(tokens, split)]
+    return [_Chunk(1, split[i : i + per_step]) for i in range(0, len(split), per_step)]
+
+
+def _per_step(collectives: int, tokens: int) -> int:
+    """Collectives per decode step, where they divide evenly into the tokens; else 0."""
+    return collectives // tokens if collectives % tokens == 0 and collectives >= tokens else 0
+
+
+def _judged(
+    order: Sequence[int],
+    chunks: Sequence[_Chunk],
+    per_step: int,
+    clock: str,
+    site: Callable[[int, int], str | None],
+    said: tuple[str, ...] = (),
+) -> CollectiveWaits:
+    """Each rank's wait and transfer per token (medians over the chunks of a chunk's sums per token), the straggler,
+    and the collective of a step the ranks waited longest at, with its call site (``site(rank, position)``)."""
     ranked = range(len(order))
-    waits = [statistics.median(sum(c[0][r] for c in step) for step in steps) for r in ranked]
-    transfers = [statistics.median(sum(c[1][r] for c in step) for step in steps) for r in ranked]
-    if not per_step:  # the region's totals, per token
-        waits, transfers = [w / tokens for w in waits], [t / tokens for t in transfers]
+    waits = [statistics.median(sum(c[0][r] for c in ch.split) / ch.tokens for ch in chunks) for r in ranked]
+    transfers = [statistics.median(sum(c[1][r] for c in ch.split) / ch.tokens for ch in chunks) for r in ranked]
     straggler = min(ranked, key=lambda r: waits[r])
     others = [w for r, w in enumerate(waits) if r != straggler]
     late = statistics.fmean(others) if others else 0.0
-    at = [max(statistics.median(step[p][0][r] for step in steps) for r in ranked) for p in range(width)]
+    width = min(len(ch.split) for ch in chunks)
+    at = [max(statistics.median(ch.split[p][0][r] for ch in chunks) for r in ranked) for p in range(width)]
     worst = max(range(width), key=lambda p: at[p])
-    lasts = Counter(step[worst][2] for step in steps)
+    lasts = Counter(ch.split[worst][2] for ch in chunks)
     last, times = lasts.most_common(1)[0]
-    site = ranks[order[last]].site(worst) or ranks[order[0]].site(worst)
+    host_late = None
+    if others and all(ch.enqueued is not None for ch in chunks):
+        host_late = statistics.fmean(
+            statistics.median(sum(e[straggler] - e[r] for e in ch.enqueued or ()) / ch.tokens for ch in chunks)
+            for r in ranked
+            if r != straggler
+        )
+    noise = NOISE_SHARE * statistics.fmean(transfers)
+    named_straggler = order[straggler] if late >= max(MIN_LATE_US, noise) else None
     return CollectiveWaits(
-        matched=matched,
+        matched=sum(len(ch.split) for ch in chunks),
         clock=clock,
         wait_us=tuple(waits),
         transfer_us=tuple(transfers),
         ranks=tuple(order),
-        straggler=order[straggler] if late >= MIN_LATE_US else None,
+        straggler=named_straggler,
         late_us=late,
         per_step=per_step,
         worst=worst,
         worst_wait_us=at[worst],
         worst_last=order[last],
         worst_times=times,
-        worst_site=site,
+        worst_site=site(order[last], worst) or site(order[0], worst),
+        host_late_us=host_late if named_straggler is not None else None,
+        said=said,
     )
+
+
+#: A timed region's tokens, and each of its collectives that every rank recorded, as the ranks' records of it.
+_Rows = list[tuple[int, list[list[TimedCollective]]]]
+
+
+def _timed_rows(ranks: Mapping[int, Collectives], order: Sequence[int]) -> _Rows:
+    """Each timed region of the first rank, with its tokens and its collectives that every rank recorded (the same
+    group and sequence number), each as the ranks' records of it."""
+    index = [{(c.group, c.seq): c for region in ranks[r].timed for c in region.collectives} for r in order[1:]]
+    regions = []
+    for region in ranks[order[0]].timed:
+        rows = [
+            [c, *(found[(c.group, c.seq)] for found in index)]
+            for c in region.collectives
+            if all((c.group, c.seq) in found for found in index)
+        ]
+        if rows:
+            regions.append((region.tokens or 1, rows))
+    return regions
+
+
+def _timed_said(ranks: Mapping[int, Collectives]) -> tuple[str, ...]:
+    said = []
+    untimed = {r: sum(t.untimed for t in c.timed) for r, c in ranks.items()}
+    if any(untimed.values()):
+        said.append(
+            "collectives the flight recorder did not time (their process group was made without "
+            "TORCH_NCCL_ENABLE_TIMING=1) are left out: "
+            + ", ".join(f"rank {r}: {n}" for r, n in sorted(untimed.items()) if n)
+        )
+    if any(t.lost for c in ranks.values() for t in c.timed):
+        said.append(
+            "the flight recorder's ring no longer held the first collectives of a region: raise "
+            "TORCH_NCCL_TRACE_BUFFER_SIZE to keep them"
+        )
+    return tuple(said)
+
+
+def _match_timed(ranks: Mapping[int, Collectives], order: Sequence[int]) -> CollectiveWaits | str:
+    """The timed regions' collectives matched by group and sequence number, split by their device times."""
+    regions = _timed_rows(ranks, order)
+    if not regions:
+        return "no collective of the timed runs was recorded on every rank: not matched"
+    hosts = {t.host for r in order for t in ranks[r].timed}
+    shared_host = len(hosts) == 1 and "" not in hosts
+    steps = {_per_step(len(rows), tokens) for tokens, rows in regions}
+    per_step = steps.pop() if len(steps) == 1 else 0
+    chunks: list[_Chunk] = []
+    for tokens, rows in regions:
+        split = [_split([(0.0, c.device_us) for c in row], DURATIONS) for row in rows]
+        enqueued = [[c.enqueued_us for c in row] for row in rows] if shared_host else None
+        for number, chunk in enumerate(_chunked(split, tokens, per_step)):
+            width = len(chunk.split)
+            times = enqueued[number * width : (number + 1) * width] if enqueued is not None else None
+            chunks.append(_Chunk(chunk.tokens, chunk.split, times))
+
+    def site(rank: int, position: int) -> str | None:
+        return ranks[rank].step_site(position, per_step)
+
+    return _judged(order, chunks, per_step, FLIGHT_RECORDER, site, _timed_said(ranks))
+
+
+def match(ranks: Mapping[int, Collectives], clock: str | None = None) -> CollectiveWaits | str | None:
+    """The waits of the ranks' collectives matched one by one: those of the timed runs by their device times
+    (:data:`FLIGHT_RECORDER`) wherever every rank has them and no ``clock`` is asked, else the traced run's kernels
+    split by ``clock`` (:data:`STARTS` where None and the traces share a clock, else :data:`DURATIONS`); a sentence
+    saying why they cannot be matched (ranks that launched different numbers); None where no rank has a collective.
+
+    Per token is per decode step: where the collectives divide evenly into the region's tokens, each rank's wait and
+    transfer are the medians over steps of a step's sum (a single hiccup of one host, a profiler's flush, moves no
+    median), else the totals over the tokens."""
+    if not ranks or not any(c.kernels or c.timed for c in ranks.values()):
+        return None
+    order = sorted(ranks)
+    if clock is None and all(any(t.collectives for t in c.timed) for c in ranks.values()):
+        return _match_timed(ranks, order)
+    if not any(c.kernels for c in ranks.values()):
+        return "only some ranks' timed runs recorded collectives, and no traced run launched one: not matched"
+    counts = {r: len(ranks[r].kernels) + ranks[r].more for r in order}
+    if len(set(counts.values())) > 1:
+        said = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
+        return f"the ranks launched different numbers of collective kernels ({said}): not matched"
+    kernels = [ranks[r].kernels for r in order]
+    tokens = next((c.tokens for c in ranks.values() if c.tokens), None) or 1
+    clock = clock or (STARTS if _shared_clock(kernels) else DURATIONS)
+    per_step = _per_step(len(kernels[0]), tokens)
+    chunks = _chunked([_split(row, clock) for row in zip(*kernels, strict=True)], tokens, per_step)
+
+    def site(rank: int, position: int) -> str | None:
+        return ranks[rank].site(position)
+
+    return _judged(order, chunks, per_step, clock, site)

@@ -12,12 +12,26 @@ without one can run no collective: it counts 0), and removed on every exit path.
 
 The calls, in order, are what the report pairs with the collectives' kernels of a traced run
 (:mod:`..analysis.collectives`) to name each collective's call site.
+
+The collective times: where the region runs on CUDA in a process group of NCCL, torch's own flight recorder keeps
+each collective (its group, sequence number, the host's time it was enqueued, its Python stack) and, with
+``TORCH_NCCL_ENABLE_TIMING=1``, its time on the device from CUDA events around it. The plugin sets both variables
+where the user has not (:func:`..environment.collective_timing`, before any test makes a process group), so that
+every region that is not a counting run (a ``generation()`` region, a ``measure()``'s timed runs) keeps its
+collectives' times (:data:`REGION_PROBES`): the region's window of wall-clock time selects them from the recorder
+once the region's clock has stopped, after torch's watchdog has timed them (up to :data:`WAIT_S`). Such a region
+also counts its collectives from the recorder, not with the Python kernel above, so that it runs as it would
+without syncguard: two CUDA events per collective (bench/results/h200x2_collective_truth.txt).
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import socket
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,10 +40,13 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 
+from ..analysis.collectives import MAX_KERNELS, TimedCollective, TimedRegion
 from ..analysis.counts import RegionCounts, top_items
 from ..analysis.sites import Frame
-from ..signals.collectives import CALLS
-from .call_sites import first_user_frame
+from ..environment import TIMING_VARIABLE
+from ..signals.collectives import CALLS, TIMED
+from .call_sites import first_user_frame, is_internal_file
+from .region import RegionProbe
 
 _DISPATCH_KEY = "BackendSelect"
 #: The collective operators, by namespace, and the name each is shown by.
@@ -174,3 +191,113 @@ def counting(found: list[RegionCounts], calls: list[str]) -> Iterator[None]:
     with PROBE.recording(calls):
         yield
     found.append(RegionCounts({"collectives": len(calls)}, {"collectives": top_items(Counter(calls))}))
+
+
+#: How long a region's end waits for torch's watchdog to time its collectives (it wakes every 100 ms or so), and how
+#: often it looks.
+WAIT_S, POLL_S = 2.0, 0.02
+
+
+def _recorded(stacks: bool) -> list[dict[str, Any]] | None:
+    """The flight recorder's collectives (oldest first), with their Python stacks if ``stacks``; None where this
+    torch has no recorder or no process group of NCCL."""
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None) if torch.distributed.is_available() else None
+    if dump is None:
+        return None
+    try:
+        entries = pickle.loads(dump(True, stacks, False)).get("entries", [])  # torch's own bytes, of this process
+    except Exception:  # no NCCL process group (a gloo one), or a torch whose recorder says nothing
+        return None
+    return [e for e in entries if not e.get("is_p2p")]
+
+
+def records_collectives(region: Any) -> bool:
+    """Whether the flight recorder gives the region's collectives: a region on CUDA that is not a counting run, in a
+    process whose default group is NCCL's, with the recorder's timing on (the counting run keeps the Python kernel,
+    whose calls the traced kernels pair with)."""
+    if not (region.on_cuda and not region.counting and grouped()):
+        return False
+    return os.environ.get(TIMING_VARIABLE) == "1" and torch.distributed.get_backend() == "nccl"
+
+
+def _site(frames: list[dict[str, Any]]) -> str | None:
+    for frame in frames:
+        filename = str(frame.get("filename", ""))
+        if filename and not is_internal_file(filename):
+            return Frame(filename, int(frame.get("line", 0)), str(frame.get("name", ""))).shown()
+    return None
+
+
+@contextmanager
+def _window(window: list[int]) -> Iterator[None]:
+    window.append(time.time_ns())
+    try:
+        yield
+    finally:
+        window.append(time.time_ns())
+
+
+def recorded_in(window: list[int], stacks: bool) -> tuple[list[dict[str, Any]], bool] | None:
+    """The recorder's collectives enqueued inside the region's window, and whether its ring had dropped collectives
+    that may have been the region's first."""
+    entries = _recorded(stacks)
+    if entries is None or len(window) < 2:
+        return None
+    start, end = window
+    inside = [e for e in entries if start <= int(e.get("time_created_ns", 0)) <= end]
+    lost = bool(entries) and int(entries[0].get("time_created_ns", 0)) > start and int(entries[0]["record_id"]) > 0
+    return inside, lost
+
+
+def _counted(region: Any, window: list[int]) -> None:
+    """On the region's exit: its collectives counted from the recorder, with their call sites, into its counts and
+    calls (as the Python kernel would have)."""
+    found = recorded_in(window, stacks=True)
+    if found is None:
+        region.counts.append(RegionCounts({"collectives": 0}))
+        return
+    calls = region.collective_calls
+    for entry in found[0]:
+        shown = str(entry.get("profiling_name", "")).removeprefix("nccl:")
+        site = _site(entry.get("frames") or [])
+        calls.append(f"{shown} at {site}" if site else shown)
+    region.counts.append(RegionCounts({"collectives": len(calls)}, {"collectives": top_items(Counter(calls))}))
+
+
+def _timed(region: Any, window: list[int]) -> dict[str, Any]:
+    """Once the region's clock has stopped: its collectives counted from the recorder with their call sites (into its
+    counts and calls, as the Python kernel would have), and its part, their device times, once torch's watchdog has
+    timed them (up to :data:`WAIT_S`)."""
+    if len(window) < 2:
+        return {}
+    _counted(region, window)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = recorded_in(window, stacks=False)
+        if found is None or not found[0]:
+            return {}
+        inside, lost = found
+        if all(e.get("duration_ms") is not None for e in inside) or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    timed = tuple(
+        TimedCollective(
+            str(e["process_group"][0]), int(e["collective_seq_id"]), e["time_created_ns"] / 1e3, e["duration_ms"] * 1e3
+        )
+        for e in inside[:MAX_KERNELS]
+        if e.get("duration_ms") is not None
+    )
+    untimed = sum(1 for e in inside if e.get("duration_ms") is None)
+    tokens = region.tokens or region.forward_calls or None
+    return {TIMED: {region.number: TimedRegion(tokens, timed, untimed, lost, socket.gethostname())}}
+
+
+def _recording(region: Any, window: list[int]) -> Any:
+    return _window(window)
+
+
+#: The collectives' own region probe: the window of a region whose collectives the flight recorder gives (outermost,
+#: so that it holds every collective of the region), which counts them and keeps their times once the clock stopped.
+REGION_PROBES = (
+    RegionProbe("collective times", "collectives", 5, records_collectives, _recording, _timed, state=list),
+)

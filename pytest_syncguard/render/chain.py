@@ -199,7 +199,12 @@ def collective_lines(waits: CollectiveWaits | str, comparison: Comparison | None
             )
         )
     else:
-        lines.append((f"no straggler: the ranks arrived within {waits.late_us:.0f} µs per token of each other",))
+        lines.append(
+            (
+                f"no straggler: the ranks arrived within {waits.late_us:.0f} µs per token of each other (under "
+                "half the transfers' time: the skew of ranks doing the same work)",
+            )
+        )
     where: Line = (" ", Code(waits.worst_site)) if waits.worst_site else ()
     of = (
         f"collective {waits.worst + 1} of {waits.per_step} in a step"
@@ -222,6 +227,7 @@ def collective_lines(waits: CollectiveWaits | str, comparison: Comparison | None
                 f"({change.new - change.old:+.0f} µs, {_judged(change)})",
             )
         )
+    lines.extend((Code(said),) for said in waits.said)
     ranks = waits.ranks or tuple(range(len(waits.wait_us)))
     for rank, wait, transfer in zip(ranks, waits.wait_us, waits.transfer_us, strict=False):
         lines.append(
