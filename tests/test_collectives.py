@@ -254,3 +254,37 @@ def test_the_plugin_turns_the_recorders_timing_on_for_the_run_and_back_off_after
     pytester.runpytest_inprocess("--syncguard", "-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert TIMING_VARIABLE not in os.environ and os.environ[TRACE_VARIABLE] == "64"
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(failed=1)  # not without --syncguard
+
+
+RECORDER = Path(__file__).parent / "data" / "h200x2_tp_recorder"
+
+
+@pytest.mark.parametrize("run", ["straggler", "every"])
+def test_the_recorders_waits_of_a_real_launch_name_the_planted_straggler_with_the_planted_time(
+    tmp_path: Path, run: str
+) -> None:
+    """The example under torchrun on two H200s (GPU-ff3b5238, GPU-f7ffc511; torch 2.11, NCCL 2.28) with the flight
+    recorder's timing, its two tests (``measure()`` and a ``generation()`` region): rank 1 spinning a calibrated
+    200 us before its second layer (``straggler``) or before every layer (``every``,
+    ``SYNCGUARD_PLANT_STRAGGLER_LAYERS=all``). The documents are the plugin's own, gzipped."""
+    from pytest_syncguard.analysis.collectives import FLIGHT_RECORDER
+
+    paths = []
+    for rank in (0, 1):
+        path = tmp_path / f"r.rank{rank}.json"
+        path.write_bytes(gzip.decompress((RECORDER / f"{run}.rank{rank}.json.gz").read_bytes()))
+        paths.append(path)
+    tests = {t.nodeid.rsplit("::", 1)[1]: t for t in results_file.read_all(paths)}
+    assert set(tests) == {"test_tp_decode", "test_tp_decode_in_a_region"}
+    for name, test in tests.items():
+        waits = _waits(test)
+        assert waits.clock == FLIGHT_RECORDER and waits.straggler == 1 and waits.per_step == 4, (name, waits)
+        assert waits.matched == (640 if name == "test_tp_decode" else 128), (name, waits)
+        if run == "straggler":
+            assert waits.worst == 1 and 170 <= waits.worst_wait_us <= 250, (name, waits)
+        else:  # 4 collectives a step, each late by the spin: within 15% of 800 us per token
+            assert 0.85 * 800 <= waits.late_us <= 1.15 * 800, (name, waits)
+        assert max(waits.wait_us) + max(waits.transfer_us) < 1e6 / test.metrics.values["tokens_per_second"], (
+            name,
+            waits,
+        )
