@@ -15,10 +15,10 @@ import torch
 
 from . import instruments
 from .analysis.counts import RegionCounts
-from .analysis.sites import SyncSite
+from .analysis.sites import SyncEvent, SyncSite
 from .instruments import COUNTING_RUN, TIMED_RUN
 from .measurement import Measurement, RegionTiming
-from .probes import collectives, compiles, graphs, ops
+from .probes import children, collectives, compiles, graphs, ops
 from .probes.cuda_calls import CUDA_CALLS, CudaCallWatch, transfer_counts
 from .probes.memory import driver_calls, region_memory
 from .probes.region import Region, RegionProbe
@@ -77,6 +77,8 @@ class GenerationRegion:
     _open: ExitStack | None = field(default=None, repr=False)
     _steps: MarkedSteps = field(default_factory=MarkedSteps, repr=False)
     _cuda_calls: CudaCallWatch = field(default_factory=CudaCallWatch, repr=False)
+    _window_ns: list[int] = field(default_factory=list, repr=False)
+    """The region's wall-clock window (ns): its children's syncs inside it are its own (:mod:`.probes.children`)."""
 
     def __post_init__(self) -> None:
         self._recorder = SyncRecorder(on_device=self.device != "cpu")
@@ -143,6 +145,7 @@ class GenerationRegion:
             # CUPTI's subscriber is taken before the clock starts and given up after it stops.
             with CUDA_CALLS.held() if self.on_cuda else nullcontext():
                 start = self._clock()
+                self._window_ns = [time.time_ns()]
                 with ExitStack() as stack:
                     self._open = stack
                     for probe in REGION_PROBES:
@@ -150,6 +153,7 @@ class GenerationRegion:
                             stack.enter_context(probe.recording(self, self._states[probe.name]))
                     yield self
                 seconds = self._clock() - start
+                self._window_ns.append(time.time_ns())
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
             self._open = None
@@ -158,6 +162,10 @@ class GenerationRegion:
     @property
     def on_cuda(self) -> bool:
         return self.device != "cpu" and torch.cuda.is_available()
+
+    def children_syncs(self) -> tuple[SyncEvent, ...]:
+        """The syncs the test's child processes made inside the region (each labelled with its process)."""
+        return children.syncs_in((self._window_ns[0], self._window_ns[1])) if len(self._window_ns) == 2 else ()
 
     @property
     def counting(self) -> bool:
@@ -279,7 +287,7 @@ _OWN_PROBES = (
         50,
         _always,
         lambda r, _: PROBE.recording(r._recorder),
-        lambda r, _: {"events": tuple(r._recorder.events)},
+        lambda r, _: {"events": (*r._recorder.events, *r.children_syncs())},
     ),
     RegionProbe(
         "CUDA calls",

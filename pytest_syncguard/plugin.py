@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Generator
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from .judge.comparison import DEFAULT_TOLERANCE
 from .metrics import parse_tolerance
 from .render.perfetto import TimelineFiles
 from .rootdir import space_form_problem
-from .signals import needs
+from .signals import KINDS, needs
 from .timeline_source import AUTO, REQUESTS, SAMPLED, SamplerUnavailable, TimelineSource, choose
 
 if TYPE_CHECKING:
@@ -381,6 +382,10 @@ class SyncguardSession:
         self._restore_threads: Callable[[], None] | None = None
         self._restore_stop: Callable[[], None] | None = None
         """Puts SIGTERM back as it was (a rank's stop stack, :func:`.ranks.record_stop`)."""
+        from .probes.children import Folder
+
+        self.children = Folder()
+        """The folder the measured tests' child processes write their syncs to."""
         self._restore_timing: Callable[[], None] | None = None
         """Puts the NCCL timing variables back (:func:`.environment.collective_timing`)."""
         if self.enabled and self.is_worker:
@@ -429,6 +434,7 @@ class SyncguardSession:
             self.notes.append(note)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.children.remove()
         for name in ("_restore_threads", "_restore_stop", "_restore_timing"):
             restore = getattr(self, name)
             setattr(self, name, None)
@@ -486,6 +492,18 @@ class SyncguardSession:
         pytest.fail(message, pytrace=False)  # outside the handler: no "During handling" chain in the report
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, Any]:
+        """A measured test's Python child processes, from its setup to its teardown, measure their syncs
+        (:mod:`.probes.children`)."""
+        marked = any(item.get_closest_marker(kind) is not None for kind in KINDS)
+        if not (marked or "syncguard" in getattr(item, "fixturenames", ())):
+            return (yield)
+        from .probes.children import measuring
+
+        with measuring(self.children.path):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         try:
             # Again: a fixture may have added a budget marker (request.node.add_marker) after setup read them.
@@ -514,9 +532,12 @@ class SyncguardSession:
         )
         guard.needs = capture.needs  # asked once: every region of the test records what its budgets need
         raised: BaseException | None = None
-        from .probes.spawned import note, watching
+        from .probes.children import Child, read
+        from .probes.spawned import Started, note, watching
 
-        started: list[str] = []
+        started: list[Started] = []
+        children: list[Child] = []
+        began = time.time_ns()
         try:
             with capture.recording(), watching() as started:
                 try:
@@ -524,6 +545,8 @@ class SyncguardSession:
                 except BaseException as exc:
                     raised = exc
                     raise
+                finally:
+                    children = read(self.children.path)
             capture.misuse = capture.misuse or guard.misuse  # a misuse the test may not have seen (another thread)
             if set(budgets_for(item)) != set(declared):
                 capture.misuse = capture.misuse or (
@@ -544,7 +567,7 @@ class SyncguardSession:
                 result = _with_gap_diagnosis(item, guard, result)
             if result is not None and raised is None and result.broke("memory"):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
-            if result is not None and (spawned := note(started)) is not None:
+            if result is not None and (spawned := note(started, children, (began, time.time_ns()))) is not None:
                 result = replace(result, notes=(*result.notes, spawned))
             if result is not None:
                 item.stash[_RESULT] = result

@@ -27,7 +27,8 @@ def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, t
     each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
     variant, each test's exact counts and what pytest printed."""
     # The counts come from each measure()'s first run: its timed runs are left out (--syncguard-repeat 0).
-    command = [sys.executable, "-m", "pytest", "examples", "--syncguard", "--syncguard-repeat", "0"]
+    suite = ["examples/test_strategies.py", "examples/test_generation.py"]
+    command = [sys.executable, "-m", "pytest", *suite, "--syncguard", "--syncguard-repeat", "0"]
     command += ["-p", "no:cacheprovider", "-q"]
     runs = {
         name: subprocess.Popen(

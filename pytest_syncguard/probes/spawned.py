@@ -1,7 +1,7 @@
 """The processes a measured test starts (``torch.multiprocessing.spawn``, ``multiprocessing.Process``,
-``subprocess``): syncguard measures the process it runs in, so a test that spawns its ranks (as torch's own
-``MultiProcessTestCase`` and DeepSpeed's tests do) has its ranks' syncs, collectives and GPU work outside its
-numbers. The watch says so plainly in the test's results instead of passing them off as the ranks'.
+``subprocess``), each with the line that started it: their syncs are measured with the test's (:mod:`.children`),
+and the test's results name each (its pid, command and start line, how it ended, the syncs it made), and say plainly
+which could not be measured (a process that is not Python) rather than passing it off as measured.
 
 It replaces ``multiprocessing.process.BaseProcess.start`` (every start method, torch's spawn included) and
 ``subprocess.Popen.__init__`` for the test's call, and puts them back on every exit path.
@@ -11,12 +11,43 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import signal
 import subprocess
-from collections.abc import Callable, Iterator
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from . import children
+from .call_sites import first_user_frame
+from .children import Child
 from .patches import Patches
+
+
+@dataclass
+class Started:
+    """A process the test started: what it runs, where it was started, and its handle (for its pid and its end)."""
+
+    what: str
+    line: str | None
+    handle: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self.handle, "pid", None)
+
+    def ended(self) -> str:
+        """How it ended by the test's end: its exit code, the signal that killed it, or still running."""
+        code = getattr(self.handle, "exitcode", None) if hasattr(self.handle, "exitcode") else None
+        if isinstance(self.handle, subprocess.Popen):
+            code = self.handle.poll()
+        if code is None:
+            return "still running at the test's end"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"exit {code}"
+        return f"exit {code}"
 
 
 def _named(process: Any) -> str:
@@ -35,22 +66,43 @@ def _program(args: Any) -> str:
     return os.path.basename(text.split()[0]) if text.split() else "?"
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def _line() -> str | None:
+    """The test's line that started the process: the innermost frame outside torch, the plugin and the standard
+    library (``subprocess.run`` calls ``Popen``)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        caller, site, _ = first_user_frame(frame)
+        if caller is None or site is None:
+            return None
+        if not caller.f_code.co_filename.startswith(_STDLIB):
+            return site.shown()
+        frame = caller.f_back  # type: ignore[assignment]
+    return None
+
+
 @contextmanager
-def watching() -> Iterator[list[str]]:
-    """Each process started in the block, by what it runs (its target, or its command's program)."""
-    started: list[str] = []
+def watching() -> Iterator[list[Started]]:
+    """Each process started in the block: what it runs (its target, or its command's program), where, its handle."""
+    started: list[Started] = []
     patches = Patches()
 
     def on_start(original: Callable[..., Any]) -> Callable[..., Any]:
         def start(self: Any, *args: Any, **kwargs: Any) -> Any:
-            started.append(_named(self))
-            return original(self, *args, **kwargs)
+            started.append(Started(_named(self), _line(), self))
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if self.pid is not None:
+                    children.name(self.pid, started[-1].what)
 
         return start
 
     def on_popen(original: Callable[..., Any]) -> Callable[..., Any]:
         def init(self: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
-            started.append(_program(args))
+            started.append(Started(_program(args), _line(), self))
             return original(self, args, *rest, **kwargs)
 
         return init
@@ -63,13 +115,34 @@ def watching() -> Iterator[list[str]]:
         patches.undo()
 
 
-def note(started: list[str]) -> str | None:
-    """What a test that started processes is told (None: it started none)."""
-    if not started:
+def note(started: Sequence[Started], measured: Sequence[Child], window: tuple[int, int]) -> str | None:
+    """What a test is told of its child processes: each it started (pid, what it runs, where it was started, how it
+    ended by the test's end, its syncs in the test's ``window``, wall-clock ns), whether measured or not (not Python);
+    and each other child that made syncs in the window (a fixture's engine, a grandchild). None: none of either."""
+    start, end = window
+    by_pid = {c.pid: c for c in measured}
+
+    def during(child: Child) -> int:
+        return sum(e.syncs for t, e in child.syncs if e.counted and start <= t <= end)
+
+    lines = []
+    for process in started:
+        where = f" started at {process.line}" if process.line else ""
+        child = by_pid.pop(process.pid, None) if process.pid is not None else None
+        if child is None:
+            lines.append(
+                f"{process.what} (pid {process.pid}){where}: not measured: not a Python process (or one run with "
+                f"-I or -S, which skip syncguard's start-up hook); {process.ended()}"
+            )
+        else:
+            lines.append(f"{child.label}{where}: {during(child)} sync(s) during the test; {process.ended()}")
+    for child in by_pid.values():
+        if during(child):
+            lines.append(f"{child.label}, started by process {child.ppid}: {during(child)} sync(s) during the test")
+    children.forget()
+    if not lines:
         return None
-    named = ", ".join(dict.fromkeys(started))
     return (
-        f"syncguard: this test started {len(started)} process(es) ({named}): syncguard measured this process "
-        "alone; their syncs, collectives and GPU work are not in its numbers. Launch ranks with torchrun to "
-        "measure each (docs/howto/torchrun.md)"
+        "syncguard: child processes, measured with this test where Python (their syncs inside its regions count "
+        f"with its own, per its tokens): {'; '.join(lines)}"
     )

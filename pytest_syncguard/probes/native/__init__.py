@@ -54,6 +54,12 @@ class NativeKernel:
             return "require"
         raise NativeKernelError(f"{ENVIRONMENT}={os.environ[ENVIRONMENT]!r}: expected auto, 0 or 1")
 
+    def switch_off(self, reason: str) -> None:
+        """Use the Python kernels in this process from now on (a child process, whose syncs are written as they
+        happen), saying ``reason``."""
+        with self._lock:
+            self._tried, self._module, self.unavailable = True, None, reason
+
     def load(self) -> ModuleType | None:
         """The extension module, or None when it is switched off or cannot be built here."""
         with self._lock:

@@ -1,0 +1,130 @@
+"""The child's side of a measured test's child processes: in a Python process the test started (loaded at start-up by
+:mod:`.startup`, or after a fork), each sync the process makes is written to its own file in the test's folder for
+children as it happens, with the wall-clock time and its call site; the test's regions take those made inside their
+windows (:mod:`.children`). The file's first line says who the process is (pid, parent, command).
+
+The sync probe is the test process's own (:data:`.syncs.PROBE`), attached with a recorder that writes through: it is
+installed when the child imports torch (a process that never does makes no sync), with its Python kernels, which
+hand each sync over as it happens (the native ones queue them), so that a child killed mid-test keeps what it had
+written; a forked child first drops the copies of its parent's recorders. It is removed when the process ends (also
+through ``os._exit`` from multiprocessing, whose finalizers run first).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import threading
+import time
+from types import ModuleType
+from typing import IO, Any
+
+#: The environment variable that names the test's folder for children (set by the test process while it measures).
+FOLDER_VARIABLE = "SYNCGUARD_CHILDREN"
+#: How long a child may take to write a sync it has made (s): the test process waits this long before it reads them.
+DRAIN_S = 0.02
+
+_started: dict[str, Any] = {}
+
+
+class _Written(list):  # type: ignore[type-arg]
+    """A recorder's events that are also written, one line each, as they arrive."""
+
+    def __init__(self, out: IO[str]) -> None:
+        super().__init__()
+        self._out = out
+        self._lock = threading.Lock()
+        self._named = False
+
+    def append(self, event: Any) -> None:
+        kind, op, syncs, stack, allowed, compiling = event
+        line = json.dumps({"t": time.time_ns(), "e": [kind, op, syncs, [list(f) for f in stack], allowed, compiling]})
+        with self._lock:
+            if not self._named:  # by its first sync, a multiprocessing child knows the target it runs
+                self._named = True
+                target = getattr(sys.modules.get("multiprocessing.process"), "_current_process", None)
+                name = getattr(getattr(target, "_target", None), "__qualname__", None)
+                if name:
+                    self._out.write(json.dumps({"name": name}) + "\n")
+            self._out.write(line + "\n")
+            self._out.flush()
+
+
+def _file(folder: str) -> IO[str]:
+    out = open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    header = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.orig_argv, "t": time.time_ns()}
+    out.write(json.dumps(header) + "\n")
+    return out
+
+
+def _install(out: IO[str]) -> None:
+    """Attach a writing recorder to the sync probe for the rest of the process."""
+    import torch
+
+    from .native import NATIVE
+    from .syncs import PROBE, SyncRecorder
+
+    PROBE.reset()  # a forked child's copies of its parent's recorders (and their kernels) go
+    NATIVE.switch_off("a child process hands each sync over as it happens: Python kernels")
+    recorder = SyncRecorder(on_device=torch.cuda.is_available())
+    recorder.events = _Written(out)
+    manager = PROBE.recording(recorder)
+    manager.__enter__()
+
+    def stop() -> None:
+        if _started.pop("recording", None) is not None:
+            manager.__exit__(None, None, None)  # the kernels go before torch is torn down
+
+    _started["recording"] = manager
+    atexit.register(stop)
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, stop, exitpriority=100)  # before multiprocessing's own os._exit
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Installs the probe once ``torch`` has been imported (the probe needs it; a child that never imports it has no
+    sync to count)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+
+    def find_spec(self, name: str, path: Any, target: ModuleType | None = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, out = spec.loader, self._out
+
+        class _Then(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: ModuleType) -> None:
+                loader.exec_module(module)
+                _install(out)
+
+        spec.loader = _Then()
+        return spec
+
+
+def start() -> None:
+    """Measure this process's syncs into the test's folder for children (once per process)."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    if not folder or _started.get("pid") == os.getpid():
+        return
+    if not _started:  # the first start in this process: a fork of it starts its own file, and drops this one's
+        os.register_at_fork(after_in_child=start)
+    _started.clear()
+    _started["pid"] = os.getpid()
+    out = _file(folder)
+    if "torch" in sys.modules:
+        _install(out)
+    else:
+        sys.meta_path.insert(0, _AfterTorch(out))

@@ -1,0 +1,168 @@
+"""A measured test's Python child processes, from the test process's side: while the test runs, every Python process
+it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs
+(:mod:`.child`) into the session's folder for them; each region of the test takes the syncs its children made inside the
+region's wall-clock window (:meth:`Children.syncs`), each labelled with the child that made it, so that a budget
+judges the test and its children together, per the test's tokens.
+
+How a child is reached: :func:`measuring` puts :mod:`.startup` first on ``PYTHONPATH`` (its ``sitecustomize`` starts
+the child's probe at interpreter start-up) and names the folder in :data:`.child.FOLDER_VARIABLE`; a forked child is
+started by an ``os.register_at_fork`` hook. Both are undone when the test's call ends, so a test that does not measure
+starts its processes as they were. A process that is not Python (or a Python run with ``-I`` or ``-S``) writes
+nothing: :func:`unmeasured` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.sites import Frame, SyncEvent
+from .child import DRAIN_S, FOLDER_VARIABLE
+
+STARTUP = Path(__file__).with_name("startup")
+#: The process that measures its children (a child's own regions, if it had any, take none).
+OWNER_VARIABLE = "SYNCGUARD_CHILDREN_OWNER"
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child process as its file says: who it is, and each sync it made (wall-clock ns, event)."""
+
+    pid: int
+    ppid: int
+    argv: tuple[str, ...]
+    syncs: tuple[tuple[int, SyncEvent], ...]
+
+    @property
+    def command(self) -> str:
+        """What it runs: the target the test started it with, else its command line shortened to 80 characters."""
+        if self.pid in _NAMES:
+            return _NAMES[self.pid]
+        text = " ".join(" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.argv)).split())
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    @property
+    def label(self) -> str:
+        return f"child process {self.pid} ({self.command})"
+
+
+#: What the test started each of its processes with (a multiprocessing target), by pid: a forked child's command
+#: line is its parent's.
+_NAMES: dict[int, str] = {}
+
+
+def name(pid: int, what: str) -> None:
+    """Say what process ``pid`` runs (for its label)."""
+    _NAMES[pid] = what
+
+
+def forget() -> None:
+    """Forget the names of a test's processes (at its end)."""
+    _NAMES.clear()
+
+
+def _event(data: Any, label: str) -> SyncEvent:
+    kind, op, syncs, stack, allowed, compiling = data
+    frames = tuple(Frame(str(f[0]), int(f[1]), str(f[2])) for f in stack)
+    return SyncEvent(str(kind), f"{op} in {label}", int(syncs), frames, bool(allowed), bool(compiling))
+
+
+def _child(header: Any, syncs: tuple[tuple[int, SyncEvent], ...] = ()) -> Child:
+    return Child(int(header["pid"]), int(header.get("ppid", 0)), tuple(str(a) for a in header.get("argv", ())), syncs)
+
+
+def read(folder: Path) -> list[Child]:
+    """The children that wrote to ``folder``, in the order they started (a line cut short by a kill is skipped)."""
+    found = []
+    for path in sorted(folder.glob("*.jsonl")):
+        header: Any = None
+        syncs: list[tuple[int, SyncEvent]] = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if header is None and isinstance(data, dict) and "pid" in data:
+                header = data
+            elif header is not None and isinstance(data, dict) and "name" in data:
+                _NAMES.setdefault(int(header["pid"]), str(data["name"]))
+            elif header is not None and isinstance(data, dict) and "e" in data:
+                syncs.append((int(data["t"]), _event(data["e"], _child(header).label)))
+        if header is not None:
+            found.append(_child(header, tuple(syncs)))
+    return found
+
+
+def _after_fork() -> None:
+    if os.environ.get(FOLDER_VARIABLE):
+        from .child import start
+
+        start()
+
+
+_forks: list[bool] = []
+
+
+@contextmanager
+def measuring(folder: Path) -> Iterator[None]:
+    """For the block (a measured test, from its setup to its teardown: an engine its fixture starts is its child
+    too), every Python process started measures its syncs into ``folder``; the environment is put back after."""
+    if not _forks:
+        os.register_at_fork(after_in_child=_after_fork)
+        _forks.append(True)
+    saved = {name: os.environ.get(name) for name in (FOLDER_VARIABLE, OWNER_VARIABLE, "PYTHONPATH")}
+    os.environ[FOLDER_VARIABLE] = str(folder)
+    os.environ[OWNER_VARIABLE] = str(os.getpid())
+    path = saved["PYTHONPATH"]
+    os.environ["PYTHONPATH"] = str(STARTUP) + (os.pathsep + path if path else "")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class Folder:
+    """The session's folder for its measured tests' children, made when first asked for and removed at its end."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="syncguard-children-"))
+        return self._path
+
+    def remove(self) -> None:
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+
+
+def active() -> Path | None:
+    """The folder of the children of the test this process is measuring now (None: none, or this is a child)."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    return Path(folder) if folder and os.environ.get(OWNER_VARIABLE) == str(os.getpid()) else None
+
+
+def syncs_in(window: tuple[int, int]) -> tuple[SyncEvent, ...]:
+    """The syncs the test's children made inside ``window`` (wall-clock ns): a region's share of them."""
+    folder = active()
+    if folder is None or not folder.is_dir():
+        return ()
+    if any(folder.glob("*.jsonl")):
+        time.sleep(3 * DRAIN_S)  # what a child's native kernels queued is written every DRAIN_S
+    start, end = window
+    return tuple(event for child in read(folder) for t, event in child.syncs if start <= t <= end)
