@@ -23,11 +23,12 @@ ALONE = "test_speed[static_compiled]"
 
 
 def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict[str, dict[str, float]], str]]:
-    """Run the strategy suite under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
+    """Run the strategy suite's loops under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
     each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
     variant, each test's exact counts and what pytest printed."""
     # The counts come from each measure()'s first run: its timed runs are left out (--syncguard-repeat 0).
-    suite = ["examples/test_strategies.py", "examples/test_generation.py"]
+    # The speed tests: each strategy's loop, which its timeline test runs again under other budgets.
+    suite = ["examples/test_strategies.py::test_speed", "examples/test_generation.py"]
     command = [sys.executable, "-m", "pytest", *suite, "--syncguard", "--syncguard-repeat", "0"]
     command += ["-p", "no:cacheprovider", "-q"]
     runs = {
@@ -54,9 +55,9 @@ def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, t
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU suite; on CUDA the device runs the suite itself")
 def test_every_count_of_the_strategy_suite_is_the_same_in_any_order_and_split(tmp_path: Path) -> None:
-    """The suite reversed, with the test whose strategy keeps state between calls run first in its process (as if
-    alone), and under pytest-xdist: every count the same in both (the forward order is the README's main job,
-    compared with its baseline there)."""
+    """The suite's loops (each strategy's speed test, the generation tests) reversed, with the test whose strategy
+    keeps state between calls run first in its process (as if alone), and under pytest-xdist: every count the same
+    in both (the forward order is the README's main job, compared with its baseline there)."""
     pytest.importorskip("xdist")
     reversed_order = ("-p", "devtools.reversed_order", "--run-first", ALONE, "-vv")
     found = _suites(tmp_path, {"reverse": reversed_order, "split": ("-n", "2")})
