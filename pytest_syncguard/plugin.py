@@ -567,7 +567,9 @@ class SyncguardSession:
                 result = _with_gap_diagnosis(item, guard, result)
             if result is not None and raised is None and result.broke("memory"):
                 result = _with_allocation_sites(item, guard, result, self.artifacts)
-            if result is not None and (spawned := note(started, children, (began, time.time_ns()))) is not None:
+            ended = time.time_ns()
+            read(self.children.path, since_ns=ended)  # what the test's children did is judged: forgotten
+            if result is not None and (spawned := note(started, children, (began, ended))) is not None:
                 result = replace(result, notes=(*result.notes, spawned))
             if result is not None:
                 item.stash[_RESULT] = result

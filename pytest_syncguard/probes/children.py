@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +79,51 @@ def _child(header: Any, syncs: tuple[tuple[int, SyncEvent], ...] = ()) -> Child:
     return Child(int(header["pid"]), int(header.get("ppid", 0)), tuple(str(a) for a in header.get("argv", ())), syncs)
 
 
-def read(folder: Path) -> list[Child]:
-    """The children that wrote to ``folder``, in the order they started (a line cut short by a kill is skipped)."""
-    found = []
-    for path in sorted(folder.glob("*.jsonl")):
-        header: Any = None
-        syncs: list[tuple[int, SyncEvent]] = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+@dataclass
+class _File:
+    """How far a child's file has been read, and what it said so far."""
+
+    offset: int = 0
+    header: Any = None
+    syncs: list[tuple[int, SyncEvent]] = field(default_factory=list)
+
+    def take(self, text: str) -> None:
+        for line in text.splitlines():
             try:
                 data = json.loads(line)
             except ValueError:
                 continue
-            if header is None and isinstance(data, dict) and "pid" in data:
-                header = data
-            elif header is not None and isinstance(data, dict) and "name" in data:
-                _NAMES.setdefault(int(header["pid"]), str(data["name"]))
-            elif header is not None and isinstance(data, dict) and "e" in data:
-                syncs.append((int(data["t"]), _event(data["e"], _child(header).label)))
-        if header is not None:
-            found.append(_child(header, tuple(syncs)))
+            if not isinstance(data, dict):
+                continue
+            if self.header is None and "pid" in data:
+                self.header = data
+            elif self.header is not None and "name" in data:
+                _NAMES.setdefault(int(self.header["pid"]), str(data["name"]))
+            elif self.header is not None and "e" in data:
+                self.syncs.append((int(data["t"]), _event(data["e"], _child(self.header).label)))
+
+
+#: Each child file read so far: a read takes only what was written since the last (the session's files grow with
+#: every sync of a long-lived engine).
+_FILES: dict[Path, _File] = {}
+
+
+def read(folder: Path, since_ns: int = 0) -> list[Child]:
+    """The children that wrote to ``folder``, each file read on from where the last read stopped (a line a kill cut
+    short is never read); syncs made before ``since_ns`` are forgotten (no later region can take them)."""
+    found = []
+    for path in sorted(folder.glob("*.jsonl")):
+        state = _FILES.setdefault(path, _File())
+        with path.open("rb") as out:
+            out.seek(state.offset)
+            written = out.read()
+        whole = written.rfind(b"\n") + 1
+        state.offset += whole
+        state.take(written[:whole].decode("utf-8", errors="replace"))
+        if since_ns:
+            state.syncs = [(t, e) for t, e in state.syncs if t >= since_ns]
+        if state.header is not None:
+            found.append(_child(state.header, tuple(state.syncs)))
     return found
 
 
@@ -147,6 +173,8 @@ class Folder:
 
     def remove(self) -> None:
         if self._path is not None:
+            for path in [p for p in _FILES if p.parent == self._path]:
+                del _FILES[path]
             shutil.rmtree(self._path, ignore_errors=True)
             self._path = None
 
