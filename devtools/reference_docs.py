@@ -24,6 +24,7 @@ from pytest_syncguard.codec import layout
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.document.launch import Launch
 from pytest_syncguard.document.measured import MeasuredTest
+from pytest_syncguard.document.shard import Shard
 from pytest_syncguard.gate.cli import build_parser
 from pytest_syncguard.guard import GenerationRegion, SyncGuard
 from pytest_syncguard.measurement import Measurement
@@ -142,8 +143,12 @@ def results() -> str:
              "A document written by one process of a launch of several (torchrun's ranks) has `launch` too, a "
              "`Launch` record: its `rank` and `world_size`, whether it `finished`, and the test `in_flight` when it "
              "last wrote (each rank writes its document after each test, so one that died leaves what it finished). "
-             "`syncguard report` joins the ranks' tests into one each (`world_size`, `ranks`).", ""]  # fmt: skip
-    for name, rows in [*layout(MeasuredTest).items(), *layout(Launch).items()]:
+             "`syncguard report` joins the ranks' tests into one each (`world_size`, `ranks`).", "",
+             "A document of one shard of a suite split across CI jobs (`--syncguard-shard K/N`, or "
+             "`SYNCGUARD_SHARD`) has `shard` too, a `Shard` record: its `index` (from 1) and the `count` of shards. "
+             "`syncguard report`, given the documents of a split, fails the run with an entry for each shard none of "
+             "them holds (`shard 2 of 3`).", ""]  # fmt: skip
+    for name, rows in [*layout(MeasuredTest).items(), *layout(Launch).items(), *layout(Shard).items()]:
         lines += [f"## `{name}`", "", "| field | type |", "|---|---|"]
         lines += [f"| `{field}` | {kind} |" for field, kind in rows]
         lines.append("")

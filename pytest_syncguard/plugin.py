@@ -30,6 +30,7 @@ from .budgets import (
 )
 from .document.budget import Budget
 from .document.comparison import NOT_UPDATED
+from .document.shard import Shard, parsed
 from .files import file_problem, folder_problem
 from .judge.baselines import BaselineStore
 from .judge.comparison import DEFAULT_TOLERANCE
@@ -135,6 +136,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="measure each test's timings only: no operator counting, no count, race or diagnostic check, only the "
         "timeline and memory budgets (whose metrics vary from run to run); what syncguard ab's rounds after the "
         "first run (the first one counts)",
+    )
+    group.addoption(
+        "--syncguard-shard",
+        metavar="K/N",
+        default=None,
+        help="this run is shard K of a suite split into N CI jobs (default: SYNCGUARD_SHARD): its results file says "
+        "so, and syncguard report, given every job's files, fails the run naming a shard that left none",
     )
     group.addoption(
         "--syncguard-repeat",
@@ -300,6 +308,19 @@ def _with_allocation_sites(
     return replace(result, allocation_sites=sites, artifacts=(*result.artifacts, *kept), notes=notes)
 
 
+def _shard_of(config: pytest.Config) -> Shard | None:
+    """The shard of a split suite this run is (``--syncguard-shard``, else ``SYNCGUARD_SHARD``); a usage error naming
+    where a value that is none came from."""
+    option, variable = config.getoption("syncguard_shard"), os.environ.get("SYNCGUARD_SHARD", "").strip()
+    text, named = (option, "--syncguard-shard") if option is not None else (variable, "SYNCGUARD_SHARD")
+    if not text:
+        return None
+    try:
+        return parsed(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{named} {exc}") from None
+
+
 def _misuse_line(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     """A misuse of the fixture as ``file:line: message``, the line the test's own code where it happened (the
     innermost frame outside the plugin and contextlib), without the traceback through them."""
@@ -342,6 +363,7 @@ class SyncguardSession:
         if self.json_path is not None:
             _not_an_input(config, self.json_path)
         self.artifacts = _checked(config.getoption("syncguard_artifacts"), "--syncguard-artifacts", folder_problem)
+        self.shard = _shard_of(config)
         self.require_gpu = bool(config.getoption("syncguard_require_gpu"))
         updating = bool(config.getoption("syncguard_update_baselines"))
         if updating and not self.enabled:
@@ -675,7 +697,7 @@ class SyncguardSession:
         from .document import file as results_file
 
         try:
-            results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
+            results_file.write(self.json_path, self.results.values(), torch.__version__, launch, self.shard)
         except (OSError, ValueError) as exc:
             self.notes.append(f"syncguard: this rank's results NOT written to {self.json_path} as it went: {exc}")
 
@@ -770,7 +792,7 @@ class SyncguardSession:
 
             launch = self._launch(finished=True)
             try:
-                results_file.write(self.json_path, self.results.values(), torch.__version__, launch)
+                results_file.write(self.json_path, self.results.values(), torch.__version__, launch, self.shard)
                 self.json_written = True
             except (OSError, ValueError) as exc:
                 self.notes.append(f"syncguard: results NOT written to {self.json_path}: {exc}")

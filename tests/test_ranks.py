@@ -71,6 +71,42 @@ def test_each_rank_of_torchrun_keeps_its_own_results_and_says_its_rank(tmp_path:
     assert re.fullmatch(r"[0-9a-f-]{36}@localhost:\d+", launch_id), launch_id
 
 
+def test_a_launch_of_two_nodes_is_joined_from_each_nodes_folder_and_a_missing_node_fails_the_run(
+    tmp_path: Path,
+) -> None:
+    """``torchrun --nnodes 2`` simulated on one host: two agents, one process each, a static rendezvous on the
+    loopback, each node in a folder of its own (as two CI jobs would upload them). The report joins the two nodes'
+    documents into one verdict per test; given one node's alone, it fails naming the rank it lacks."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agents = []
+    for node in (0, 1):
+        folder = tmp_path / f"node{node}"
+        folder.mkdir()
+        (folder / "test_r.py").write_text(TEST)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pytest",
+                   "-q", "-p", "no:cacheprovider", "test_r.py", "--syncguard", "--syncguard-json", "r.json"]  # fmt: skip
+        agents.append(
+            subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    for agent in agents:
+        out, _ = agent.communicate(timeout=300)
+        assert agent.returncode == 0, out[-3000:]
+    files = [str(tmp_path / f"node{node}" / f"r.rank{node}.json") for node in (0, 1)]
+    assert {json.loads(Path(f).read_text())["launch"]["rank"] for f in files} == {0, 1}
+    joined = tmp_path / "joined.json"
+    assert main(["report", *files, "--json", str(joined), "--fail-on-regression"]) == 0
+    (test,) = json.loads(joined.read_text())["tests"]
+    assert test["device"] == "cpu-x2" and test["outcome"] == "passed" and test["metrics"]["syncs_per_token"] == 1
+    alone = tmp_path / "alone.md"
+    assert main(["report", files[0], "--markdown", str(alone), "--fail-on-regression"]) == 1
+    assert "- rank 1 of 2: missing: `rank 1 of 2 left no results file" in alone.read_text()
+
+
 @pytest.mark.parametrize(
     ("rank", "world", "said"),
     [
@@ -207,3 +243,44 @@ def test_updating_baselines_from_a_rank_is_a_usage_error_naming_the_joined_way(
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     assert "this process is rank 1 of 2" in done.stderr.str()
     assert "syncguard baselines DIR --record RESULTS.rank*.json" in done.stderr.str()
+
+
+def test_a_shard_of_a_split_suite_that_left_no_file_fails_the_report_by_name(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three CI jobs each run a shard of the suite and upload its results file; the report given the files of shards
+    1 and 3 fails naming shard 2, and passes once it is there. The shard is --syncguard-shard K/N or
+    SYNCGUARD_SHARD; a value that is no shard is a usage error naming where it came from."""
+    pytester.makepyfile(test_s=TEST)
+    for shard in (1, 2, 3):
+        if shard == 3:
+            monkeypatch.setenv("SYNCGUARD_SHARD", "3/3")
+            given: tuple[str, ...] = ()
+        else:
+            given = ("--syncguard-shard", f"{shard}/3")
+        done = pytester.runpytest_inprocess(
+            "--syncguard", "--syncguard-json", f"r{shard}.json", "-p", "no:cacheprovider", *given
+        )
+        done.assert_outcomes(passed=1)
+        assert json.loads((pytester.path / f"r{shard}.json").read_text())["shard"] == {"index": shard, "count": 3}
+    files = [str(pytester.path / f"r{shard}.json") for shard in (1, 3)]
+    comment = pytester.path / "c.md"
+    assert main(["report", *files, "--markdown", str(comment), "--fail-on-regression"]) == 1
+    assert (
+        "`shard 2 of 3` | `cpu` | error" in comment.read_text()
+        or "shard 2 of 3 left no results file" in comment.read_text()
+    )
+    every = [*files, str(pytester.path / "r2.json")]
+    assert main(["report", *every, "--fail-on-regression"]) == 0
+    monkeypatch.setenv("SYNCGUARD_SHARD", "4/3")
+    done = pytester.runpytest_inprocess("--syncguard", "-p", "no:cacheprovider")
+    assert (
+        done.ret == pytest.ExitCode.USAGE_ERROR
+        and "SYNCGUARD_SHARD '4/3': shard 4 of 3 is no shard" in done.stderr.str()
+    )
+    monkeypatch.delenv("SYNCGUARD_SHARD")
+    done = pytester.runpytest_inprocess("--syncguard", "--syncguard-shard", "two", "-p", "no:cacheprovider")
+    assert (
+        done.ret == pytest.ExitCode.USAGE_ERROR
+        and "--syncguard-shard 'two': give the shard as K/N" in done.stderr.str()
+    )

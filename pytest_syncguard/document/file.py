@@ -23,6 +23,7 @@ from ..version import __version__
 from . import upgrades
 from .launch import Launch, LaunchError, RankDocument, join
 from .measured import MeasuredTest
+from .shard import Shard, missing
 
 SCHEMA = "pytest-syncguard/results"
 SCHEMA_VERSION = 2
@@ -73,9 +74,12 @@ def _with_signal_records(result: MeasuredTest, where: str) -> MeasuredTest:
     return replace(result, records=records, joined=joined)
 
 
-def document(results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None) -> dict[str, Any]:
+def document(
+    results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None, shard: Shard | None = None
+) -> dict[str, Any]:
     """The file's content: the versions it was measured with (``torch``'s given by the writer), the process of a
-    launch that wrote it (``launch``, where it is one of several), and one record per test in node id order."""
+    launch that wrote it (``launch``, where it is one of several), the shard of a split suite it holds, and one
+    record per test in node id order."""
     content = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -86,12 +90,16 @@ def document(results: Iterable[MeasuredTest], torch: str, launch: Launch | None 
     }
     if launch is not None:
         content["launch"] = encode(launch)
+    if shard is not None:
+        content["shard"] = encode(shard)
     return content
 
 
-def write(path: Path, results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None) -> None:
+def write(
+    path: Path, results: Iterable[MeasuredTest], torch: str, launch: Launch | None = None, shard: Shard | None = None
+) -> None:
     """Write the document atomically: a reader sees the old file or the whole new one."""
-    text = json.dumps(document(results, torch, launch), indent=2, sort_keys=True, allow_nan=False)
+    text = json.dumps(document(results, torch, launch, shard), indent=2, sort_keys=True, allow_nan=False)
     write_atomically(path, text + "\n")
 
 
@@ -112,8 +120,11 @@ def read_all(paths: Iterable[Path], unknown: dict[str, list[str]] | None = None)
     :class:`ResultsError` names a file that cannot be read, or two that are one rank's."""
     alone: list[MeasuredTest] = []
     ranked: list[RankDocument] = []
+    shards: list[Shard] = []
     for path in paths:
         tests, strange, launch, data = _read(path)
+        if (shard := _shard(path, data.get("shard"))) is not None:
+            shards.append(shard)
         if strange and unknown is not None:
             unknown[str(path)] = strange
         if launch is None:
@@ -123,9 +134,23 @@ def read_all(paths: Iterable[Path], unknown: dict[str, list[str]] | None = None)
             stopped = stopped_at(path) if not launch.finished else None
             ranked.append(RankDocument(str(path), launch, tests, stopped, versions))
     try:
-        return alone + join(ranked)
+        found = alone + join(ranked)
     except LaunchError as exc:
         raise ResultsError(str(exc)) from exc
+    return found + missing(shards, next((t.device_slug for t in found if t.device_slug), "unknown"))
+
+
+def _shard(path: Path, data: object) -> Shard | None:
+    """A document's shard of a split suite (None: it holds a whole one); :class:`ResultsError` for one that is none."""
+    if data is None:
+        return None
+    try:
+        shard = decode(Shard, data, "shard")
+    except CodecError as exc:
+        raise ResultsError(f"{path}: {exc}") from exc
+    if (problem := shard.problem()) is not None:
+        raise ResultsError(f"{path}: shard: {problem}")
+    return shard
 
 
 def _read(path: Path) -> tuple[list[MeasuredTest], list[str], Launch | None, dict[str, Any]]:
