@@ -308,6 +308,17 @@ def _with_allocation_sites(
     return replace(result, allocation_sites=sites, artifacts=(*result.artifacts, *kept), notes=notes)
 
 
+def _syncs_not_measured(result: MeasuredTest, blind: str) -> MeasuredTest:
+    """A test that started processes whose syncs cannot be counted (not Python): its sync budgets that held are not
+    measured, saying which processes, rather than passing on their silence (one that broke stays broken)."""
+    why = f"not measured: {blind}, started by this test, is not a Python process: its syncs cannot be counted"
+    checks = tuple(
+        replace(c, held=None, text=why) if c.held and KINDS[c.budget.marker].signal == "syncs" else c
+        for c in result.checks
+    )
+    return replace(result, checks=checks)
+
+
 def _shard_of(config: pytest.Config) -> Shard | None:
     """The shard of a split suite this run is (``--syncguard-shard``, else ``SYNCGUARD_SHARD``); a usage error naming
     where a value that is none came from."""
@@ -555,7 +566,7 @@ class SyncguardSession:
         guard.needs = capture.needs  # asked once: every region of the test records what its budgets need
         raised: BaseException | None = None
         from .probes.children import Child, read
-        from .probes.spawned import Started, note, watching
+        from .probes.spawned import Started, not_measured, note, watching
 
         started: list[Started] = []
         children: list[Child] = []
@@ -593,6 +604,8 @@ class SyncguardSession:
             read(self.children.path, since_ns=ended)  # what the test's children did is judged: forgotten
             if result is not None and (spawned := note(started, children, (began, ended))) is not None:
                 result = replace(result, notes=(*result.notes, spawned))
+            if result is not None and (blind := not_measured(started, children)) is not None:
+                result = _syncs_not_measured(result, blind)
             if result is not None:
                 item.stash[_RESULT] = result
 

@@ -250,11 +250,11 @@ def recorded_in(window: list[int], stacks: bool) -> tuple[list[dict[str, Any]], 
 
 
 def _counted(region: Any, window: list[int]) -> None:
-    """On the region's exit: its collectives counted from the recorder, with their call sites, into its counts and
-    calls (as the Python kernel would have)."""
+    """The region's collectives counted from the recorder, with their call sites, into its counts and calls (as the
+    Python kernel would have); where the recorder cannot be read, the count is said not measured, never 0."""
     found = recorded_in(window, stacks=True)
     if found is None:
-        region.counts.append(RegionCounts({"collectives": 0}))
+        region.counts.append(RegionCounts(unmeasured={"collectives": "torch's flight recorder could not be read"}))
         return
     calls = region.collective_calls
     for entry in found[0]:

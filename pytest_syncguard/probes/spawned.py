@@ -146,3 +146,10 @@ def note(started: Sequence[Started], measured: Sequence[Child], window: tuple[in
         "syncguard: child processes, measured with this test where Python (their syncs inside its regions count "
         f"with its own, per its tokens): {'; '.join(lines)}"
     )
+
+
+def not_measured(started: Sequence[Started], measured: Sequence[Child]) -> str | None:
+    """The processes the test started that could not be measured (not Python), named; None: every one was."""
+    pids = {c.pid for c in measured}
+    blind = [f"{p.what} (pid {p.pid})" for p in started if p.pid is None or p.pid not in pids]
+    return ", ".join(blind) or None
