@@ -188,11 +188,20 @@ class _Chunk:
     enqueued: list[list[float]] | None = None
 
 
-def _chunked(split: list[tuple[list[float], list[float], int]], tokens: int, per_step: int) -> list[_Chunk]:
-    """A region's matched collectives as its steps of ``per_step`` each, or whole (0)."""
+def _chunked(
+    split: list[tuple[list[float], list[float], int]],
+    tokens: int,
+    per_step: int,
+    enqueued: list[list[float]] | None = None,
+) -> list[_Chunk]:
+    """A region's matched collectives (with their enqueue times, where known) as its steps of ``per_step`` each, or
+    whole (0)."""
     if not per_step:
-        return [_Chunk(tokens, split)]
-    return [_Chunk(1, split[i : i + per_step]) for i in range(0, len(split), per_step)]
+        return [_Chunk(tokens, split, enqueued)]
+    return [
+        _Chunk(1, split[i : i + per_step], enqueued[i : i + per_step] if enqueued is not None else None)
+        for i in range(0, len(split), per_step)
+    ]
 
 
 def _per_step(collectives: int, tokens: int) -> int:
@@ -299,10 +308,7 @@ def _match_timed(ranks: Mapping[int, Collectives], order: Sequence[int]) -> Coll
     for tokens, rows in regions:
         split = [_split([(0.0, c.device_us) for c in row], DURATIONS) for row in rows]
         enqueued = [[c.enqueued_us for c in row] for row in rows] if shared_host else None
-        for number, chunk in enumerate(_chunked(split, tokens, per_step)):
-            width = len(chunk.split)
-            times = enqueued[number * width : (number + 1) * width] if enqueued is not None else None
-            chunks.append(_Chunk(chunk.tokens, chunk.split, times))
+        chunks += _chunked(split, tokens, per_step, enqueued)
 
     def site(rank: int, position: int) -> str | None:
         return ranks[rank].step_site(position, per_step)

@@ -5,8 +5,9 @@ windows (:mod:`.children`). The file's first line says who the process is (pid, 
 
 The sync probe is the test process's own (:data:`.syncs.PROBE`), attached with a recorder that writes through: it is
 installed when the child imports torch (a process that never does makes no sync), with its Python kernels, which
-hand each sync over as it happens (the native ones queue them), so that a child killed mid-test keeps what it had
-written; a forked child first drops the copies of its parent's recorders. It is removed when the process ends (also
+hand each sync over as it happens (the native ones queue them), so that a sync is in the file before the call that
+made it returns (a region that ends after a child answered has its syncs) and a child killed mid-test keeps what it
+had written; a forked child first drops the copies of its parent's recorders. It is removed when the process ends (also
 through ``os._exit`` from multiprocessing, whose finalizers run first).
 """
 
@@ -25,10 +26,8 @@ from typing import IO, Any
 
 #: The environment variable that names the test's folder for children (set by the test process while it measures).
 FOLDER_VARIABLE = "SYNCGUARD_CHILDREN"
-#: How long a child may take to write a sync it has made (s): the test process waits this long before it reads them.
-DRAIN_S = 0.02
-
 _started: dict[str, Any] = {}
+_forks: list[bool] = []
 
 
 class _Written(list):  # type: ignore[type-arg]
@@ -114,13 +113,21 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def watch_forks() -> None:
+    """Have every child this process forks from now on :func:`start` (where the folder is set then), once per
+    process and those it forks (which inherit the hook)."""
+    if not _forks:
+        os.register_at_fork(after_in_child=start)
+        _forks.append(True)
+
+
 def start() -> None:
-    """Measure this process's syncs into the test's folder for children (once per process)."""
+    """Measure this process's syncs into the test's folder for children (once per process); a fork of it starts its
+    own file, and drops this one's."""
     folder = os.environ.get(FOLDER_VARIABLE)
     if not folder or _started.get("pid") == os.getpid():
         return
-    if not _started:  # the first start in this process: a fork of it starts its own file, and drops this one's
-        os.register_at_fork(after_in_child=start)
+    watch_forks()
     _started.clear()
     _started["pid"] = os.getpid()
     out = _file(folder)

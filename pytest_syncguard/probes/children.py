@@ -1,14 +1,14 @@
 """A measured test's Python child processes, from the test process's side: while the test runs, every Python process
 it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs
 (:mod:`.child`) into the session's folder for them; each region of the test takes the syncs its children made inside the
-region's wall-clock window (:meth:`Children.syncs`), each labelled with the child that made it, so that a budget
-judges the test and its children together, per the test's tokens.
+region's wall-clock window (:func:`syncs_in`), each labelled with the child that made it, so that a budget judges the
+test and its children together, per the test's tokens.
 
 How a child is reached: :func:`measuring` puts :mod:`.startup` first on ``PYTHONPATH`` (its ``sitecustomize`` starts
 the child's probe at interpreter start-up) and names the folder in :data:`.child.FOLDER_VARIABLE`; a forked child is
-started by an ``os.register_at_fork`` hook. Both are undone when the test's call ends, so a test that does not measure
-starts its processes as they were. A process that is not Python (or a Python run with ``-I`` or ``-S``) writes
-nothing: :func:`unmeasured` names it.
+started by an ``os.register_at_fork`` hook (:func:`.child.watch_forks`). Both hold from a measured test's setup to its
+teardown and are undone after, so a test that does not measure starts its processes as they were. A process that is
+not Python (or a Python run with ``-I`` or ``-S``) writes nothing: :func:`.spawned.not_measured` names it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.sites import Frame, SyncEvent
-from .child import DRAIN_S, FOLDER_VARIABLE
+from .child import FOLDER_VARIABLE, watch_forks
 
 STARTUP = Path(__file__).with_name("startup")
 #: The process that measures its children (a child's own regions, if it had any, take none).
@@ -127,23 +126,11 @@ def read(folder: Path, since_ns: int = 0) -> list[Child]:
     return found
 
 
-def _after_fork() -> None:
-    if os.environ.get(FOLDER_VARIABLE):
-        from .child import start
-
-        start()
-
-
-_forks: list[bool] = []
-
-
 @contextmanager
 def measuring(folder: Path) -> Iterator[None]:
     """For the block (a measured test, from its setup to its teardown: an engine its fixture starts is its child
     too), every Python process started measures its syncs into ``folder``; the environment is put back after."""
-    if not _forks:
-        os.register_at_fork(after_in_child=_after_fork)
-        _forks.append(True)
+    watch_forks()
     saved = {name: os.environ.get(name) for name in (FOLDER_VARIABLE, OWNER_VARIABLE, "PYTHONPATH")}
     os.environ[FOLDER_VARIABLE] = str(folder)
     os.environ[OWNER_VARIABLE] = str(os.getpid())
@@ -190,7 +177,5 @@ def syncs_in(window: tuple[int, int]) -> tuple[SyncEvent, ...]:
     folder = active()
     if folder is None or not folder.is_dir():
         return ()
-    if any(folder.glob("*.jsonl")):
-        time.sleep(3 * DRAIN_S)  # what a child's native kernels queued is written every DRAIN_S
     start, end = window
     return tuple(event for child in read(folder) for t, event in child.syncs if start <= t <= end)

@@ -40,9 +40,8 @@ class Started:
 
     def ended(self) -> str:
         """How it ended by the test's end: its exit code, the signal that killed it, or still running."""
-        code = getattr(self.handle, "exitcode", None) if hasattr(self.handle, "exitcode") else None
-        if isinstance(self.handle, subprocess.Popen):
-            code = self.handle.poll()
+        popen = isinstance(self.handle, subprocess.Popen)
+        code = self.handle.poll() if popen else getattr(self.handle, "exitcode", None)
         if code is None:
             return "still running at the test's end"
         if code < 0:
