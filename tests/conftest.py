@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import subprocess
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +17,8 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+
+from tests import warm
 
 # pytester's in-process runs unload every module a run imported. Where hypothesis is installed, its pytest plugin
 # imports hypothesis in each run's terminal summary, so each run imported (and assertion-rewrote) it again: about
@@ -93,3 +98,23 @@ def _signals_left_as_found() -> Iterator[None]:
     yield
     after = _signal_state()
     assert after == before, f"the test changed the process's signal state: {before} -> {after}"
+
+
+_cold_popen = pytest.Pytester.popen
+
+
+def _warm_popen(self: pytest.Pytester, cmdargs: Any, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
+                stdin: Any = pytest.Pytester.CLOSE_STDIN, **kw: Any) -> Any:  # fmt: skip
+    """pytester's subprocess runs (``runpytest_subprocess``), forked from a process that has torch imported
+    (tests/warm.py), where their streams are files as ``Pytester.run`` gives them."""
+    if kw or not isinstance(stdout, io.IOBase) or not isinstance(stderr, io.IOBase) or stdin is not self.CLOSE_STDIN:
+        return _cold_popen(self, cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **kw)
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+    process = warm.popen([os.fspath(arg) for arg in cmdargs], env=env, stdout=stdout, stderr=stderr)
+    if process is None:
+        return _cold_popen(self, cmdargs, stdout=stdout, stderr=stderr, stdin=stdin)
+    return process
+
+
+pytest.Pytester.popen = _warm_popen  # type: ignore[method-assign]

@@ -896,7 +896,7 @@ def test_an_adoption_pr_whose_test_file_the_base_lacks_is_compared_where_it_can_
     _git(repo, "commit", "-qm", "adopt syncguard")
     environment = {**os.environ, "SYNCGUARD_NATIVE": "0"}
     command = [sys.executable, "-m", "pytest_syncguard.gate.cli", "ab", "--base", "HEAD~1", "--rounds", "2",
-               "--confidence", "0.5", "--timed-runs", "1"]  # fmt: skip
+               "--confidence", "0.5", "--timed-runs", "1", "--processes", "1"]  # fmt: skip
     alone = subprocess.run([*command, "--json", "alone.json", "--", "test_new.py", "-q"], cwd=repo, env=environment,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert alone.returncode == 0, alone.stdout + alone.stderr

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "devtools"))
 import reference_docs  # noqa: E402
 
 from pytest_syncguard.gate.cli import build_parser  # noqa: E402
+from tests import warm  # noqa: E402
 
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 PAGES = [p for p in PAGES if "_build" not in p.parts]
@@ -60,13 +61,15 @@ def test_every_python_example_says_what_it_should_do() -> None:
 
 @pytest.mark.parametrize(("where", "body", "expect", "shown"), PYTHON, ids=[b[0] for b in PYTHON])
 def test_a_python_example_runs_as_shown(
-    pytester: pytest.Pytester, where: str, body: str, expect: str | None, shown: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str, body: str, expect: str | None, shown: str
 ) -> None:
     """Written as test_decode.py (the name its failure text shows) and run; where a failure text follows the
     example, it is the run's whole failure text, line for line (a line the run prints and the page leaves out
     fails too)."""
     pytester.makepyfile(test_decode=body)
-    # In a process of its own, as a user runs it: an in-process run's call sites would show this test's frame too.
+    # In a fresh process, as a user runs it: an in-process run's call sites would show this test's frame too, and a
+    # run forked from the suite's warm server (tests/warm.py) the server's outermost frame.
+    monkeypatch.setenv(warm.COLD, "1")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     outcomes = {key: int(value) for key, value in (item.split("=") for item in (expect or "").split())}
     result.assert_outcomes(**outcomes)
