@@ -299,7 +299,7 @@ _OWN_PROBES = (
     ),
     RegionProbe("transfers", "transfers", 70, _on_cuda, lambda r, _: r._counting_transfers()),
     RegionProbe("driver calls", "memory", 80, _on_cuda, lambda r, _: driver_calls(r.counts)),
-    RegionProbe("compiles", "compiles", 90, _always, lambda r, _: compiles.counting(r.counts)),
+    RegionProbe("compiles", "compiles", 90, _always, lambda r, _: compiles.counting(r.counts, r._window_ns[0])),
     RegionProbe("CUDA graphs", "graphs", 100, _always, lambda r, _: graphs.counting(r.counts)),
     RegionProbe("operators", "ops", 110, lambda r: r.count_ops, lambda r, _: ops.counting(r.counts)),
     # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds. Where

@@ -33,6 +33,23 @@ for _ in range(8):
     x = x + 1
 '''
 
+COMPILE = '''
+import json, sys, torch
+import torch._dynamo.utils as utils
+
+@torch.compile(backend="eager", dynamic=False)
+def layer(x):
+    y = x * 2
+    torch._dynamo.graph_break()
+    return y + 1
+
+for n in (4, 4, 5):
+    layer(torch.ones(n))
+records = [r for r in utils.get_compilation_metrics() if not r.is_runtime]
+with open("truth.json", "w") as out:
+    json.dump({"frames": len(records), "recompiles": sum(1 for r in records if r.recompile_reason)}, out)
+'''
+
 
 def engine(steps, requests, replies, kill):
     x = torch.ones(4)
@@ -69,6 +86,12 @@ def test_subprocess_of_a_subprocess(syncguard):
         subprocess.run([sys.executable, "-c", inner], check=True)
 
 
+@pytest.mark.max_graph_breaks(0)
+def test_compiling_child(syncguard):
+    with syncguard.generation(tokens=3):
+        subprocess.run([sys.executable, "-c", COMPILE], check=True)
+
+
 @pytest.mark.max_syncs_per_token(0)
 def test_binary(syncguard):
     with syncguard.generation(tokens=8):
@@ -86,8 +109,9 @@ def test_each_start_method_s_child_syncs_count_with_the_test_named_by_its_proces
     pytester: pytest.Pytester,
 ) -> None:
     """spawn (killed mid-loop), fork and forkserver engines, a subprocess's subprocess: each one's host reads inside
-    the region fail the test's budget, named by the process and its line; a binary is said, not measured; a test
-    that does not measure starts its processes without the hook. (That what a child does before the region is not
+    the region fail the test's budget, named by the process and its line; a subprocess's compilations count as
+    dynamo's records in it say; a binary is said, not measured; a test that does not measure starts its processes
+    without the hook. (That what a child does before the region is not
     the region's: the engine example's warm-up request, in its fixture.)"""
     pytester.makepyfile(test_engine=ENGINE)
     done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json", "-p", "no:cacheprovider")
@@ -116,7 +140,14 @@ def test_each_start_method_s_child_syncs_count_with_the_test_named_by_its_proces
     assert binary["verdict"] == "not measured", binary["checks"]
     (check,) = binary["checks"]
     assert check["held"] is None and "is not a Python process: its syncs cannot be counted" in check["text"]
-    done.assert_outcomes(failed=4, passed=1, skipped=1)  # the binary's test: its one budget not measured
+    # A child's compilations: its frames, recompiles and graph breaks as dynamo's own records in it say.
+    truth = json.loads((pytester.path / "truth.json").read_text())
+    compiled = tests["test_compiling_child"]
+    values = compiled["metrics"]["values"]
+    assert (values["frames_compiled"], values["recompiles"]) == (truth["frames"], truth["recompiles"]) != (0, 0)
+    assert compiled["verdict"] == "fail" and values["graph_breaks"] >= 1
+    assert "in layer in child process" in out
+    done.assert_outcomes(failed=5, passed=1, skipped=1)  # the binary's test: its one budget not measured
 
 
 def test_the_start_up_hook_runs_the_sitecustomize_it_hides(

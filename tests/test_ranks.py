@@ -75,8 +75,9 @@ def test_a_launch_of_two_nodes_is_joined_from_each_nodes_folder_and_a_missing_no
     tmp_path: Path,
 ) -> None:
     """``torchrun --nnodes 2`` simulated on one host: two agents, one process each, a static rendezvous on the
-    loopback, each node in a folder of its own (as two CI jobs would upload them). The report joins the two nodes'
-    documents into one verdict per test; given one node's alone, it fails naming the rank it lacks."""
+    loopback, a gloo all-reduce between the nodes at every step, each node in a folder of its own (as two CI jobs
+    would upload them). The report joins the two nodes' documents into one verdict per test, the collectives
+    counted on each node; given one node's alone, it fails naming the rank it lacks."""
     import socket
 
     with socket.socket() as probe:
@@ -86,10 +87,10 @@ def test_a_launch_of_two_nodes_is_joined_from_each_nodes_folder_and_a_missing_no
     for node in (0, 1):
         folder = tmp_path / f"node{node}"
         folder.mkdir()
-        (folder / "test_r.py").write_text(TEST)
+        (folder / "test_tp.py").write_text(TP_TEST)
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pytest",
-                   "-q", "-p", "no:cacheprovider", "test_r.py", "--syncguard", "--syncguard-json", "r.json"]  # fmt: skip
+                   "-q", "-p", "no:cacheprovider", "test_tp.py::test_tp", "--syncguard", "--syncguard-json", "r.json"]  # fmt: skip
         agents.append(
             subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
@@ -101,7 +102,8 @@ def test_a_launch_of_two_nodes_is_joined_from_each_nodes_folder_and_a_missing_no
     joined = tmp_path / "joined.json"
     assert main(["report", *files, "--json", str(joined), "--fail-on-regression"]) == 0
     (test,) = json.loads(joined.read_text())["tests"]
-    assert test["device"] == "cpu-x2" and test["outcome"] == "passed" and test["metrics"]["syncs_per_token"] == 1
+    assert test["device"] == "cpu-x2" and test["outcome"] == "passed" and test["nodeid"] == "test_tp.py::test_tp"
+    assert test["metrics"]["syncs_per_token"] == 1 and test["metrics"]["collectives_per_token"] == 1
     alone = tmp_path / "alone.md"
     assert main(["report", files[0], "--markdown", str(alone), "--fail-on-regression"]) == 1
     assert "- rank 1 of 2: missing: `rank 1 of 2 left no results file" in alone.read_text()
@@ -265,11 +267,12 @@ def test_a_shard_of_a_split_suite_that_left_no_file_fails_the_report_by_name(
         assert json.loads((pytester.path / f"r{shard}.json").read_text())["shard"] == {"index": shard, "count": 3}
     files = [str(pytester.path / f"r{shard}.json") for shard in (1, 3)]
     comment = pytester.path / "c.md"
-    assert main(["report", *files, "--markdown", str(comment), "--fail-on-regression"]) == 1
-    assert (
-        "`shard 2 of 3` | `cpu` | error" in comment.read_text()
-        or "shard 2 of 3 left no results file" in comment.read_text()
-    )
+    (pytester.path / "baselines").mkdir()
+    assert main(["report", *files, "--baselines", "baselines", "--markdown", str(comment), "--fail-on-regression"]) == 1
+    text = comment.read_text()
+    assert "`shard 2 of 3` | `cpu` | error" in text or "shard 2 of 3 left no results file" in text
+    new = text[text.index("**New tests**") :].split("\n\n")[1]
+    assert "test_" in new and "shard 2 of 3" not in new  # a shard that left nothing is no new test
     every = [*files, str(pytester.path / "r2.json")]
     assert main(["report", *every, "--fail-on-regression"]) == 0
     monkeypatch.setenv("SYNCGUARD_SHARD", "4/3")

@@ -166,6 +166,41 @@ def test_gap_causes_host_sync_launch_bound_and_other() -> None:
     assert [g.duration_us for g in timeline.top_gaps] == [30, 20, 10]
 
 
+def test_gap_causes_copy_wait_and_collective_wait_and_every_gap_summed_by_its_cause() -> None:
+    events = [
+        kernel(0, 10, correlation=1), runtime("cudaLaunchKernel", -5, -4, correlation=1),
+        # copy wait: a host-to-device copy on the kernel's stream runs 10..30; the kernel, launched at 5, starts at 31
+        kernel(10, 30, cat="gpu_memcpy", name="Memcpy HtoD (Pageable -> Device)", correlation=2),
+        runtime("cudaMemcpyAsync", 4, 5, correlation=2),
+        runtime("cudaLaunchKernel", 6, 7, correlation=3), kernel(31, 40, correlation=3),
+        # collective wait: the host is inside gloo's all-reduce from 41 to 70 and launches at 72
+        op("c10d::allreduce_", 41, 70), op("gloo:all_reduce", 42, 69, cat="user_annotation"),
+        runtime("cudaLaunchKernel", 72, 73, correlation=4), kernel(75, 80, correlation=4),
+        # an NCCL kernel launched at 76, before the device went idle at 80, that starts at 95
+        runtime("cudaLaunchKernel", 76, 77, correlation=5),
+        kernel(95, 99, correlation=5, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
+    ]  # fmt: skip
+    timeline = analyze(events)
+    by_start = {g.start_us: g for g in timeline.top_gaps}
+    assert by_start[10].cause == gaps.COPY_WAIT and "Memcpy HtoD" in by_start[10].detail
+    assert by_start[40].cause == gaps.COLLECTIVE_WAIT and "gloo:all_reduce" in by_start[40].detail
+    assert by_start[80].cause == gaps.COLLECTIVE_WAIT
+    assert {k: v for k, v in timeline.idle_us.items() if v} == {gaps.COPY_WAIT: 21.0, gaps.COLLECTIVE_WAIT: 50.0}
+
+
+@pytest.mark.parametrize("name", ["item_loop", "capture_marked_steps"])
+def test_a_real_host_read_loops_idle_time_is_nine_tenths_attributed(name: str) -> None:
+    """A decode loop that reads the device every step (real H100 traces): its idle time is the host's syncs and its
+    launching, each gap's as attributed one by one; what is left (another stream, an event) is under a tenth."""
+    _, timeline = real(name)
+    idle = timeline.idle_us
+    assert sum(idle.values()) == pytest.approx(sum(timeline.gaps_us))
+    assert idle[gaps.HOST_SYNC] > 0 and idle[gaps.LAUNCH_BOUND] > 0
+    assert idle[gaps.HOST_SYNC] + idle[gaps.LAUNCH_BOUND] >= 0.9 * sum(idle.values())
+    for gap in timeline.top_gaps:  # the largest, one by one, as they are summed
+        assert gap.cause in idle and idle[gap.cause] >= gap.duration_us
+
+
 def test_gap_statistics() -> None:
     values = [1.0, 2.0, 3.0, 4.0, 10.0]
     assert gaps.gap_stat(values, "max") == 10

@@ -14,13 +14,22 @@ kernel that ended it:
   device went idle and before the launch: the host waited for the device, then had to refill its queue;
 - ``launch-bound``: the launch came after the device went idle, with no sync in between: the host was busy in
   operators or Python;
-- ``other``: the op was launched before the device went idle and still started late: an event wait, another
-  stream or a copy held it.
+- ``collective wait``: the launch came after the device went idle, the host in a collective call in between (a
+  gloo or blocking collective, where the trace recorded the host's operators); or the op is NCCL's kernel, launched
+  before and started late;
+- ``copy wait``: the op was launched before the device went idle and started late, held on its stream by a copy
+  or memset that ended in the gap;
+- ``other``: the op was launched before the device went idle and still started late: an event wait or another
+  stream held it.
+
+Every gap's idle time is summed by its cause (:func:`idle_of`). The PM samples know the host's syncs only: there,
+idle time is a host sync or other (:func:`idle_by_cause`).
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -40,7 +49,17 @@ SLACK_US = 1.0
 MIN_GAP_US = 1.0
 #: The device-to-device copies of a trace (``Memcpy DtoD (Device -> Device)``): the runtime runs them as kernels.
 DEVICE_COPY = "DtoD"
-HOST_SYNC, LAUNCH_BOUND, OTHER = "host sync", "launch-bound", "other"
+HOST_SYNC, LAUNCH_BOUND, COLLECTIVE_WAIT, COPY_WAIT, OTHER = (
+    "host sync",
+    "launch-bound",
+    "collective wait",
+    "copy wait",
+    "other",
+)
+#: The host's ranges of a collective call (torch.distributed's operators and the backends' own ranges).
+_COLLECTIVE_RANGE = re.compile(r"^(c10d::|nccl:|gloo:)|record_param_comms")
+#: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``).
+_COLLECTIVE_KERNEL = re.compile(r"^nccl(Dev)?Kernel")
 NO_LAUNCH_RECORD = (
     "no launch record for this op (a launch through the CUDA driver API, as Triton's are: the capture does not "
     "record driver calls; --syncguard-gap-ops does)"
@@ -102,15 +121,24 @@ class SyncMark(NamedTuple):
 
 
 def idle_by_cause(gaps: Iterable[tuple[float, float]], syncs: Sequence[SyncMark], slack_us: float) -> dict[str, float]:
-    """The idle time of ``gaps`` ((start, end), µs) by cause: :data:`HOST_SYNC` where a counted sync returned in the
-    gap (``slack_us`` before its start at the earliest: the host waited on the device, then refilled its queue),
-    else :data:`OTHER` (a launch-bound host, another stream, an event): every gap, where the largest are attributed
-    one by one."""
+    """The idle time of ``gaps`` ((start, end), µs) by cause, where only the host's syncs are known (the PM samples):
+    :data:`HOST_SYNC` where a counted sync returned in the gap (``slack_us`` before its start at the earliest: the
+    host waited on the device, then refilled its queue), else :data:`OTHER` (a launch-bound host, another stream, an
+    event, a copy: the samples cannot tell them apart). A trace sums each gap's own cause instead (:func:`idle_of`)."""
     returned = sorted(mark.time for mark in syncs)
     totals = {HOST_SYNC: 0.0, OTHER: 0.0}
     for start, end in gaps:
         first = bisect.bisect_left(returned, start - slack_us)
         totals[HOST_SYNC if first < len(returned) and returned[first] <= end else OTHER] += end - start
+    return totals
+
+
+def idle_of(gaps: Iterable[Gap], host: _Host) -> dict[str, float]:
+    """The idle time of a trace's gaps by the cause of each (:func:`cause`), as the largest are attributed one by
+    one: host sync, launch-bound, collective wait, copy wait, other."""
+    totals = dict.fromkeys((HOST_SYNC, LAUNCH_BOUND, COLLECTIVE_WAIT, COPY_WAIT, OTHER), 0.0)
+    for gap in gaps:
+        totals[cause(gap, host)] += gap.duration
     return totals
 
 
@@ -162,8 +190,8 @@ class TimelineSummary(JudgedSteps):
     steps_from: str = NO_STEPS
     """Where the steps came from (:data:`MARKED_STEPS`, ...); empty when there are none."""
     idle_us_by_cause: Mapping[str, float] = field(default_factory=dict)
-    """The device's idle time in the judged part by cause (:func:`idle_by_cause`); empty in results written
-    before it was kept."""
+    """The device's idle time in the judged part by cause (:func:`idle_of`, :func:`idle_by_cause`); empty in
+    results written before it was kept."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +217,7 @@ class Timeline(JudgedSteps):
     syncs: tuple[SyncMark, ...] = ()
     """The counted syncs the host made in the judged part, with their call sites (µs from :attr:`origin_us`)."""
     idle_us: Mapping[str, float] = field(default_factory=dict)
-    """The gaps' idle time by cause (:func:`idle_by_cause`)."""
+    """The gaps' idle time by cause (:func:`idle_of` of a trace, :func:`idle_by_cause` of samples)."""
 
     @property
     def busy_fraction(self) -> float:
@@ -289,6 +317,28 @@ class _Host:
             self.ranges.setdefault(r.tid, []).append(r)
             self.recorded_ops = self.recorded_ops or r.category == "cpu_op"
         self.range_starts = {tid: [r.start for r in rs] for tid, rs in self.ranges.items()}
+        self.copies: dict[int, list[GpuOp]] = {}
+        self.copy_ends: dict[int, list[float]] = {}
+
+    def with_copies(self, ops: Iterable[GpuOp]) -> _Host:
+        """Keep the copies and memsets among ``ops`` (those that do not occupy the device), by stream."""
+        for op in ops:
+            if not occupies(op):
+                self.copies.setdefault(op.stream, []).append(op)
+        for copies in self.copies.values():
+            copies.sort(key=lambda c: c.end)
+        self.copy_ends = {stream: [c.end for c in copies] for stream, copies in self.copies.items()}
+        return self
+
+    def copy_ended_in(self, stream: int, start: float, end: float) -> GpuOp | None:
+        """A copy on ``stream`` that ran into the gap ``[start, end]`` and ended in it (None: none)."""
+        ends = self.copy_ends.get(stream)
+        if not ends:
+            return None
+        index = bisect.bisect_left(ends, start)
+        if index < len(ends) and ends[index] <= end + SLACK_US:
+            return self.copies[stream][index]
+        return None
 
     def launched_at(self, op: GpuOp) -> HostCall | None:
         return self.launch.get(op.correlation) if op.correlation is not None else None
@@ -341,12 +391,63 @@ def _site_of(ranges: Sequence[HostRange]) -> str:
     return ops[0] if ops else "no operator around it"
 
 
+def _in_collective(host: _Host, tid: int, start: float, end: float, limit: int = 400) -> str | None:
+    """A collective call of the host thread ``tid`` that ran within ``[start, end]`` (None: none; a bounded
+    backward scan)."""
+    starts = host.range_starts.get(tid)
+    if not starts:
+        return None
+    ranges = host.ranges[tid]
+    index = bisect.bisect_left(starts, end) - 1
+    while index >= 0 and limit > 0:
+        r = ranges[index]
+        if r.end > start and _COLLECTIVE_RANGE.search(r.name):
+            return r.name
+        index -= 1
+        limit -= 1
+    return None
+
+
+def cause(gap: Gap, host: _Host) -> str:
+    """The cause of one gap (:func:`attribute`'s, without its details): what every gap's idle time is summed by."""
+    op = gap.next_op
+    launch = host.launched_at(op)
+    if launch is None:
+        return OTHER
+    sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
+    if sync is not None and sync.end >= gap.start - SLACK_US:
+        return HOST_SYNC
+    if launch.start >= gap.start - SLACK_US:
+        return COLLECTIVE_WAIT if _in_collective(host, launch.tid, gap.start, launch.start) else LAUNCH_BOUND
+    if _COLLECTIVE_KERNEL.match(op.name):
+        return COLLECTIVE_WAIT
+    return COPY_WAIT if host.copy_ended_in(op.stream, gap.start, gap.end) is not None else OTHER
+
+
 def attribute(gap: Gap, host: _Host) -> AttributedGap:
     """The cause of one gap, from the host side of the op that ended it."""
     op = gap.next_op
     launch = host.launched_at(op)
     if launch is None:
         return AttributedGap(gap.duration, gap.start, gap.step, OTHER, NO_LAUNCH_RECORD, op.name)
+    found = cause(gap, host)
+    if found == COLLECTIVE_WAIT and launch.start >= gap.start - SLACK_US:
+        detail = (
+            f"the host was in {_in_collective(host, launch.tid, gap.start, launch.start)} after the device went "
+            f"idle, and launched {launch.name} {launch.start - gap.start:.0f} us after it did"
+        )
+        return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
+    if found == COLLECTIVE_WAIT:
+        detail = f"the collective's kernel was launched {gap.start - launch.start:.0f} us before and started late"
+        return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
+    if found == COPY_WAIT:
+        copy = host.copy_ended_in(op.stream, gap.start, gap.end)
+        assert copy is not None
+        detail = (
+            f"launched {gap.start - launch.start:.0f} us before the device went idle, held on its stream by "
+            f"{copy.name} ({copy.end - copy.start:.0f} us)"
+        )
+        return AttributedGap(gap.duration, gap.start, gap.step, COPY_WAIT, detail, op.name)
     sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
     if sync is not None and sync.end >= gap.start - SLACK_US:
         where = _site_of(host.enclosing(launch.tid, sync.start))
@@ -442,6 +543,7 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
             continue
         step_of[id(op)] = step
         judged.append(op)
+    host.with_copies(judged)
     busy_ops = [op for op in judged if occupies(op)]
     if not busy_ops:
         return None
@@ -495,5 +597,5 @@ def _analyze(trace: Trace, window: tuple[float, float] | None, warmup_steps: int
         runs=runs,
         step_spans=tuple(StepSpan(step, a, b) for step, (a, b) in sorted(spans.items())),
         syncs=syncs,
-        idle_us=idle_by_cause(((g.start, g.end) for g in gaps), syncs, SLACK_US),
+        idle_us=idle_of(gaps, host),
     )

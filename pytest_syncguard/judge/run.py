@@ -178,7 +178,7 @@ def compare_run(
             entry = case.baseline_values if case.compared else None
             drift = case.drift
             spreads = dict(case.spreads)
-        if case.verdict in PARTIAL:  # the test's call raised: its numbers are partial, never compared
+        if case.verdict in PARTIAL or case.verdict == "error":  # partial numbers, or none: never compared
             run.cases.append(CaseComparison(case, Comparison(slug, str(path), "not compared", (), within)))
             continue
         if drift:

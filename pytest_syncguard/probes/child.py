@@ -1,7 +1,8 @@
 """The child's side of a measured test's child processes: in a Python process the test started (loaded at start-up by
 :mod:`.startup`, or after a fork), each sync the process makes is written to its own file in the test's folder for
-children as it happens, with the wall-clock time and its call site; the test's regions take those made inside their
-windows (:mod:`.children`). The file's first line says who the process is (pid, parent, command).
+children as it happens, with the wall-clock time and its call site, and so is each compilation of torch.compile, with
+its start; the test's regions take those inside their windows (:mod:`.children`). The file's first line says who the
+process is (pid, parent, command).
 
 The sync probe is the test process's own (:data:`.syncs.PROBE`), attached with a recorder that writes through: it is
 installed when the child imports torch (a process that never does makes no sync), with its Python kernels, which
@@ -14,6 +15,7 @@ through ``os._exit`` from multiprocessing, whose finalizers run first).
 from __future__ import annotations
 
 import atexit
+import collections
 import importlib.abc
 import importlib.machinery
 import json
@@ -21,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import IO, Any
 
@@ -28,6 +31,8 @@ from typing import IO, Any
 FOLDER_VARIABLE = "SYNCGUARD_CHILDREN"
 _started: dict[str, Any] = {}
 _forks: list[bool] = []
+#: One line at a time into the process's file, whichever thread writes it.
+_WRITING = threading.Lock()
 
 
 class _Written(list):  # type: ignore[type-arg]
@@ -36,13 +41,12 @@ class _Written(list):  # type: ignore[type-arg]
     def __init__(self, out: IO[str]) -> None:
         super().__init__()
         self._out = out
-        self._lock = threading.Lock()
         self._named = False
 
     def append(self, event: Any) -> None:
         kind, op, syncs, stack, allowed, compiling = event
         line = json.dumps({"t": time.time_ns(), "e": [kind, op, syncs, [list(f) for f in stack], allowed, compiling]})
-        with self._lock:
+        with _WRITING:
             if not self._named:  # by its first sync, a multiprocessing child knows the target it runs
                 self._named = True
                 target = getattr(sys.modules.get("multiprocessing.process"), "_current_process", None)
@@ -85,21 +89,48 @@ def _install(out: IO[str]) -> None:
     multiprocessing.util.Finalize(None, stop, exitpriority=100)  # before multiprocessing's own os._exit
 
 
-class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Installs the probe once ``torch`` has been imported (the probe needs it; a child that never imports it has no
-    sync to count)."""
+class _Compiles(collections.deque):  # type: ignore[type-arg]
+    """Dynamo's compilation records (``torch._dynamo.utils._compilation_metrics``), each also written, as dynamo
+    appends it once the compilation has ended: its wall-clock start, and what the compile probe reads of it."""
 
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, kept: collections.deque[Any], out: IO[str]) -> None:
+        super().__init__(kept, kept.maxlen)
         self._out = out
 
+    def append(self, record: Any) -> None:
+        super().append(record)
+        if getattr(record, "is_runtime", False):
+            return
+        start = getattr(record, "start_time_us", None)
+        fields = [record.co_name, record.co_filename, record.co_firstlineno, record.recompile_reason]
+        line = json.dumps({"t": time.time_ns() if start is None else int(start) * 1000, "c": fields}, default=str)
+        with _WRITING:
+            self._out.write(line + "\n")
+            self._out.flush()
+
+
+def _watch_compiles(utils: ModuleType, out: IO[str]) -> None:
+    kept = getattr(utils, "_compilation_metrics", None)
+    if isinstance(kept, collections.deque) and not isinstance(kept, _Compiles):
+        utils._compilation_metrics = _Compiles(kept, out)  # type: ignore[attr-defined]
+
+
+class _After(importlib.abc.MetaPathFinder):
+    """Runs ``then`` with module ``name`` once it has been imported: the sync probe once ``torch`` is (a child that
+    never imports it has no sync to count), the compile records' writer once dynamo's utilities are."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self._name = name
+        self._then = then
+
     def find_spec(self, name: str, path: Any, target: ModuleType | None = None) -> Any:
-        if name != "torch":
+        if name != self._name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        loader, out = spec.loader, self._out
+        loader, then = spec.loader, self._then
 
         class _Then(importlib.abc.Loader):
             def create_module(self, spec: Any) -> Any:
@@ -107,7 +138,7 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
-                _install(out)
+                then(module)
 
         spec.loader = _Then()
         return spec
@@ -127,6 +158,8 @@ def start() -> None:
     folder = os.environ.get(FOLDER_VARIABLE)
     if not folder or _started.get("pid") == os.getpid():
         return
+    global _WRITING
+    _WRITING = threading.Lock()  # a fork's copy may be held by a thread the fork does not have
     watch_forks()
     _started.clear()
     _started["pid"] = os.getpid()
@@ -134,4 +167,8 @@ def start() -> None:
     if "torch" in sys.modules:
         _install(out)
     else:
-        sys.meta_path.insert(0, _AfterTorch(out))
+        sys.meta_path.insert(0, _After("torch", lambda _: _install(out)))
+    if (utils := sys.modules.get("torch._dynamo.utils")) is not None:
+        _watch_compiles(utils, out)
+    else:
+        sys.meta_path.insert(0, _After("torch._dynamo.utils", lambda module: _watch_compiles(module, out)))

@@ -1,8 +1,9 @@
 """A measured test's Python child processes, from the test process's side: while the test runs, every Python process
-it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs
-(:mod:`.child`) into the session's folder for them; each region of the test takes the syncs its children made inside the
-region's wall-clock window (:func:`syncs_in`), each labelled with the child that made it, so that a budget judges the
-test and its children together, per the test's tokens.
+it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs and
+compilations (:mod:`.child`) into the session's folder for them; each region of the test takes the syncs its children
+made inside the region's wall-clock window (:func:`syncs_in`) and the compilations they started in it
+(:func:`compiles_in`), each labelled with the child that made it, so that a budget judges the test and its children
+together, per the test's tokens.
 
 How a child is reached: :func:`measuring` puts :mod:`.startup` first on ``PYTHONPATH`` (its ``sitecustomize`` starts
 the child's probe at interpreter start-up) and names the folder in :data:`.child.FOLDER_VARIABLE`; a forked child is
@@ -39,6 +40,8 @@ class Child:
     ppid: int
     argv: tuple[str, ...]
     syncs: tuple[tuple[int, SyncEvent], ...]
+    compiles: tuple[tuple[int, Compiled], ...] = ()
+    """Each compilation of torch.compile: when it started (wall-clock ns), and its record."""
 
     @property
     def command(self) -> str:
@@ -51,6 +54,17 @@ class Child:
     @property
     def label(self) -> str:
         return f"child process {self.pid} ({self.command})"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A child's compilation as :func:`.compiles.counts_of` reads dynamo's records, the child named in ``process``."""
+
+    co_name: str
+    co_filename: str
+    co_firstlineno: int
+    recompile_reason: str | None
+    process: str
 
 
 #: What the test started each of its processes with (a multiprocessing target), by pid: a forked child's command
@@ -74,8 +88,14 @@ def _event(data: Any, label: str) -> SyncEvent:
     return SyncEvent(str(kind), f"{op} in {label}", int(syncs), frames, bool(allowed), bool(compiling))
 
 
-def _child(header: Any, syncs: tuple[tuple[int, SyncEvent], ...] = ()) -> Child:
-    return Child(int(header["pid"]), int(header.get("ppid", 0)), tuple(str(a) for a in header.get("argv", ())), syncs)
+def _child(header: Any, syncs: Any = (), compiles: Any = ()) -> Child:
+    argv = tuple(str(a) for a in header.get("argv", ()))
+    return Child(int(header["pid"]), int(header.get("ppid", 0)), argv, tuple(syncs), tuple(compiles))
+
+
+def _compiled(fields: Any, label: str) -> Compiled:
+    name, filename, line, reason = fields
+    return Compiled(str(name), str(filename), int(line), None if reason is None else str(reason), f" in {label}")
 
 
 @dataclass
@@ -85,6 +105,7 @@ class _File:
     offset: int = 0
     header: Any = None
     syncs: list[tuple[int, SyncEvent]] = field(default_factory=list)
+    compiles: list[tuple[int, Compiled]] = field(default_factory=list)
 
     def take(self, text: str) -> None:
         for line in text.splitlines():
@@ -100,6 +121,8 @@ class _File:
                 _NAMES.setdefault(int(self.header["pid"]), str(data["name"]))
             elif self.header is not None and "e" in data:
                 self.syncs.append((int(data["t"]), _event(data["e"], _child(self.header).label)))
+            elif self.header is not None and "c" in data:
+                self.compiles.append((int(data["t"]), _compiled(data["c"], _child(self.header).label)))
 
 
 #: Each child file read so far: a read takes only what was written since the last (the session's files grow with
@@ -121,8 +144,9 @@ def read(folder: Path, since_ns: int = 0) -> list[Child]:
         state.take(written[:whole].decode("utf-8", errors="replace"))
         if since_ns:
             state.syncs = [(t, e) for t, e in state.syncs if t >= since_ns]
+            state.compiles = [(t, c) for t, c in state.compiles if t >= since_ns]
         if state.header is not None:
-            found.append(_child(state.header, tuple(state.syncs)))
+            found.append(_child(state.header, state.syncs, state.compiles))
     return found
 
 
@@ -172,10 +196,18 @@ def active() -> Path | None:
     return Path(folder) if folder and os.environ.get(OWNER_VARIABLE) == str(os.getpid()) else None
 
 
+def _children() -> list[Child]:
+    folder = active()
+    return read(folder) if folder is not None and folder.is_dir() else []
+
+
 def syncs_in(window: tuple[int, int]) -> tuple[SyncEvent, ...]:
     """The syncs the test's children made inside ``window`` (wall-clock ns): a region's share of them."""
-    folder = active()
-    if folder is None or not folder.is_dir():
-        return ()
     start, end = window
-    return tuple(event for child in read(folder) for t, event in child.syncs if start <= t <= end)
+    return tuple(event for child in _children() for t, event in child.syncs if start <= t <= end)
+
+
+def compiles_in(window: tuple[int, int]) -> tuple[Compiled, ...]:
+    """The compilations the test's children started inside ``window`` (wall-clock ns)."""
+    start, end = window
+    return tuple(record for child in _children() for t, record in child.compiles if start <= t <= end)

@@ -3,7 +3,8 @@
 graph breaks (each break makes dynamo compile the rest of the function as a resume frame).
 
 It reads those records at the region's start and end, nothing in between, and never imports dynamo: a process
-that has not loaded it has compiled nothing.
+that has not loaded it has compiled nothing. The test's child processes write theirs as dynamo keeps them
+(:mod:`.child`); a region counts those that started inside it with its own.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from ..analysis.counts import RegionCounts, top_items
+from . import children
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+)$")
 #: Longest reason kept (a guard failure can list every tensor of a frame).
@@ -38,7 +41,9 @@ def _kept() -> int:
 
 
 def _where(record: Any) -> str:
-    return f"{os.path.basename(record.co_filename or '?')}:{record.co_firstlineno} {record.co_name}"
+    """Where a record's frame is, and the child process that compiled it (:class:`.children.Compiled`)."""
+    where = f"{os.path.basename(record.co_filename or '?')}:{record.co_firstlineno} {record.co_name}"
+    return where + getattr(record, "process", "")
 
 
 def _new_since(before: Sequence[Any] | None, after: Sequence[Any]) -> list[Any] | None:
@@ -62,7 +67,7 @@ def counts_of(records: Sequence[Any]) -> RegionCounts:
         resume = _RESUME.match(record.co_name or "")
         if resume:
             where = os.path.basename(record.co_filename or "?")
-            breaks[f"{where}:{resume['line']} in {resume['function']}"] += 1
+            breaks[f"{where}:{resume['line']} in {resume['function']}{getattr(record, 'process', '')}"] += 1
     values = {
         "frames_compiled": len(records),
         "recompiles": sum(reasons.values()),
@@ -72,17 +77,16 @@ def counts_of(records: Sequence[Any]) -> RegionCounts:
 
 
 @contextmanager
-def counting(found: list[RegionCounts]) -> Iterator[None]:
-    """Append to ``found`` what torch.compile compiled during the block (all 0 when nothing)."""
+def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator[None]:
+    """Append to ``found`` what torch.compile compiled during the block (all 0 when nothing), in this process and,
+    from ``since_ns`` (wall-clock ns: the region's start), in the test's child processes (:mod:`.children`)."""
     before = _records()
     yield
     after = _records()
-    if after is None:
-        found.append(counts_of(()))
-        return
-    added = _new_since(before, after)
+    theirs = children.compiles_in((since_ns, time.time_ns())) if since_ns is not None else ()
+    added = _new_since(before, after) if after is not None else []
     if added is None:
         why = f"the region compiled more than the {_kept()} compilations torch._dynamo keeps records of"
         found.append(RegionCounts(unmeasured=dict.fromkeys(("frames_compiled", "recompiles", "graph_breaks"), why)))
         return
-    found.append(counts_of(added))
+    found.append(counts_of([*added, *theirs]))
