@@ -189,14 +189,14 @@ def test_gap_causes_copy_wait_and_collective_wait_and_every_gap_summed_by_its_ca
 
 
 @pytest.mark.parametrize("name", ["item_loop", "capture_marked_steps"])
-def test_a_real_host_read_loops_idle_time_is_nine_tenths_attributed(name: str) -> None:
+def test_a_real_host_read_loops_idle_time_is_nineteen_twentieths_attributed(name: str) -> None:
     """A decode loop that reads the device every step (real H100 traces): its idle time is the host's syncs and its
-    launching, each gap's as attributed one by one; what is left (another stream, an event) is under a tenth."""
+    launching, each gap's as attributed one by one; what is left (another stream, an event) is under a twentieth."""
     _, timeline = real(name)
     idle = timeline.idle_us
     assert sum(idle.values()) == pytest.approx(sum(timeline.gaps_us))
     assert idle[gaps.HOST_SYNC] > 0 and idle[gaps.LAUNCH_BOUND] > 0
-    assert idle[gaps.HOST_SYNC] + idle[gaps.LAUNCH_BOUND] >= 0.9 * sum(idle.values())
+    assert idle[gaps.HOST_SYNC] + idle[gaps.LAUNCH_BOUND] >= 0.95 * sum(idle.values())
     for gap in timeline.top_gaps:  # the largest, one by one, as they are summed
         assert gap.cause in idle and idle[gap.cause] >= gap.duration_us
 

@@ -12,8 +12,9 @@ kernel that ended it:
 
 - ``host sync``: a blocking call (``cudaStreamSynchronize``, ...) returned on the launching thread after the
   device went idle and before the launch: the host waited for the device, then had to refill its queue;
-- ``launch-bound``: the launch came after the device went idle, with no sync in between: the host was busy in
-  operators or Python;
+- ``launch-bound``: the launch returned after the device went idle (the kernel reached the device after it had
+  run out of work: a launch call that began 1-3 µs before the idle moment returned 5-7 µs after it in the H100
+  traces of tests/data), with no sync in between: the host was busy in operators or Python;
 - ``collective wait``: the launch came after the device went idle, the host in a collective call in between (a
   gloo or blocking collective, where the trace recorded the host's operators); or the op is NCCL's kernel, launched
   before and started late;
@@ -61,8 +62,8 @@ _COLLECTIVE_RANGE = re.compile(r"^(c10d::|nccl:|gloo:)|record_param_comms")
 #: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``).
 _COLLECTIVE_KERNEL = re.compile(r"^nccl(Dev)?Kernel")
 NO_LAUNCH_RECORD = (
-    "no launch record for this op (a launch through the CUDA driver API, as Triton's are: the capture does not "
-    "record driver calls; --syncguard-gap-ops does)"
+    "no launch record for this op (a launch through the CUDA driver API, as cuBLASLt's and Triton's are: the capture "
+    "does not record driver calls; --syncguard-gap-ops does)"
 )
 #: How to see which operators kept the host from launching (see :func:`attribute`).
 OPS_HINT = "--syncguard-gap-ops reruns a failing test to list them"
@@ -417,7 +418,7 @@ def cause(gap: Gap, host: _Host) -> str:
     sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
     if sync is not None and sync.end >= gap.start - SLACK_US:
         return HOST_SYNC
-    if launch.start >= gap.start - SLACK_US:
+    if launch.end >= gap.start - SLACK_US:
         return COLLECTIVE_WAIT if _in_collective(host, launch.tid, gap.start, launch.start) else LAUNCH_BOUND
     if _COLLECTIVE_KERNEL.match(op.name):
         return COLLECTIVE_WAIT
@@ -431,20 +432,20 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
     if launch is None:
         return AttributedGap(gap.duration, gap.start, gap.step, OTHER, NO_LAUNCH_RECORD, op.name)
     found = cause(gap, host)
-    if found == COLLECTIVE_WAIT and launch.start >= gap.start - SLACK_US:
+    if found == COLLECTIVE_WAIT and launch.end >= gap.start - SLACK_US:
         detail = (
             f"the host was in {_in_collective(host, launch.tid, gap.start, launch.start)} after the device went "
-            f"idle, and launched {launch.name} {launch.start - gap.start:.0f} us after it did"
+            f"idle, and its {launch.name} returned {launch.end - gap.start:.0f} us after it did"
         )
         return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
     if found == COLLECTIVE_WAIT:
-        detail = f"the collective's kernel was launched {gap.start - launch.start:.0f} us before and started late"
+        detail = f"the collective's kernel was launched {gap.start - launch.end:.0f} us before and started late"
         return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
     if found == COPY_WAIT:
         copy = host.copy_ended_in(op.stream, gap.start, gap.end)
         assert copy is not None
         detail = (
-            f"launched {gap.start - launch.start:.0f} us before the device went idle, held on its stream by "
+            f"launched {gap.start - launch.end:.0f} us before the device went idle, held on its stream by "
             f"{copy.name} ({copy.end - copy.start:.0f} us)"
         )
         return AttributedGap(gap.duration, gap.start, gap.step, COPY_WAIT, detail, op.name)
@@ -454,24 +455,24 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
         late = launch.start - sync.end
         detail = f"{sync.name} at {where}; next launch {late:.0f} us after it returned"
         return AttributedGap(gap.duration, gap.start, gap.step, HOST_SYNC, detail, op.name)
-    if launch.start >= gap.start - SLACK_US and not host.recorded_ops:
+    if launch.end >= gap.start - SLACK_US and not host.recorded_ops:
         detail = (
-            f"host launched {launch.name} {launch.start - gap.start:.0f} us after the device went idle (the "
+            f"host's {launch.name} returned {launch.end - gap.start:.0f} us after the device went idle (the "
             f"host's operators are not recorded: {OPS_HINT})"
         )
         return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
-    if launch.start >= gap.start - SLACK_US:
+    if launch.end >= gap.start - SLACK_US:
         ops = host.ops_between(launch.tid, gap.start, launch.start)
         in_ops = sum(min(r.end, launch.start) - max(r.start, gap.start) for r in ops)
         names = Counter(r.name for r in ops).most_common(4)
         listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in names) or "none"
         detail = (
-            f"host launched {launch.name} {launch.start - gap.start:.0f} us after the device went idle; "
+            f"host's {launch.name} returned {launch.end - gap.start:.0f} us after the device went idle; "
             f"ops between: {listed} ({in_ops:.0f} us in ops, the rest in Python or the runtime)"
         )
         return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
     detail = (
-        f"launched {gap.start - launch.start:.0f} us before the device went idle, started late: "
+        f"launched {gap.start - launch.end:.0f} us before the device went idle, started late: "
         "an event wait, another stream or a copy held it"
     )
     return AttributedGap(gap.duration, gap.start, gap.step, OTHER, detail, op.name)
