@@ -409,16 +409,26 @@ def _in_collective(host: _Host, tid: int, start: float, end: float, limit: int =
     return None
 
 
+def _after_idle(launch: HostCall, gap: Gap) -> bool:
+    """Whether ``launch`` returned after the device went idle (its kernel reached a device that had run out of work)."""
+    return launch.end >= gap.start - SLACK_US
+
+
+def _sync_in(gap: Gap, host: _Host, launch: HostCall) -> HostCall | None:
+    """The blocking call that returned on the launching thread after the device went idle and before the launch."""
+    sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
+    return sync if sync is not None and sync.end >= gap.start - SLACK_US else None
+
+
 def cause(gap: Gap, host: _Host) -> str:
     """The cause of one gap (:func:`attribute`'s, without its details): what every gap's idle time is summed by."""
     op = gap.next_op
     launch = host.launched_at(op)
     if launch is None:
         return OTHER
-    sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
-    if sync is not None and sync.end >= gap.start - SLACK_US:
+    if _sync_in(gap, host, launch) is not None:
         return HOST_SYNC
-    if launch.end >= gap.start - SLACK_US:
+    if _after_idle(launch, gap):
         return COLLECTIVE_WAIT if _in_collective(host, launch.tid, gap.start, launch.start) else LAUNCH_BOUND
     if _COLLECTIVE_KERNEL.match(op.name):
         return COLLECTIVE_WAIT
@@ -426,42 +436,37 @@ def cause(gap: Gap, host: _Host) -> str:
 
 
 def attribute(gap: Gap, host: _Host) -> AttributedGap:
-    """The cause of one gap, from the host side of the op that ended it."""
+    """The cause of one gap (:func:`cause`), with what the host side of the op that ended it says of it."""
     op = gap.next_op
     launch = host.launched_at(op)
-    if launch is None:
-        return AttributedGap(gap.duration, gap.start, gap.step, OTHER, NO_LAUNCH_RECORD, op.name)
     found = cause(gap, host)
-    if found == COLLECTIVE_WAIT and launch.end >= gap.start - SLACK_US:
+    if launch is None:
+        detail = NO_LAUNCH_RECORD
+    elif found == HOST_SYNC:
+        sync = _sync_in(gap, host, launch)
+        assert sync is not None
+        where = _site_of(host.enclosing(launch.tid, sync.start))
+        detail = f"{sync.name} at {where}; next launch {launch.start - sync.end:.0f} us after it returned"
+    elif found == COLLECTIVE_WAIT and _after_idle(launch, gap):
         detail = (
             f"the host was in {_in_collective(host, launch.tid, gap.start, launch.start)} after the device went "
             f"idle, and its {launch.name} returned {launch.end - gap.start:.0f} us after it did"
         )
-        return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
-    if found == COLLECTIVE_WAIT:
+    elif found == COLLECTIVE_WAIT:
         detail = f"the collective's kernel was launched {gap.start - launch.end:.0f} us before and started late"
-        return AttributedGap(gap.duration, gap.start, gap.step, COLLECTIVE_WAIT, detail, op.name)
-    if found == COPY_WAIT:
+    elif found == COPY_WAIT:
         copy = host.copy_ended_in(op.stream, gap.start, gap.end)
         assert copy is not None
         detail = (
             f"launched {gap.start - launch.end:.0f} us before the device went idle, held on its stream by "
             f"{copy.name} ({copy.end - copy.start:.0f} us)"
         )
-        return AttributedGap(gap.duration, gap.start, gap.step, COPY_WAIT, detail, op.name)
-    sync = host.last_blocking_before(launch.tid, launch.start + SLACK_US)
-    if sync is not None and sync.end >= gap.start - SLACK_US:
-        where = _site_of(host.enclosing(launch.tid, sync.start))
-        late = launch.start - sync.end
-        detail = f"{sync.name} at {where}; next launch {late:.0f} us after it returned"
-        return AttributedGap(gap.duration, gap.start, gap.step, HOST_SYNC, detail, op.name)
-    if launch.end >= gap.start - SLACK_US and not host.recorded_ops:
+    elif found == LAUNCH_BOUND and not host.recorded_ops:
         detail = (
             f"host's {launch.name} returned {launch.end - gap.start:.0f} us after the device went idle (the "
             f"host's operators are not recorded: {OPS_HINT})"
         )
-        return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
-    if launch.end >= gap.start - SLACK_US:
+    elif found == LAUNCH_BOUND:
         ops = host.ops_between(launch.tid, gap.start, launch.start)
         in_ops = sum(min(r.end, launch.start) - max(r.start, gap.start) for r in ops)
         names = Counter(r.name for r in ops).most_common(4)
@@ -470,12 +475,12 @@ def attribute(gap: Gap, host: _Host) -> AttributedGap:
             f"host's {launch.name} returned {launch.end - gap.start:.0f} us after the device went idle; "
             f"ops between: {listed} ({in_ops:.0f} us in ops, the rest in Python or the runtime)"
         )
-        return AttributedGap(gap.duration, gap.start, gap.step, LAUNCH_BOUND, detail, op.name)
-    detail = (
-        f"launched {gap.start - launch.end:.0f} us before the device went idle, started late: "
-        "an event wait, another stream or a copy held it"
-    )
-    return AttributedGap(gap.duration, gap.start, gap.step, OTHER, detail, op.name)
+    else:
+        detail = (
+            f"launched {gap.start - launch.end:.0f} us before the device went idle, started late: "
+            "an event wait or another stream held it"
+        )
+    return AttributedGap(gap.duration, gap.start, gap.step, found, detail, op.name)
 
 
 def steps_note(steps_from: str) -> str:
