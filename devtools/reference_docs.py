@@ -71,7 +71,8 @@ def cli() -> str:
     os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal's width: the page must not depend on it
     parser = build_parser()
     lines = ["# The `syncguard` command", "", GENERATED, "",
-             "The commands other than running tests never import torch, except `device`.", ""]  # fmt: skip
+             "The commands other than running tests never import torch, except `device` where the CUDA driver is.",
+             ""]  # fmt: skip
     lines += _commands(parser, "syncguard", "##")
     return "\n".join(lines)
 

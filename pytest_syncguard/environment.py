@@ -3,6 +3,7 @@ fingerprint stored with baselines, and the GPU a pytest-xdist worker takes."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import os
 import platform
@@ -90,15 +91,37 @@ def fingerprint(device: str) -> dict[str, str | None]:
     return dict(_fingerprint(device))
 
 
+#: The CUDA driver's library by platform: torch's CUDA loads it, so a machine where it cannot be loaded has no CUDA
+#: device for torch (a CPU runner, or a GPU runner's container started without the driver mounted).
+DRIVER_LIBRARY = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}
+
+
+@cache
+def has_cuda_driver() -> bool:
+    """Whether this process can load the CUDA driver's library, told without importing torch (1.1 s of a process
+    that only asks which device it is on); True is no promise of a device: ask torch then."""
+    name = DRIVER_LIBRARY.get(sys.platform)
+    if name is None:
+        return False
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
+
 @cache
 def _fingerprint(device: str) -> tuple[tuple[str, str | None], ...]:
-    import torch
-
     on_cuda = device != "cpu" and cuda_device_name() is not None
+    cuda = None
+    if on_cuda:
+        import torch
+
+        cuda = torch.version.cuda
     return (
         ("device_name", cuda_device_name() if on_cuda else "cpu"),
-        ("torch", str(torch.__version__)),
-        ("cuda", torch.version.cuda if on_cuda else None),
+        ("torch", _installed_version("torch")),
+        ("cuda", cuda),
         ("driver", _driver_version() if on_cuda else None),
         ("transformers", _installed_version("transformers")),
         ("python", platform.python_version()),
@@ -112,7 +135,7 @@ def _installed_version(distribution: str) -> str | None:
     every run that did not use it); None where it is not installed."""
     module = sys.modules.get(distribution)
     if module is not None and isinstance(version := getattr(module, "__version__", None), str):
-        return version
+        return str(version)
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from pytest_syncguard.environment import has_cuda_driver
 from pytest_syncguard.gate.cli import main
 from pytest_syncguard.gate.scaffold import ACTION_DIR, ARTIFACT, FORK_SAFE, SINGLE, TEST, VENDORED, WORKFLOW
 from pytest_syncguard.gate.scaffold.owned import MANIFEST
@@ -168,6 +169,21 @@ def decode(model, prompt, steps):
         tokens = torch.cat([tokens, next_token], dim=1)
     return tokens
 """
+
+
+def test_device_tells_a_machine_without_the_cuda_driver_without_importing_torch() -> None:
+    """`syncguard device` starts every job of init's workflow: where the CUDA driver's library cannot be loaded it
+    says "cpu" and torch's version without importing torch (1.1 s of CPU); with a GPU it asks torch."""
+    code = "import sys; from pytest_syncguard.gate.cli import main; main(['device', '--json']); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    *printed, imported = done.stdout.strip().splitlines()
+    data = json.loads("\n".join(printed))
+    assert data["torch"] == str(torch.__version__) and data["python"] == sys.version.split()[0]
+    if torch.cuda.is_available():
+        assert data["slug"] != "cpu" and data["cuda"] == torch.version.cuda and imported == "True"
+    else:
+        assert data["slug"] == "cpu" and data["cuda"] is None
+        assert imported == str(has_cuda_driver()), "torch is imported only where the driver could be loaded"
 
 
 def test_from_init_to_the_first_comment(tmp_path: Path) -> None:

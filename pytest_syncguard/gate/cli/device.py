@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ...environment import fingerprint, slug_for
+from ...environment import fingerprint, has_cuda_driver, slug_for
 
 
 def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +25,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cuda() -> bool:
-    """Whether torch sees a CUDA device (torch is loaded here only: the other commands run without it)."""
+    """Whether torch sees a CUDA device (torch is loaded here only, and only where the CUDA driver is: the other
+    commands run without it)."""
+    if not has_cuda_driver():
+        return False
     import torch
 
     return bool(torch.cuda.is_available())
