@@ -2,7 +2,8 @@
 a child process's start: ``python -c CODE`` started with and without the hook (``PYTHONPATH`` led by the hook's
 folder and a folder for the child's file, as a measured test sets them), the two interleaved in rounds; per CODE, the
 median wall time of each and their ratio. CODE is ``pass`` (the hook alone: the child imports no torch, so no probe
-is installed) and ``import torch`` then one host read (the probe installed after torch loads, and one sync written).
+is installed) and ``import torch`` then one host read (the probe installed after torch loads, and one sync written),
+and on a GPU machine one host read of a CUDA tensor (the CUDA-call watch held too).
 
 Run from the repository root: ``python -m bench.bench_child_start [--rounds N]``.
 """
@@ -22,6 +23,8 @@ from pytest_syncguard.probes.child import FOLDER_VARIABLE
 from pytest_syncguard.probes.children import STARTUP
 
 CODES = {"pass": "pass", "import torch, one host read": "import torch; torch.ones(2).sum().item()"}
+#: On a GPU machine, a child that reads the device once: its probe then also holds the CUDA-call watch (CUPTI).
+ON_CUDA = {"import torch, one host read of a CUDA tensor": "import torch; torch.ones(2, device='cuda').sum().item()"}
 
 
 def _start(code: str, environment: dict[str, str]) -> float:
@@ -38,7 +41,9 @@ def main() -> None:
     plain["PYTHONPATH"] = os.getcwd()
     print(f"# {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; {rounds} rounds, the two variants alternating")  # fmt: skip
-    for name, code in CODES.items():
+    import torch
+
+    for name, code in {**CODES, **(ON_CUDA if torch.cuda.is_available() else {})}.items():
         with tempfile.TemporaryDirectory() as folder:
             hooked = {**plain, FOLDER_VARIABLE: folder, "PYTHONPATH": f"{STARTUP}{os.pathsep}{os.getcwd()}"}
             times: dict[str, list[float]] = {"without": [], "with the hook": []}

@@ -6,7 +6,8 @@ test's tokens (docs/howto/child-processes.md): the budget holds for the engine's
 
 Planted for the evidence: ``SYNCGUARD_PLANT_ENGINE_READ=1`` makes the engine read each step's token on the host
 (as a log line would), which fails the test naming the engine's line. On CUDA the engine also counts its syncs with
-torch's own sync-debug mode, and the test checks that syncguard counted the same.
+torch's own sync-debug mode and adds up the bytes it moved from its tensors' sizes, and the test checks that
+syncguard counted the same syncs and transfers.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def decode(model: Any, prompt: torch.Tensor, plant: bool) -> torch.Tensor:
 
 def engine_core(requests: Any, replies: Any) -> None:
     """The engine process: load the model, then serve requests (a prompt's token ids; None ends it) until told to
-    stop. Each reply is the new tokens and, on CUDA, the syncs torch's sync-debug mode saw while decoding."""
+    stop. Each reply is the new tokens, on CUDA the syncs torch's sync-debug mode saw while decoding, and the bytes
+    the request moved between host and device by the tensors' own sizes: the prompt up, a stop check's flag per
+    step and the tokens down."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = gpt2(device, tiny=True)
     plant = os.environ.get("SYNCGUARD_PLANT_ENGINE_READ") == "1"
@@ -59,11 +62,14 @@ def engine_core(requests: Any, replies: Any) -> None:
                 torch.cuda.set_sync_debug_mode("warn")
             try:
                 prompt = torch.tensor(request, device=device)  # on CUDA an upload from pageable memory: a sync
-                tokens = decode(model, prompt, plant).tolist()  # and the reply's download: another
+                decoded = decode(model, prompt, plant)
+                tokens = decoded.tolist()  # and the reply's download: another
             finally:
                 if device.type == "cuda":
                     torch.cuda.set_sync_debug_mode(0)
-        replies.put((tokens, sum("synchronizing" in str(w.message) for w in seen)))
+        steps = len(tokens[0])  # each step's stop flag (a bool), and the planted read's token
+        moved = prompt.nbytes + steps * (1 + (decoded.element_size() if plant else 0)) + decoded.nbytes
+        replies.put((tokens, sum("synchronizing" in str(w.message) for w in seen), moved))
 
 
 class Engine:
@@ -75,7 +81,7 @@ class Engine:
         self.process = context.Process(target=engine_core, args=(self._requests, self._replies), daemon=True)
         self.process.start()
 
-    def generate(self, prompt: list[list[int]]) -> tuple[list[list[int]], int]:
+    def generate(self, prompt: list[list[int]]) -> tuple[list[list[int]], int, int]:
         self._requests.put(prompt)
         return self._replies.get(timeout=300)  # type: ignore[no-any-return]
 
@@ -93,12 +99,15 @@ def engine() -> Iterator[Engine]:
     started.close()
 
 
-# The stop check each step, and on CUDA the prompt's upload and the reply's download: 18 syncs over 16 tokens.
+# The stop check each step, and on CUDA the prompt's upload and the reply's download: 18 syncs over 16 tokens; the
+# bytes those move (64 up, 16 + 256 down) are 21 a token (a CUDA budget: on the CPU it is not measured).
 @pytest.mark.max_syncs_per_token(1.125)
+@pytest.mark.max_transfer_bytes_per_token(21)
 def test_the_engine_decodes_within_its_budget(syncguard: SyncGuard, engine: Engine) -> None:
     prompt = [[5, 6, 7, 8], [9, 10, 11, 12]]
     with syncguard.generation(tokens=NEW_TOKENS) as region:
-        tokens, debugged = engine.generate(prompt)
+        tokens, debugged, moved = engine.generate(prompt)
     assert len(tokens[0]) == NEW_TOKENS
-    if torch.cuda.is_available():  # the engine's own count, by torch, of what syncguard counted from outside it
+    if torch.cuda.is_available():  # the engine's own counts (torch's, the tensors') of what syncguard counted
         assert region.syncs == debugged, (region.syncs, debugged)
+        assert region.count("transfer_bytes") == moved, (region.count("transfer_bytes"), moved)

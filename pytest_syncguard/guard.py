@@ -6,6 +6,7 @@ import importlib
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -250,9 +251,16 @@ class GenerationRegion:
     @contextmanager
     def _counting_transfers(self) -> Iterator[None]:
         """The memcpy calls between host and device that the CUDA-call probe's watch (around this) saw in the block,
-        into the region's counts (:func:`.probes.cuda_calls.transfer_counts`)."""
+        with those the test's child processes made in it, into the region's counts
+        (:func:`.probes.cuda_calls.transfer_counts`)."""
         yield
-        self._counts.append(transfer_counts(self._cuda_calls))
+        ours, theirs = self._cuda_calls, children.copies_in((self._window_ns[0], time.time_ns()))
+        joined = CudaCallWatch(
+            ours.not_counted or next(iter(theirs.not_counted), None),
+            [*ours.transfers, *theirs.transfers],
+            ours.not_read + Counter(theirs.not_read),
+        )
+        self._counts.append(transfer_counts(joined))
 
 
 def _always(region: GenerationRegion) -> bool:
@@ -301,7 +309,7 @@ _OWN_PROBES = (
     RegionProbe("driver calls", "memory", 80, _on_cuda, lambda r, _: driver_calls(r.counts)),
     RegionProbe("compiles", "compiles", 90, _always, lambda r, _: compiles.counting(r.counts, r._window_ns[0])),
     RegionProbe("CUDA graphs", "graphs", 100, _always, lambda r, _: graphs.counting(r.counts)),
-    RegionProbe("operators", "ops", 110, lambda r: r.count_ops, lambda r, _: ops.counting(r.counts)),
+    RegionProbe("operators", "ops", 110, lambda r: r.count_ops, lambda r, _: ops.counting(r.counts, r._window_ns[0])),
     # Like the operators, only in a counting run: its Python kernel costs a collective tens of microseconds. Where
     # torch's flight recorder gives a region's collectives, they are counted from it (probes/collectives.py).
     RegionProbe(

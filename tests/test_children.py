@@ -98,6 +98,12 @@ def test_binary(syncguard):
         subprocess.run(["true"], check=True)
 
 
+@pytest.mark.max_ops_per_token(5)
+def test_operators_in_a_child(syncguard):
+    with syncguard.generation(tokens=1):
+        subprocess.run([sys.executable, "-c", "import torch; [torch.ones(3) + 1 for _ in range(50)]"], check=True)
+
+
 def test_unmeasured():
     found = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('SYNCGUARD_CHILDREN'), 'sitecustomize' in sys.modules and 'syncguard' in repr(sys.modules['sitecustomize']))"], capture_output=True, text=True, check=True)
     assert found.stdout.split() == ["None", "False"], found.stdout
@@ -147,7 +153,15 @@ def test_each_start_method_s_child_syncs_count_with_the_test_named_by_its_proces
     assert (values["frames_compiled"], values["recompiles"]) == (truth["frames"], truth["recompiles"]) != (0, 0)
     assert compiled["verdict"] == "fail" and values["graph_breaks"] >= 1
     assert "in layer in child process" in out
-    done.assert_outcomes(failed=5, passed=1, skipped=1)  # the binary's test: its one budget not measured
+    # Operators run in a child are not counted: the budget on them is not measured, never passed on the test's 0.
+    operators = tests["test_operators_in_a_child"]
+    assert operators["verdict"] == "not measured" and "ops" not in operators["metrics"]["values"]
+    (check,) = operators["checks"]
+    assert (
+        "operators run in child processes are not counted, and these ran in the region: child process"
+        in (check["text"])
+    )
+    done.assert_outcomes(failed=5, passed=1, skipped=2)  # the binary's and the operators' tests: not measured
 
 
 def test_the_start_up_hook_runs_the_sitecustomize_it_hides(
@@ -186,8 +200,10 @@ def test_a_read_planted_in_the_engine_core_example_fails_its_budget_by_the_engin
     syncs = 34 if torch.cuda.is_available() else 32  # on CUDA the prompt's upload and the reply's download too
     assert "(engine_core), started by process" in out and f"{syncs} sync(s) during the test" in out
     planted = "16 x scalar read (aten::_local_scalar_dense in child process"
-    assert planted in out and "(engine_core)) at examples/test_engine_core.py:40 in decode: _ = int(token[0])" in out
-    assert "(engine_core)) at examples/test_engine_core.py:44 in decode: if bool(finished.all())" in out
+    lines = EXAMPLE.read_text().splitlines()
+    read, check = (1 + next(i for i, text in enumerate(lines) if code in text) for code in ("_ = int(", "if bool("))
+    assert planted in out and f"(engine_core)) at examples/test_engine_core.py:{read} in decode: _ = int(" in out
+    assert f"(engine_core)) at examples/test_engine_core.py:{check} in decode: if bool(finished.all())" in out
 
 
 def test_a_childs_file_is_read_on_from_where_the_last_read_stopped_and_a_cut_line_waits(tmp_path: Path) -> None:
@@ -213,3 +229,90 @@ def test_a_childs_file_is_read_on_from_where_the_last_read_stopped_and_a_cut_lin
     (child,) = children.read(tmp_path, since_ns=15)
     assert [t for t, _ in child.syncs] == [20, 30] and child.syncs[1][1].stack[0].lineno == 3
     children.forget()
+
+
+COPYING_CHILD = """
+import json
+import ctypes
+import torch
+
+device = torch.ones(1000, device="cuda")
+pinned = torch.ones(500).pin_memory()
+moved = {"h2d": 0, "d2h": 0}
+for _ in range(4):
+    moved["d2h"] += device.cpu().nbytes  # the child's download
+    moved["h2d"] += torch.ones(250).cuda().nbytes  # the child's upload
+moved["h2d"] += pinned.to("cuda", non_blocking=True).nbytes
+ctypes.CDLL("libcuda.so.1").cuCtxSynchronize()  # a sync outside torch
+with open("moved.json", "w") as out:
+    json.dump(moved, out)
+"""
+
+COPYING_TEST = """
+import subprocess, sys
+import pytest
+
+@pytest.mark.max_transfer_bytes_d2h_per_token(1000)
+@pytest.mark.max_syncs_per_token(0)
+def test_copies(syncguard):
+    with syncguard.generation(tokens=4):
+        subprocess.run([sys.executable, "child.py"], check=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_childs_copies_count_to_the_byte_with_its_line_and_its_cuda_calls_as_syncs(pytester: pytest.Pytester) -> None:
+    """A subprocess's copies between host and device are the region's transfers, to the byte its tensors' sizes say,
+    each named by its process and line, and a blocking CUDA call it makes outside torch is a sync of the test's."""
+    pytester.makepyfile(child=COPYING_CHILD, test_copying=COPYING_TEST)
+    done = pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json", "-p", "no:cacheprovider")
+    out = done.stdout.str()
+    (test,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    moved, values = json.loads((pytester.path / "moved.json").read_text()), test["metrics"]["values"]
+    assert (values["transfer_bytes_h2d"], values["transfer_bytes_d2h"]) == (moved["h2d"], moved["d2h"]), values
+    assert (values["transfers_h2d"], values["transfers_d2h"]) == (5, 4), values
+    assert test["verdict"] == "fail", test["checks"]
+    lines = COPYING_CHILD.strip().splitlines()
+    download, outside = (
+        1 + next(i for i, text in enumerate(lines) if mark in text) for mark in ("download", "outside")
+    )
+    assert f"child.py:{download} in <module>: cudaMemcpyAsync in child process" in out, out
+    assert "device-to-host, 4000 B" in out and f"child.py:{outside} in <module>" in out, out
+    assert values["syncs"] >= 1 and "CUDA call outside torch (cuCtxSynchronize in child process" in out, out
+
+
+def test_a_childs_copies_and_unread_copy_calls_are_the_regions_inside_its_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a child's file says of its copies is read as the CUDA-call probe's transfers, named by the child and
+    taken by the window they fall in; a child whose calls could not be watched is said by every region after its
+    start (its copies unknown, never zero)."""
+    from pytest_syncguard.probes import children
+
+    monkeypatch.setenv(children.FOLDER_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(children.OWNER_VARIABLE, str(os.getpid()))
+    lines = [
+        {"pid": 7, "ppid": 1, "argv": ["python", "engine.py"], "t": 5},
+        {"t": 10, "x": ["d2h", 4000, "cudaMemcpyAsync", ["engine.py", 3, "step"], None]},
+        {"t": 20, "n": "cudaMemcpy3D"},
+        {"t": 30, "x": ["h2d", 64, "cuMemcpyHtoD", ["engine.py", 4, "step"], ["client.py", 9, "ask"]]},
+    ]
+    (tmp_path / "7.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    try:
+        copies = children.copies_in((15, 40))
+        assert [(x.direction, x.size) for x in copies.transfers] == [("h2d", 64)] and not copies.not_counted
+        assert copies.transfers[0].label() == (
+            "engine.py:4 in step (called from client.py:9 in ask): cuMemcpyHtoD in child process 7 (python "
+            "engine.py), host-to-device, 64 B"
+        )
+        assert copies.not_read == ("cudaMemcpy3D in child process 7 (python engine.py)",)
+        assert [x.size for x in children.copies_in((0, 12)).transfers] == [4000]
+        unwatched = {"pid": 8, "argv": ["python", "other.py"], "t": 50}, {"t": 51, "u": "no CUPTI library"}
+        (tmp_path / "8.jsonl").write_text("".join(json.dumps(line) + "\n" for line in unwatched))
+        assert children.copies_in((15, 40)).not_counted == ()  # it started after that window
+        assert children.copies_in((45, 60)).not_counted == ("child process 8 (python other.py): no CUPTI library",)
+    finally:
+        for path in (tmp_path / "7.jsonl", tmp_path / "8.jsonl"):
+            children._FILES.pop(path, None)
+        children.forget()

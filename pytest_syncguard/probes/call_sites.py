@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from types import CodeType, FrameType
 
 import _pytest
@@ -15,6 +16,9 @@ import torch
 from ..analysis.sites import Frame
 
 STACK_DEPTH = 5
+#: Where the standard library lies: its frames can be call sites (a thread's target runs from it), never callers
+#: worth naming (``subprocess.run``, multiprocessing's bootstrap).
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def _package_dir(module_file: str | None) -> str:

@@ -1,8 +1,9 @@
 """The child's side of a measured test's child processes: in a Python process the test started (loaded at start-up by
 :mod:`.startup`, or after a fork), each sync the process makes is written to its own file in the test's folder for
 children as it happens, with the wall-clock time and its call site, and so is each compilation of torch.compile, with
-its start; the test's regions take those inside their windows (:mod:`.children`). The file's first line says who the
-process is (pid, parent, command).
+its start, and on CUDA each copy between host and device (the CUDA-call probe's watch, held for the process's life:
+its blocking calls outside torch reach the recorder as syncs); the test's regions take those inside their windows
+(:mod:`.children`). The file's first line says who the process is (pid, parent, command).
 
 The sync probe is the test process's own (:data:`.syncs.PROBE`), attached with a recorder that writes through: it is
 installed when the child imports torch (a process that never does makes no sync), with its Python kernels, which
@@ -79,14 +80,72 @@ def _install(out: IO[str]) -> None:
     manager.__enter__()
 
     def stop() -> None:
+        if (calls := _started.pop("cuda calls", None)) is not None:
+            calls.__exit__(None, None, None)
         if _started.pop("recording", None) is not None:
             manager.__exit__(None, None, None)  # the kernels go before torch is torn down
 
     _started["recording"] = manager
+    if torch.cuda.is_available() and not torch.cuda._is_in_bad_fork():
+        # At the process's CUDA initialization (now, where it was done): a child that never uses the device pays
+        # nothing for CUPTI.
+        lazily = getattr(torch.cuda, "_lazy_call", None)
+        lazily(lambda: _watch_cuda_calls(out)) if lazily is not None else _watch_cuda_calls(out)
     atexit.register(stop)
     import multiprocessing.util
 
     multiprocessing.util.Finalize(None, stop, exitpriority=100)  # before multiprocessing's own os._exit
+
+
+def _write(out: IO[str], data: dict[str, Any]) -> None:
+    with _WRITING:
+        out.write(json.dumps({"t": time.time_ns(), **data}) + "\n")
+        out.flush()
+
+
+class _Transfers(list):  # type: ignore[type-arg]
+    """The CUDA-call probe's transfers (:class:`.cuda_calls.Transfer`), each written as it is made."""
+
+    def __init__(self, out: IO[str]) -> None:
+        super().__init__()
+        self._out = out
+
+    def append(self, made: Any) -> None:
+        site, caller = (None if f is None else list(f) for f in (made.site, made.caller))
+        _write(self._out, {"x": [made.direction, made.size, made.function, site, caller]})
+
+
+class _NotRead(collections.Counter):  # type: ignore[type-arg]
+    """The calls of copy functions whose parameters the CUDA-call probe does not read, each written as made."""
+
+    def __init__(self, out: IO[str]) -> None:
+        super().__init__()
+        self._out = out
+
+    def __setitem__(self, function: str, calls: int) -> None:
+        _write(self._out, {"n": function})
+
+
+def _watch_cuda_calls(out: IO[str]) -> None:
+    """Hold the CUDA-call probe's watch for the rest of the process: each transfer between host and device is
+    written, and each blocking CUDA call made outside torch reaches the writing recorder as a sync; where the calls
+    cannot be watched (no CUPTI, or its one subscriber taken), the file says why."""
+    from .cuda_calls import CUDA_CALLS
+
+    CUDA_CALLS.reset()  # a forked child's copies of its parent's watches go
+    manager = CUDA_CALLS.counting()
+    try:
+        watch = manager.__enter__()
+    except Exception as exc:  # never the child's CUDA initialization's failure
+        _write(out, {"u": f"the CUDA-call probe could not start ({type(exc).__name__}: {exc})"})
+        return
+    if watch.not_counted is not None:
+        _write(out, {"u": watch.not_counted})
+        manager.__exit__(None, None, None)
+        return
+    watch.transfers = _Transfers(out)
+    watch.not_read = _NotRead(out)
+    _started["cuda calls"] = manager
 
 
 class _Compiles(collections.deque):  # type: ignore[type-arg]

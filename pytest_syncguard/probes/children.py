@@ -1,9 +1,10 @@
 """A measured test's Python child processes, from the test process's side: while the test runs, every Python process
-it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs and
-compilations (:mod:`.child`) into the session's folder for them; each region of the test takes the syncs its children
-made inside the region's wall-clock window (:func:`syncs_in`) and the compilations they started in it
-(:func:`compiles_in`), each labelled with the child that made it, so that a budget judges the test and its children
-together, per the test's tokens.
+it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any depth) measures its own syncs,
+compilations and, on CUDA, copies between host and device (:mod:`.child`) into the session's folder for them; each
+region of the test takes the syncs its children made inside the region's wall-clock window (:func:`syncs_in`), the
+compilations they started in it (:func:`compiles_in`) and their copies (:func:`copies_in`), each labelled with the
+child that made it, so that a budget judges the test and its children together, per the test's tokens. Their
+operators are not counted: a region in which one ran says so (:func:`running_in`).
 
 How a child is reached: :func:`measuring` puts :mod:`.startup` first on ``PYTHONPATH`` (its ``sitecustomize`` starts
 the child's probe at interpreter start-up) and names the folder in :data:`.child.FOLDER_VARIABLE`; a forked child is
@@ -26,6 +27,7 @@ from typing import Any
 
 from ..analysis.sites import Frame, SyncEvent
 from .child import FOLDER_VARIABLE, watch_forks
+from .cuda_calls import Transfer
 
 STARTUP = Path(__file__).with_name("startup")
 #: The process that measures its children (a child's own regions, if it had any, take none).
@@ -98,6 +100,25 @@ def _compiled(fields: Any, label: str) -> Compiled:
     return Compiled(str(name), str(filename), int(line), None if reason is None else str(reason), f" in {label}")
 
 
+def _frame(data: Any) -> Frame | None:
+    return None if data is None else Frame(str(data[0]), int(data[1]), str(data[2]))
+
+
+def _transfer(fields: Any, label: str) -> Transfer:
+    direction, size, function, site, caller = fields
+    return Transfer(str(direction), int(size), f"{function} in {label}", _frame(site), _frame(caller))
+
+
+@dataclass(frozen=True)
+class ChildCopies:
+    """What the test's children copied between host and device memory in a region (each transfer's function named
+    with its child), the copy calls whose parameters were not read, and why a child's calls were not watched."""
+
+    transfers: tuple[Transfer, ...] = ()
+    not_read: tuple[str, ...] = ()
+    not_counted: tuple[str, ...] = ()
+
+
 @dataclass
 class _File:
     """How far a child's file has been read, and what it said so far."""
@@ -106,6 +127,12 @@ class _File:
     header: Any = None
     syncs: list[tuple[int, SyncEvent]] = field(default_factory=list)
     compiles: list[tuple[int, Compiled]] = field(default_factory=list)
+    transfers: list[tuple[int, Transfer]] = field(default_factory=list)
+    not_read: list[tuple[int, str]] = field(default_factory=list)
+    not_counted: str | None = None
+    """Why the child's CUDA calls were not watched (it said so once, when it imported torch)."""
+    last_ns: int = 0
+    """When it last wrote a line (wall-clock ns)."""
 
     def take(self, text: str) -> None:
         for line in text.splitlines():
@@ -115,6 +142,8 @@ class _File:
                 continue
             if not isinstance(data, dict):
                 continue
+            if isinstance(stamp := data.get("t"), int):
+                self.last_ns = max(self.last_ns, stamp)
             if self.header is None and "pid" in data:
                 self.header = data
             elif self.header is not None and "name" in data:
@@ -123,6 +152,12 @@ class _File:
                 self.syncs.append((int(data["t"]), _event(data["e"], _child(self.header).label)))
             elif self.header is not None and "c" in data:
                 self.compiles.append((int(data["t"]), _compiled(data["c"], _child(self.header).label)))
+            elif self.header is not None and "x" in data:
+                self.transfers.append((int(data["t"]), _transfer(data["x"], _child(self.header).label)))
+            elif self.header is not None and "n" in data:
+                self.not_read.append((int(data["t"]), f"{data['n']} in {_child(self.header).label}"))
+            elif self.header is not None and "u" in data:
+                self.not_counted = f"{_child(self.header).label}: {data['u']}"
 
 
 #: Each child file read so far: a read takes only what was written since the last (the session's files grow with
@@ -145,6 +180,8 @@ def read(folder: Path, since_ns: int = 0) -> list[Child]:
         if since_ns:
             state.syncs = [(t, e) for t, e in state.syncs if t >= since_ns]
             state.compiles = [(t, c) for t, c in state.compiles if t >= since_ns]
+            state.transfers = [(t, x) for t, x in state.transfers if t >= since_ns]
+            state.not_read = [(t, n) for t, n in state.not_read if t >= since_ns]
         if state.header is not None:
             found.append(_child(state.header, state.syncs, state.compiles))
     return found
@@ -211,3 +248,48 @@ def compiles_in(window: tuple[int, int]) -> tuple[Compiled, ...]:
     """The compilations the test's children started inside ``window`` (wall-clock ns)."""
     start, end = window
     return tuple(record for child in _children() for t, record in child.compiles if start <= t <= end)
+
+
+def _states() -> list[_File]:
+    """Each file of the test's children read so far, read on now (none where the test measures no children)."""
+    folder = active()
+    if folder is None or not folder.is_dir():
+        return []
+    read(folder)
+    return [state for path, state in _FILES.items() if path.parent == folder and state.header is not None]
+
+
+def copies_in(window: tuple[int, int]) -> ChildCopies:
+    """What the test's children copied between host and device inside ``window`` (wall-clock ns), and why a child
+    that had started by its end could not be watched."""
+    states, (start, end) = _states(), window
+    return ChildCopies(
+        tuple(x for state in states for t, x in state.transfers if start <= t <= end),
+        tuple(n for state in states for t, n in state.not_read if start <= t <= end),
+        tuple(
+            state.not_counted
+            for state in states
+            if state.not_counted is not None and int(state.header.get("t", 0)) <= end
+        ),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_in(window: tuple[int, int]) -> tuple[str, ...]:
+    """The test's children that may have run inside ``window`` (wall-clock ns), by label: each that started in it,
+    wrote in it, or had started by its end and is still there (an engine that syncs nothing writes nothing)."""
+    start, end = window
+    return tuple(
+        _child(state.header).label
+        for state in _states()
+        if int(state.header.get("t", 0)) <= end and (state.last_ns >= start or _alive(int(state.header["pid"])))
+    )

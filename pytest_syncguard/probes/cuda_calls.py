@@ -42,7 +42,7 @@ from ..analysis.counts import RegionCounts, top_items
 from ..analysis.sites import Frame
 from ..signals import transfers as signal
 from . import cupti
-from .call_sites import first_user_frame, user_stack
+from .call_sites import STDLIB, first_user_frame, user_stack
 from .sync_ops import SyncKind
 from .syncs import PROBE
 
@@ -399,6 +399,13 @@ class CudaCallProbe:
                     if not self._watches and not self._holders and self._subscribed:
                         self._unsubscribe()
 
+    def reset(self) -> None:
+        """Forget every watch (a forked child's copies of its parent's: their lists are the parent's)."""
+        with self._lock:
+            self._watches.clear()
+            self._holders = 0
+            self._subscribed = False
+
     @contextmanager
     def held(self) -> Iterator[None]:
         """Hold the subscriber over the block: a measured region's whole span, entered before its clock starts and
@@ -508,7 +515,14 @@ class CudaCallProbe:
         if moved is not None:  # torch's copies too: a transfer is one whoever makes it
             caller, site, _ = first_user_frame(sys._getframe(1))
             above = user_stack(caller.f_back, 1) if caller is not None else ()
-            called_from = above[0] if above and site is not None and above[0].filename != site.filename else None
+            called_from = (
+                above[0]
+                if above
+                and site is not None
+                and above[0].filename != site.filename
+                and not above[0].filename.startswith(STDLIB)
+                else None
+            )
             made = Transfer(*moved, found[0], site, called_from)
             for watch in self._watches:
                 watch.transfers.append(made)

@@ -9,12 +9,14 @@ Python-level count would cost several microseconds per operator and change the l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..analysis.counts import RegionCounts, difference, top_items
 from ..analysis.trace_file import profiler_only
+from . import children
 from .native import NATIVE
 
 
@@ -25,10 +27,15 @@ def unavailable() -> str | None:
     return None if why is None else f"the native operator counter {why}"
 
 
+#: Why a region in which a child process of the test ran has no operator count.
+IN_CHILDREN = "operators run in child processes are not counted, and these ran in the region"
+
+
 @contextmanager
-def counting(found: list[RegionCounts]) -> Iterator[None]:
+def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator[None]:
     """Count the operators of the block; on exit append their total (``ops``) and the largest to ``found``, or
-    the reason they were not counted."""
+    the reason they were not counted: no native counter, or a child process of the test that ran in the block
+    (from ``since_ns``, wall-clock ns: the region's start), whose operators the counter cannot see."""
     native: Any = NATIVE.load()
     if native is None:
         found.append(RegionCounts(unmeasured={"ops": unavailable() or "not counted"}))
@@ -41,6 +48,10 @@ def counting(found: list[RegionCounts]) -> Iterator[None]:
         after = native.ops_counts()
     finally:
         native.ops_stop()
+    ran = children.running_in((since_ns, time.time_ns())) if since_ns is not None else ()
+    if ran:
+        found.append(RegionCounts(unmeasured={"ops": f"{IN_CHILDREN}: {', '.join(ran)}"}))
+        return
     # The plugin's own timeline capture makes compiled code open ranges it opens under no other profiler.
     calls = {name: n for name, n in difference(after, before).items() if not profiler_only(name)}
     found.append(RegionCounts({"ops": sum(calls.values())}, {"ops": top_items(calls)}))

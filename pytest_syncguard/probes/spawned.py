@@ -14,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from . import children
-from .call_sites import first_user_frame
+from .call_sites import STDLIB, first_user_frame
 from .children import Child
 from .patches import Patches
 
@@ -65,9 +64,6 @@ def _program(args: Any) -> str:
     return os.path.basename(text.split()[0]) if text.split() else "?"
 
 
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-
-
 def _line() -> str | None:
     """The test's line that started the process: the innermost frame outside torch, the plugin and the standard
     library (``subprocess.run`` calls ``Popen``)."""
@@ -76,7 +72,7 @@ def _line() -> str | None:
         caller, site, _ = first_user_frame(frame)
         if caller is None or site is None:
             return None
-        if not caller.f_code.co_filename.startswith(_STDLIB):
+        if not caller.f_code.co_filename.startswith(STDLIB):
             return site.shown()
         frame = caller.f_back  # type: ignore[assignment]
     return None
