@@ -65,15 +65,28 @@ def _file(folder: str) -> IO[str]:
     return out
 
 
-def _install(out: IO[str]) -> None:
-    """Attach a writing recorder to the sync probe for the rest of the process."""
+#: The suffix of a child's operator total in the test's folder (the 8 bytes of a running count).
+OPERATORS = ".ops"
+
+
+def _install(out: IO[str], folder: str) -> None:
+    """Attach a writing recorder to the sync probe for the rest of the process, and count its operators."""
     import torch
 
     from .native import NATIVE
     from .syncs import PROBE, SyncRecorder
 
     PROBE.reset()  # a forked child's copies of its parent's recorders (and their kernels) go
+    native, why = NATIVE.load_built()
     NATIVE.switch_off("a child process hands each sync over as it happens: Python kernels")
+    if native is None:
+        _write(out, {"o": f"the native operator counter is {why}"})
+    else:  # for the process's life: the test takes the total's difference over each of its regions
+        try:
+            native.ops_share(os.path.join(folder, f"{os.getpid()}{OPERATORS}"))
+            native.ops_start()
+        except Exception as exc:  # never the child's import of torch's failure
+            _write(out, {"o": f"the operator total could not be shared ({type(exc).__name__}: {exc})"})
     recorder = SyncRecorder(on_device=torch.cuda.is_available())
     recorder.events = _Written(out)
     manager = PROBE.recording(recorder)
@@ -224,9 +237,9 @@ def start() -> None:
     _started["pid"] = os.getpid()
     out = _file(folder)
     if "torch" in sys.modules:
-        _install(out)
+        _install(out, folder)
     else:
-        sys.meta_path.insert(0, _After("torch", lambda _: _install(out)))
+        sys.meta_path.insert(0, _After("torch", lambda _: _install(out, folder)))
     if (utils := sys.modules.get("torch._dynamo.utils")) is not None:
         _watch_compiles(utils, out)
     else:

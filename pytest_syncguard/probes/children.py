@@ -3,8 +3,8 @@ it starts (``subprocess``, multiprocessing's spawn, forkserver and fork, at any 
 compilations and, on CUDA, copies between host and device (:mod:`.child`) into the session's folder for them; each
 region of the test takes the syncs its children made inside the region's wall-clock window (:func:`syncs_in`), the
 compilations they started in it (:func:`compiles_in`) and their copies (:func:`copies_in`), each labelled with the
-child that made it, so that a budget judges the test and its children together, per the test's tokens. Their
-operators are not counted: a region in which one ran says so (:func:`running_in`).
+child that made it, so that a budget judges the test and its children together, per the test's tokens; and the
+operators each ran in it, from the running total a child keeps in the folder (:func:`operators_in`).
 
 How a child is reached: :func:`measuring` puts :mod:`.startup` first on ``PYTHONPATH`` (its ``sitecustomize`` starts
 the child's probe at interpreter start-up) and names the folder in :data:`.child.FOLDER_VARIABLE`; a forked child is
@@ -15,18 +15,19 @@ not Python (or a Python run with ``-I`` or ``-S``) writes nothing: :func:`.spawn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..analysis.sites import Frame, SyncEvent
-from .child import FOLDER_VARIABLE, watch_forks
+from .child import FOLDER_VARIABLE, OPERATORS, watch_forks
 from .cuda_calls import Transfer
 
 STARTUP = Path(__file__).with_name("startup")
@@ -133,6 +134,8 @@ class _File:
     """Why the child's CUDA calls were not watched (it said so once, when it imported torch)."""
     last_ns: int = 0
     """When it last wrote a line (wall-clock ns)."""
+    no_operators: str | None = None
+    """Why the child, which imported torch, does not count its operators."""
 
     def take(self, text: str) -> None:
         for line in text.splitlines():
@@ -158,6 +161,8 @@ class _File:
                 self.not_read.append((int(data["t"]), f"{data['n']} in {_child(self.header).label}"))
             elif self.header is not None and "u" in data:
                 self.not_counted = f"{_child(self.header).label}: {data['u']}"
+            elif self.header is not None and "o" in data:
+                self.no_operators = str(data["o"])
 
 
 #: Each child file read so far: a read takes only what was written since the last (the session's files grow with
@@ -284,12 +289,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def running_in(window: tuple[int, int]) -> tuple[str, ...]:
-    """The test's children that may have run inside ``window`` (wall-clock ns), by label: each that started in it,
-    wrote in it, or had started by its end and is still there (an engine that syncs nothing writes nothing)."""
+def operators_now() -> dict[int, int]:
+    """Each child's operators so far, by pid: the running totals those that imported torch keep in the test's
+    folder (:data:`.child.OPERATORS`)."""
+    folder = active()
+    if folder is None or not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.glob(f"*{OPERATORS}"):
+        with contextlib.suppress(OSError, ValueError):
+            found[int(path.stem)] = int.from_bytes(path.read_bytes()[:8], "little")
+    return found
+
+
+def operators_in(window: tuple[int, int], before: Mapping[int, int]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The operators each child ran since ``before`` (:func:`operators_now` at a region's start), by the child's
+    label; and the children that imported torch without counting theirs and may have run inside ``window``
+    (wall-clock ns): each that started in it, wrote in it, or had started by its end and is still there."""
     start, end = window
-    return tuple(
-        _child(state.header).label
-        for state in _states()
-        if int(state.header.get("t", 0)) <= end and (state.last_ns >= start or _alive(int(state.header["pid"])))
-    )
+    now, ran, blind = operators_now(), {}, []
+    for state in _states():
+        pid, label = int(state.header["pid"]), _child(state.header).label
+        if pid in now:
+            if now[pid] > before.get(pid, 0):
+                ran[f"every operator of {label}"] = now[pid] - before.get(pid, 0)
+        elif (
+            state.no_operators is not None
+            and int(state.header.get("t", 0)) <= end
+            and (state.last_ns >= start or _alive(pid))
+        ):
+            blind.append(f"{label}: {state.no_operators}")
+    return ran, tuple(blind)

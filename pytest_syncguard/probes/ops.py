@@ -33,14 +33,16 @@ IN_CHILDREN = "operators run in child processes are not counted, and these ran i
 
 @contextmanager
 def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator[None]:
-    """Count the operators of the block; on exit append their total (``ops``) and the largest to ``found``, or
-    the reason they were not counted: no native counter, or a child process of the test that ran in the block
-    (from ``since_ns``, wall-clock ns: the region's start), whose operators the counter cannot see."""
+    """Count the operators of the block, the test's child processes' with the process's own (from ``since_ns``,
+    wall-clock ns: the region's start; each child's total an item of its own); on exit append their total (``ops``)
+    and the largest to ``found``, or the reason they were not counted: no native counter here, or a child that ran
+    in the block without one."""
     native: Any = NATIVE.load()
     if native is None:
         found.append(RegionCounts(unmeasured={"ops": unavailable() or "not counted"}))
         yield
         return
+    theirs_before = children.operators_now() if since_ns is not None else {}
     native.ops_start()
     try:
         before = native.ops_counts()
@@ -48,10 +50,11 @@ def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator
         after = native.ops_counts()
     finally:
         native.ops_stop()
-    ran = children.running_in((since_ns, time.time_ns())) if since_ns is not None else ()
-    if ran:
-        found.append(RegionCounts(unmeasured={"ops": f"{IN_CHILDREN}: {', '.join(ran)}"}))
+    theirs, blind = children.operators_in((since_ns, time.time_ns()), theirs_before) if since_ns else ({}, ())
+    if blind:
+        found.append(RegionCounts(unmeasured={"ops": f"{IN_CHILDREN}: {'; '.join(blind)}"}))
         return
     # The plugin's own timeline capture makes compiled code open ranges it opens under no other profiler.
     calls = {name: n for name, n in difference(after, before).items() if not profiler_only(name)}
+    calls.update(theirs)
     found.append(RegionCounts({"ops": sum(calls.values())}, {"ops": top_items(calls)}))

@@ -14,6 +14,7 @@ counted, and :data:`NATIVE` says why.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import sys
@@ -59,6 +60,31 @@ class NativeKernel:
         happen), saying ``reason``."""
         with self._lock:
             self._tried, self._module, self.unavailable = True, None, reason
+
+    def load_built(self) -> tuple[ModuleType | None, str]:
+        """The extension where it lies built for these sources already, imported straight from the builder's cache
+        without the builder (a child process, whose start should not wait for a compiler or ninja), or None and
+        why not. The sync probe's kernels are not taken from it (:meth:`switch_off`)."""
+        if self._setting() == "off":
+            return None, f"switched off by {ENVIRONMENT}=0"
+        if self._module is not None:  # a forked child: its parent's, loaded already
+            return self._module, ""
+        try:
+            name = _name()
+            if (module := sys.modules.get(name)) is not None:
+                return module, ""
+            from torch.utils.cpp_extension import _get_build_directory
+
+            built = sorted(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+            spec = importlib.util.spec_from_file_location(name, built[0]) if built else None
+            if spec is None or spec.loader is None:
+                return None, "not built for this torch and these sources (the test process builds it)"
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except Exception as exc:  # a private function of torch's, a build of another ABI
+            return None, f"could not be loaded ({type(exc).__name__}: {_reason(exc)})"
+        sys.modules[name] = module
+        return module, ""
 
     def load(self) -> ModuleType | None:
         """The extension module, or None when it is switched off or cannot be built here."""

@@ -3,12 +3,17 @@
 // and records nothing else: no inputs, no ids, no timestamps, no end callback. While no region is measured it
 // is removed, so the dispatcher takes its fast path again.
 #include <ATen/record_function.h>
+#include <fcntl.h>
 #include <pybind11/pybind11.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -61,10 +66,34 @@ ThreadCounts& this_thread() {
   return *mine;
 }
 
+// The process's running total in a file another process maps (a measured test's child: the test reads it at its
+// regions' edges), or null. Lock-free 64-bit atomics are address-free, so they work across processes.
+std::atomic<std::atomic<uint64_t>*> shared_total{nullptr};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
 std::unique_ptr<at::ObserverContext> on_call(const at::RecordFunction& fn) {
   std::atomic<uint64_t>& calls = this_thread().find(fn.name()).calls;
   calls.store(calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (std::atomic<uint64_t>* total = shared_total.load(std::memory_order_relaxed)) {
+    total->fetch_add(1, std::memory_order_relaxed);
+  }
   return nullptr;
+}
+
+// Keep a running total of the calls counted from now on in the 8 bytes of file `path` (made, or emptied), for
+// another process to read while this one runs.
+void share(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || ::ftruncate(fd, sizeof(uint64_t)) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("syncguard: the operator total's file could not be made: " + path);
+  }
+  void* mapped = ::mmap(nullptr, sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) {
+    throw std::runtime_error("syncguard: the operator total's file could not be mapped: " + path);
+  }
+  shared_total.store(new (mapped) std::atomic<uint64_t>(0), std::memory_order_release);
 }
 
 // Start counting (nested starts keep one callback); the counts run on from where they were.
@@ -125,4 +154,5 @@ void bind_op_counter(py::module_& m) {
   m.def("ops_start", &op_counter::start, "Count operator calls (FUNCTION scope, every thread) until the matching ops_stop()");
   m.def("ops_stop", &op_counter::stop, "Stop counting once every ops_start() has its ops_stop()");
   m.def("ops_counts", &op_counter::counts, "Operator calls counted so far, by name: {name: count}");
+  m.def("ops_share", &op_counter::share, "Keep a running total of the calls counted from now on in a file's 8 bytes");
 }
