@@ -155,6 +155,7 @@ class GenerationRegion:
                     yield self
                 seconds = self._clock() - start
                 self._window_ns.append(time.time_ns())
+                instruments.active().ended(self.number, (self._window_ns[0], self._window_ns[1]))
         finally:
             # After every probe has closed: the allocator stats are read on their exit.
             self._open = None

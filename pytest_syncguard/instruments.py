@@ -15,7 +15,7 @@ else branches on the source:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +26,7 @@ from .analysis.counts import RegionCounts
 from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, uncounted, unreliable_counts
 from .analysis.gaps import MARKED_STEPS, Timeline
 from .analysis.reliability import sentinel_problem
+from .probes import children
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .signals import SIGNALS
@@ -49,6 +50,9 @@ class Instrument:
     """The timeline source it is, and why the session chose it (None: it records no timeline)."""
     trace_files: list[Path] = field(default_factory=list)
     """The traces it recorded (the capture keeps a failing test's, and removes them)."""
+    outside: dict[int, str] = field(default_factory=dict)
+    """Why a trace of a region misses part of its GPU work, by region number: child processes of the test ran in it
+    (a trace records the test's process alone)."""
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -69,6 +73,11 @@ class Instrument:
         """What records region ``number``'s timeline on its own (``kind``: :data:`TIMED_RUN`, :data:`COUNTING_RUN`
         or :data:`WHOLE_CALL`), entered outside the region's clock."""
         return nullcontext()
+
+    def ended(self, number: int, window: tuple[int, int]) -> None:
+        """Region ``number`` ran over ``window`` (wall-clock ns): whether the test's children ran in it too."""
+        if ran := children.ran_in(window):
+            self.outside[number] = f"{TRACE_SEES_ONE_PROCESS}: {', '.join(ran)}"
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
         """Hooks that mark each forward call of ``model`` as a decode step in what records now; their handles."""
@@ -94,7 +103,7 @@ class CountingRuns(Instrument):
         return TIMELINE.region_capture() if kind == COUNTING_RUN else nullcontext()
 
     def timelines(self, measurement: Measurement, warmup_steps: int) -> Measurement:
-        return _with_traced_runs(self.trace_files, measurement, warmup_steps, timed_timelines=False)
+        return _with_traced_runs(self.trace_files, measurement, warmup_steps, self.outside, timed_timelines=False)
 
 
 @dataclass
@@ -131,7 +140,7 @@ class Sampled(CountingRuns):
         SAMPLER.step(MARKED_STEPS)
 
     def timelines(self, measurement: Measurement, warmup_steps: int) -> Measurement:
-        measurement = _with_traced_runs(self.trace_files, measurement, warmup_steps, timed_timelines=True)
+        measurement = _with_traced_runs(self.trace_files, measurement, warmup_steps, self.outside, timed_timelines=True)
         timelines: list[Timeline | None] = []
         unreliable = self.problem
         for n in measurement.region_numbers:
@@ -174,6 +183,7 @@ class Traced(Instrument):
         found = {n: gaps.analyze(trace, window=windows[n], warmup_steps=warmup_steps) for n in traced}
         timelines = tuple(found.get(n) for n in measurement.region_numbers)
         problem = sentinel_problem(trace) or next((t.unreliable for t in timelines if t and t.unreliable), None)
+        problem = problem or next((self.outside[n] for n in traced if n in self.outside), None)
         counts = dict(measurement.region_counts)
         for n in traced:
             _add_work(counts, n, trace, windows[n], problem)
@@ -181,6 +191,12 @@ class Traced(Instrument):
             return replace(measurement, timelines=(), region_counts=counts, unreliable_timeline=problem)
         return replace(measurement, timelines=timelines, region_counts=counts, device_times=_device_times(found))
 
+
+#: Why a trace's reading of a region in which the test's child processes ran is not its GPU work.
+TRACE_SEES_ONE_PROCESS = (
+    "a trace records the GPU work of the test's process alone, and child processes of the test ran in the region "
+    "(their kernels would read as idle time; the sampled default samples the whole device)"
+)
 
 #: The instrument of each timeline source, by its name.
 TIMELINE_INSTRUMENTS: dict[str, type[Instrument]] = {SAMPLED: Sampled, TRACE: Traced}
@@ -203,9 +219,15 @@ def active() -> Instrument:
 
 
 def _with_traced_runs(
-    files: Sequence[Path], measurement: Measurement, warmup_steps: int, *, timed_timelines: bool
+    files: Sequence[Path],
+    measurement: Measurement,
+    warmup_steps: int,
+    outside: Mapping[int, str],
+    *,
+    timed_timelines: bool,
 ) -> Measurement:
-    """The device work and device time of each region traced on its own (a counting run). Where the timed runs'
+    """The device work and device time of each region traced on its own (a counting run); none, and why, for a
+    region in which part of the work ran outside the trace (``outside``: child processes). Where the timed runs'
     timelines are wanted (``timed_timelines``), a ``measure()`` or region with no traced run counts no device
     work, and says why."""
     counts = dict(measurement.region_counts)
@@ -213,8 +235,9 @@ def _with_traced_runs(
     traced = {read.part: dict(measurement.part(read.part)) for signal in SIGNALS for read in signal.traced}
     for path in files:
         trace = trace_file.load(path)
-        problem = sentinel_problem(trace)
+        unreliable = sentinel_problem(trace)
         for n, window in gaps.regions(trace).items():
+            problem = unreliable or outside.get(n)
             _add_work(counts, n, trace, window, problem)
             if problem is None:  # each signal's own reading of the region
                 for read in (read for signal in SIGNALS for read in signal.traced):

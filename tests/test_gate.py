@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,37 @@ def test_device_time_of_a_counting_run_is_the_union_of_its_kernels_records(tmp_p
     assert Metrics.of(measurement).runs[DEVICE_TIME] == 1
     assert measurement.count("launches") is not None  # its device work is counted too
     assert measurement.timelines == ()  # a counting run is no judged timeline
+
+
+def test_a_counting_run_in_which_a_child_process_ran_has_no_device_time_or_work_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace records the test's process alone: where a child of the test ran in the region (here one still running,
+    its file in the test's folder), the region's device time and device-work counts would miss its kernels, so it
+    has none, and the reason names the child."""
+    from pytest_syncguard.probes import children
+
+    found = _events("capture_marked_steps")
+    path = tmp_path / "counting.trace.json"
+    path.write_text(json.dumps({"traceEvents": found}))
+    ((number, _),) = gaps.regions(trace_file.from_events(found)).items()
+    folder = tmp_path / "children"
+    folder.mkdir()
+    monkeypatch.setenv(children.FOLDER_VARIABLE, str(folder))
+    monkeypatch.setenv(children.OWNER_VARIABLE, str(os.getpid()))
+    header = {"pid": os.getpid(), "ppid": 1, "argv": ["python", "engine.py"], "t": 1}  # alive: this process
+    (folder / f"{os.getpid()}.jsonl").write_text(json.dumps(header) + "\n")
+    instrument = CountingRuns(trace_files=[path])
+    try:
+        instrument.ended(number, (10, 20))
+    finally:
+        children._FILES.pop(folder / f"{os.getpid()}.jsonl", None)
+        children.forget()
+    capture = CallCapture("t", SyncGuard("t"), (), GuardOptions(warmup_steps=2), instrument)
+    measurement = capture.with_timelines(Measurement("cuda", 12, (), count_parts=((number,),)))
+    assert measurement.device_times == {} and measurement.count("launches") is None
+    why = measurement.uncounted("launches") or ""
+    assert "records the GPU work of the test's process alone" in why and "(python engine.py)" in why, why
 
 
 def test_a_calibrated_tolerance_is_the_recordings_spread_never_below_the_metrics_floor() -> None:

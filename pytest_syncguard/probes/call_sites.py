@@ -3,15 +3,11 @@ the innermost of them, resolved once per code position. The sync and race probes
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
 from types import CodeType, FrameType
-
-import _pytest
-import pluggy
-import pytest
-import torch
 
 from ..analysis.sites import Frame
 
@@ -21,8 +17,15 @@ STACK_DEPTH = 5
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
-def _package_dir(module_file: str | None) -> str:
-    return os.path.realpath(os.path.dirname(module_file or "")) + os.sep
+def _package_dir(name: str) -> str | None:
+    """The folder of package ``name``, found without importing it (a measured test's child process has no need of
+    pytest, whose import took 150 ms of its start); None where it is not installed."""
+    module = sys.modules.get(name)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin is None:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+    return os.path.realpath(os.path.dirname(origin)) + os.sep if origin else None
 
 
 #: Internal code whose presence on the way from a sync to its call site means torch.compile is compiling
@@ -38,11 +41,10 @@ class _InternalFiles:
     which of torch's files are its compiler's."""
 
     def __init__(self) -> None:
-        self._roots = tuple(
-            _package_dir(module.__file__)
-            for module in (torch, sys.modules["pytest_syncguard"], _pytest, pytest, pluggy)
-        )
-        self._compiler = tuple(self._roots[0] + name for name in _COMPILER_FILES)
+        torch = _package_dir("torch") or os.devnull
+        found = (_package_dir(name) for name in ("pytest_syncguard", "_pytest", "pytest", "pluggy"))
+        self._roots = (torch, *(root for root in found if root is not None))
+        self._compiler = tuple(torch + name for name in _COMPILER_FILES)
         self._classes: dict[str, int] = {}
 
     def classify(self, filename: str) -> int:

@@ -30,6 +30,9 @@ from typing import IO, Any
 
 #: The environment variable that names the test's folder for children (set by the test process while it measures).
 FOLDER_VARIABLE = "SYNCGUARD_CHILDREN"
+#: The environment variable that names the native extension the test process loaded (empty: none), whose operator
+#: counter a child loads from there: the same build, and no builder, hashing or compiler at the child's start.
+EXTENSION_VARIABLE = "SYNCGUARD_CHILDREN_EXTENSION"
 _started: dict[str, Any] = {}
 _forks: list[bool] = []
 #: One line at a time into the process's file, whichever thread writes it.
@@ -77,10 +80,10 @@ def _install(out: IO[str], folder: str) -> None:
     from .syncs import PROBE, SyncRecorder
 
     PROBE.reset()  # a forked child's copies of its parent's recorders (and their kernels) go
-    native, why = NATIVE.load_built()
+    native, why = NATIVE.load_from(os.environ.get(EXTENSION_VARIABLE, ""))
     NATIVE.switch_off("a child process hands each sync over as it happens: Python kernels")
     if native is None:
-        _write(out, {"o": f"the native operator counter is {why}"})
+        _write(out, {"o": f"the native operator counter {why}"})
     else:  # for the process's life: the test takes the total's difference over each of its regions
         try:
             native.ops_share(os.path.join(folder, f"{os.getpid()}{OPERATORS}"))

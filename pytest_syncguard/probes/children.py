@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.sites import Frame, SyncEvent
-from .child import FOLDER_VARIABLE, OPERATORS, watch_forks
+from .child import EXTENSION_VARIABLE, FOLDER_VARIABLE, OPERATORS, watch_forks
 from .cuda_calls import Transfer
+from .native import NATIVE, NativeKernelError
 
 STARTUP = Path(__file__).with_name("startup")
 #: The process that measures its children (a child's own regions, if it had any, take none).
@@ -195,11 +196,22 @@ def read(folder: Path, since_ns: int = 0) -> list[Child]:
 @contextmanager
 def measuring(folder: Path) -> Iterator[None]:
     """For the block (a measured test, from its setup to its teardown: an engine its fixture starts is its child
-    too), every Python process started measures its syncs into ``folder``; the environment is put back after."""
+    too), every Python process started measures its syncs into ``folder``, and counts its operators with this
+    process's native extension (named in :data:`.child.EXTENSION_VARIABLE`, where it is loaded); the environment
+    is put back after."""
     watch_forks()
-    saved = {name: os.environ.get(name) for name in (FOLDER_VARIABLE, OWNER_VARIABLE, "PYTHONPATH")}
+    names = (FOLDER_VARIABLE, OWNER_VARIABLE, EXTENSION_VARIABLE, "PYTHONPATH")
+    saved = {name: os.environ.get(name) for name in names}
     os.environ[FOLDER_VARIABLE] = str(folder)
     os.environ[OWNER_VARIABLE] = str(os.getpid())
+    try:
+        native = NATIVE.load()
+    except NativeKernelError:  # SYNCGUARD_NATIVE=1: the test's first region raises it
+        native = None
+    if native is not None and getattr(native, "__file__", None):
+        os.environ[EXTENSION_VARIABLE] = str(native.__file__)
+    else:
+        os.environ[EXTENSION_VARIABLE] = ""
     path = saved["PYTHONPATH"]
     os.environ["PYTHONPATH"] = str(STARTUP) + (os.pathsep + path if path else "")
     try:
@@ -306,17 +318,24 @@ def operators_in(window: tuple[int, int], before: Mapping[int, int]) -> tuple[di
     """The operators each child ran since ``before`` (:func:`operators_now` at a region's start), by the child's
     label; and the children that imported torch without counting theirs and may have run inside ``window``
     (wall-clock ns): each that started in it, wrote in it, or had started by its end and is still there."""
-    start, end = window
     now, ran, blind = operators_now(), {}, []
     for state in _states():
         pid, label = int(state.header["pid"]), _child(state.header).label
         if pid in now:
             if now[pid] > before.get(pid, 0):
                 ran[f"every operator of {label}"] = now[pid] - before.get(pid, 0)
-        elif (
-            state.no_operators is not None
-            and int(state.header.get("t", 0)) <= end
-            and (state.last_ns >= start or _alive(pid))
-        ):
+        elif state.no_operators is not None and _ran(state, window):
             blind.append(f"{label}: {state.no_operators}")
     return ran, tuple(blind)
+
+
+def _ran(state: _File, window: tuple[int, int]) -> bool:
+    """Whether a child may have run inside ``window`` (wall-clock ns): it started in it, wrote in it, or had started
+    by its end and is still there (an engine that syncs nothing writes nothing)."""
+    start, end = window
+    return int(state.header.get("t", 0)) <= end and (state.last_ns >= start or _alive(int(state.header["pid"])))
+
+
+def ran_in(window: tuple[int, int]) -> tuple[str, ...]:
+    """The test's children that may have run inside ``window`` (wall-clock ns), by label."""
+    return tuple(_child(state.header).label for state in _states() if _ran(state, window))

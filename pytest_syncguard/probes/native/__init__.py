@@ -43,6 +43,7 @@ class NativeKernel:
         self._lock = threading.Lock()
         self._tried = False
         self._module: ModuleType | None = None
+        self._error: NativeKernelError | None = None
         self.unavailable: str | None = None
 
     def _setting(self) -> str:
@@ -59,37 +60,38 @@ class NativeKernel:
         """Use the Python kernels in this process from now on (a child process, whose syncs are written as they
         happen), saying ``reason``."""
         with self._lock:
-            self._tried, self._module, self.unavailable = True, None, reason
+            self._tried, self._module, self._error, self.unavailable = True, None, None, reason
 
-    def load_built(self) -> tuple[ModuleType | None, str]:
-        """The extension where it lies built for these sources already, imported straight from the builder's cache
-        without the builder (a child process, whose start should not wait for a compiler or ninja), or None and
-        why not. The sync probe's kernels are not taken from it (:meth:`switch_off`)."""
+    def load_from(self, path: str) -> tuple[ModuleType | None, str]:
+        """The extension another process loaded (a child process's, from the test process's ``path``: the same
+        build, imported without the builder, whose start should not wait for hashing, ninja or a compiler), or None
+        and why not. The sync probe's kernels are not taken from it (:meth:`switch_off`)."""
         if self._setting() == "off":
-            return None, f"switched off by {ENVIRONMENT}=0"
+            return None, f"is switched off by {ENVIRONMENT}=0"
         if self._module is not None:  # a forked child: its parent's, loaded already
             return self._module, ""
+        if not path:
+            return None, "is not loaded in the test's process (switched off there, or not built)"
+        name = Path(path).name.split(".")[0]
+        if (module := sys.modules.get(name)) is not None:
+            return module, ""
         try:
-            name = _name()
-            if (module := sys.modules.get(name)) is not None:
-                return module, ""
-            from torch.utils.cpp_extension import _get_build_directory
-
-            built = sorted(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
-            spec = importlib.util.spec_from_file_location(name, built[0]) if built else None
-            if spec is None or spec.loader is None:
-                return None, "not built for this torch and these sources (the test process builds it)"
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None, path
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-        except Exception as exc:  # a private function of torch's, a build of another ABI
-            return None, f"could not be loaded ({type(exc).__name__}: {_reason(exc)})"
+        except Exception as exc:  # removed since, or built for another torch
+            return None, f"could not be loaded from {path} ({type(exc).__name__}: {_reason(exc)})"
         sys.modules[name] = module
         return module, ""
 
     def load(self) -> ModuleType | None:
-        """The extension module, or None when it is switched off or cannot be built here."""
+        """The extension module, or None when it is switched off or cannot be built here (under
+        ``SYNCGUARD_NATIVE=1`` a failed build raises, on every call)."""
         with self._lock:
             if self._tried:
+                if self._error is not None:
+                    raise self._error
                 return self._module
             setting = self._setting()
             self._tried = True
@@ -108,7 +110,8 @@ class NativeKernel:
             except Exception as exc:  # no compiler, no ninja, no Python headers, an ABI mismatch
                 self.unavailable = f"could not be built ({type(exc).__name__}: {_reason(exc)})"
                 if setting == "require":
-                    raise NativeKernelError(f"syncguard: the native kernels {self.unavailable}") from exc
+                    self._error = NativeKernelError(f"syncguard: the native kernels {self.unavailable}")
+                    raise self._error from exc
             return self._module
 
 
