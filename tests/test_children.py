@@ -457,3 +457,60 @@ def test_a_childs_kernels_are_in_the_sampled_timeline_and_a_trace_says_it_cannot
         and "unreliable: a trace records the GPU work of the test's process alone" in (check["text"])
     ), check
     assert "child.py)" in check["text"], check
+
+
+HELD_COMPILE_CHILD = """
+import sys
+import torch
+
+
+def held(gm, example_inputs):  # a backend that waits for the test: the compilation is in flight meanwhile
+    print("compiling", flush=True)
+    sys.stdin.readline()
+    return gm.forward
+
+
+@torch.compile(backend=held)
+def layer(x):
+    return x * 2 + 1
+
+
+sys.stdin.readline()
+layer(torch.ones(4))
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+HELD_COMPILE_TEST = """
+import subprocess, sys
+import pytest
+
+@pytest.mark.max_recompiles(0)
+def test_held(syncguard):
+    child = subprocess.Popen([sys.executable, "child.py"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with syncguard.generation(tokens=1):
+        child.stdin.write("go\\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "compiling\\n"
+    child.stdin.write("on\\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "done\\n"
+    with syncguard.generation(tokens=1):  # the compilation ended before this region: not its
+        pass
+    child.communicate("end\\n", timeout=60)
+"""
+
+
+def test_a_compilation_a_child_is_still_in_at_the_regions_end_makes_its_compile_counts_not_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    """A child whose compilation started in the region and had not ended at its end (its backend waiting for the
+    test) leaves the region's compile counters not measured, naming it, never a count without it; the region after,
+    when it had ended, counts as ever (0 of its own)."""
+    pytester.makepyfile(child=HELD_COMPILE_CHILD, test_held=HELD_COMPILE_TEST)
+    pytester.runpytest_subprocess("--syncguard", "--syncguard-json", "r.json", "-p", "no:cacheprovider")
+    (test,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    check = next(c for c in test["checks"] if c["budget"]["marker"] == "max_recompiles")
+    assert check["held"] is None and "was still compiling at the region's end" in check["text"], check
+    assert "child process" in check["text"] and "(python child.py)" in check["text"], check
+    assert "recompiles" not in test["metrics"]["values"], test["metrics"]["values"]

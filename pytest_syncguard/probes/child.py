@@ -35,6 +35,7 @@ FOLDER_VARIABLE = "SYNCGUARD_CHILDREN"
 EXTENSION_VARIABLE = "SYNCGUARD_CHILDREN_EXTENSION"
 _started: dict[str, Any] = {}
 _forks: list[bool] = []
+_registered: list[bool] = []
 #: One line at a time into the process's file, whichever thread writes it.
 _WRITING = threading.Lock()
 
@@ -184,9 +185,20 @@ class _Compiles(collections.deque):  # type: ignore[type-arg]
             self._out.flush()
 
 
+def _watch_compile_starts(callback: ModuleType, out: IO[str]) -> None:
+    """Write when each compilation starts (dynamo's start callbacks, run for the outermost one): a region that ends
+    before its record is written knows it was still compiling."""
+    handler = getattr(callback, "callback_handler", None)
+    if handler is not None and hasattr(handler, "register_start_callback") and not _registered:
+        _registered.append(True)  # once per process and the processes it forks, which write to their own files
+        handler.register_start_callback(lambda *args: _write(_started["out"], {"cs": 1}))
+
+
 def _watch_compiles(utils: ModuleType, out: IO[str]) -> None:
     kept = getattr(utils, "_compilation_metrics", None)
-    if isinstance(kept, collections.deque) and not isinstance(kept, _Compiles):
+    if isinstance(kept, _Compiles):
+        kept._out = out  # a forked child writes its own records to its own file
+    elif isinstance(kept, collections.deque):
         utils._compilation_metrics = _Compiles(kept, out)  # type: ignore[attr-defined]
 
 
@@ -239,6 +251,7 @@ def start() -> None:
     _started.clear()
     _started["pid"] = os.getpid()
     out = _file(folder)
+    _started["out"] = out
     if "torch" in sys.modules:
         _install(out, folder)
     else:
@@ -247,3 +260,7 @@ def start() -> None:
         _watch_compiles(utils, out)
     else:
         sys.meta_path.insert(0, _After("torch._dynamo.utils", lambda module: _watch_compiles(module, out)))
+    if (callback := sys.modules.get("torch._dynamo.callback")) is not None:
+        _watch_compile_starts(callback, out)
+    else:
+        sys.meta_path.insert(0, _After("torch._dynamo.callback", lambda module: _watch_compile_starts(module, out)))

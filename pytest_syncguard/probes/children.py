@@ -137,6 +137,8 @@ class _File:
     """When it last wrote a line (wall-clock ns)."""
     no_operators: str | None = None
     """Why the child, which imported torch, does not count its operators."""
+    compiling_since: int | None = None
+    """When the compilation it is still in started (wall-clock ns; None: none), as its file says so far."""
 
     def take(self, text: str) -> None:
         for line in text.splitlines():
@@ -154,8 +156,11 @@ class _File:
                 _NAMES.setdefault(int(self.header["pid"]), str(data["name"]))
             elif self.header is not None and "e" in data:
                 self.syncs.append((int(data["t"]), _event(data["e"], _child(self.header).label)))
+            elif self.header is not None and "cs" in data:
+                self.compiling_since = int(data["t"])
             elif self.header is not None and "c" in data:
                 self.compiles.append((int(data["t"]), _compiled(data["c"], _child(self.header).label)))
+                self.compiling_since = None  # its record is written once it has ended
             elif self.header is not None and "x" in data:
                 self.transfers.append((int(data["t"]), _transfer(data["x"], _child(self.header).label)))
             elif self.header is not None and "n" in data:
@@ -265,6 +270,17 @@ def compiles_in(window: tuple[int, int]) -> tuple[Compiled, ...]:
     """The compilations the test's children started inside ``window`` (wall-clock ns)."""
     start, end = window
     return tuple(record for child in _children() for t, record in child.compiles if start <= t <= end)
+
+
+def compiling_in(window: tuple[int, int]) -> tuple[str, ...]:
+    """The test's children in a compilation that started inside ``window`` (wall-clock ns) and had not ended when
+    their files were read (now), by label: what it compiled is not known yet."""
+    start, end = window
+    return tuple(
+        _child(state.header).label
+        for state in _states()
+        if state.compiling_since is not None and start <= state.compiling_since <= end
+    )
 
 
 def _states() -> list[_File]:

@@ -4,7 +4,8 @@ graph breaks (each break makes dynamo compile the rest of the function as a resu
 
 It reads those records at the region's start and end, nothing in between, and never imports dynamo: a process
 that has not loaded it has compiled nothing. The test's child processes write theirs as dynamo keeps them
-(:mod:`.child`); a region counts those that started inside it with its own.
+(:mod:`.child`); a region counts those that started inside it with its own, and where a child is still in a
+compilation it started there at the region's end, has no compile counts, and says so.
 """
 
 from __future__ import annotations
@@ -83,10 +84,16 @@ def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator
     before = _records()
     yield
     after = _records()
-    theirs = children.compiles_in((since_ns, time.time_ns())) if since_ns is not None else ()
+    window = (since_ns, time.time_ns()) if since_ns is not None else None
+    theirs = children.compiles_in(window) if window is not None else ()
     added = _new_since(before, after) if after is not None else []
-    if added is None:
-        why = f"the region compiled more than the {_kept()} compilations torch._dynamo keeps records of"
+    busy = children.compiling_in(window) if window is not None else ()
+    if added is None or busy:
+        why = (
+            f"the region compiled more than the {_kept()} compilations torch._dynamo keeps records of"
+            if added is None
+            else f"{', '.join(busy)} was still compiling at the region's end, what it compiled not known yet"
+        )
         found.append(RegionCounts(unmeasured=dict.fromkeys(("frames_compiled", "recompiles", "graph_breaks"), why)))
         return
     found.append(counts_of([*added, *theirs]))
