@@ -107,7 +107,10 @@ def _install(out: IO[str], folder: str) -> None:
         # At the process's CUDA initialization (now, where it was done): a child that never uses the device pays
         # nothing for CUPTI.
         lazily = getattr(torch.cuda, "_lazy_call", None)
-        lazily(lambda: _watch_cuda_calls(out)) if lazily is not None else _watch_cuda_calls(out)
+        if lazily is not None:
+            lazily(lambda: _watch_cuda_calls(out))
+        else:
+            _watch_cuda_calls(out)
     atexit.register(stop)
     import multiprocessing.util
 

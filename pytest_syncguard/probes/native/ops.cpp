@@ -1,7 +1,8 @@
 // The operator counter: one RecordFunction callback on the dispatcher's FUNCTION scope, the scope torch.profiler
 // records as `cpu_op` events. It counts every operator call the dispatcher observes, on every thread, by name,
 // and records nothing else: no inputs, no ids, no timestamps, no end callback. While no region is measured it
-// is removed, so the dispatcher takes its fast path again.
+// is removed, so the dispatcher takes its fast path again; in a measured test's child process it stays for the
+// process's life, adding each call to a running total the test reads (`share`).
 #include <ATen/record_function.h>
 #include <fcntl.h>
 #include <pybind11/pybind11.h>
