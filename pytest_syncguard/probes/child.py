@@ -118,8 +118,10 @@ def _install(out: IO[str], folder: str) -> None:
 
 
 def _write(out: IO[str], data: dict[str, Any]) -> None:
+    """One line into the process's file, stamped now unless ``data`` has its own time (``t``, wall-clock ns)."""
+    line = json.dumps({"t": time.time_ns(), **data}, default=str)
     with _WRITING:
-        out.write(json.dumps({"t": time.time_ns(), **data}) + "\n")
+        out.write(line + "\n")
         out.flush()
 
 
@@ -182,10 +184,7 @@ class _Compiles(collections.deque):  # type: ignore[type-arg]
             return
         start = getattr(record, "start_time_us", None)
         fields = [record.co_name, record.co_filename, record.co_firstlineno, record.recompile_reason]
-        line = json.dumps({"t": time.time_ns() if start is None else int(start) * 1000, "c": fields}, default=str)
-        with _WRITING:
-            self._out.write(line + "\n")
-            self._out.flush()
+        _write(self._out, {"c": fields} if start is None else {"t": int(start) * 1000, "c": fields})
 
 
 def _watch_compile_starts(callback: ModuleType, out: IO[str]) -> None:

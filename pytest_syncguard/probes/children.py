@@ -88,7 +88,7 @@ def forget() -> None:
 
 def _event(data: Any, label: str) -> SyncEvent:
     kind, op, syncs, stack, allowed, compiling = data
-    frames = tuple(Frame(str(f[0]), int(f[1]), str(f[2])) for f in stack)
+    frames = tuple(frame for frame in map(_frame, stack) if frame is not None)
     return SyncEvent(str(kind), f"{op} in {label}", int(syncs), frames, bool(allowed), bool(compiling))
 
 
@@ -182,12 +182,13 @@ def read(folder: Path, since_ns: int = 0) -> list[Child]:
     found = []
     for path in sorted(folder.glob("*.jsonl")):
         state = _FILES.setdefault(path, _File())
-        with path.open("rb") as out:
-            out.seek(state.offset)
-            written = out.read()
-        whole = written.rfind(b"\n") + 1
-        state.offset += whole
-        state.take(written[:whole].decode("utf-8", errors="replace"))
+        if path.stat().st_size > state.offset:  # a region's probes each ask at its end: a file opened once it grew
+            with path.open("rb") as out:
+                out.seek(state.offset)
+                written = out.read()
+            whole = written.rfind(b"\n") + 1
+            state.offset += whole
+            state.take(written[:whole].decode("utf-8", errors="replace"))
         if since_ns:
             state.syncs = [(t, e) for t, e in state.syncs if t >= since_ns]
             state.compiles = [(t, c) for t, c in state.compiles if t >= since_ns]

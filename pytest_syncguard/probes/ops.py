@@ -50,7 +50,9 @@ def counting(found: list[RegionCounts], since_ns: int | None = None) -> Iterator
         after = native.ops_counts()
     finally:
         native.ops_stop()
-    theirs, blind = children.operators_in((since_ns, time.time_ns()), theirs_before) if since_ns else ({}, ())
+    theirs, blind = (
+        children.operators_in((since_ns, time.time_ns()), theirs_before) if since_ns is not None else ({}, ())
+    )
     if blind:
         found.append(RegionCounts(unmeasured={"ops": f"{IN_CHILDREN}: {'; '.join(blind)}"}))
         return
