@@ -118,3 +118,14 @@ def _warm_popen(self: pytest.Pytester, cmdargs: Any, stdout: Any = subprocess.PI
 
 
 pytest.Pytester.popen = _warm_popen  # type: ignore[method-assign]
+_inprocess = pytest.Pytester.runpytest_inprocess
+
+
+def _warm_inprocess(self: pytest.Pytester, *args: Any, **kwargs: Any) -> Any:
+    """pytester's in-process runs, with the warm launcher as ``sys.executable``: the processes they start with it
+    (pytest-xdist's workers) are forked from the warm server too."""
+    with warm.standing_in():
+        return _inprocess(self, *args, **kwargs)
+
+
+pytest.Pytester.runpytest_inprocess = _warm_inprocess  # type: ignore[method-assign]

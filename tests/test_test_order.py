@@ -15,6 +15,7 @@ import torch
 from pytest_syncguard.analysis.memory import MemoryStats
 from pytest_syncguard.document import file as results_file
 from pytest_syncguard.metrics import metric
+from tests import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A strategy test whose kept state (static cache, compiled step) earlier tests of the process could reuse: the
@@ -24,27 +25,27 @@ ALONE = "test_speed[static_compiled]"
 
 def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict[str, dict[str, float]], str]]:
     """Run the strategy suite's loops under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
-    each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process); per
-    variant, each test's exact counts and what pytest printed."""
+    each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process; forked
+    from the suite's warm server, tests/warm.py, which compiled nothing); per variant, each test's exact counts and what pytest printed."""
     # The counts come from each measure()'s first run: its timed runs are left out (--syncguard-repeat 0).
     # The speed tests: each strategy's loop, which its timeline test runs again under other budgets.
     suite = ["examples/test_strategies.py::test_speed", "examples/test_generation.py"]
     command = [sys.executable, "-m", "pytest", *suite, "--syncguard", "--syncguard-repeat", "0"]
     command += ["-p", "no:cacheprovider", "-q"]
-    runs = {
-        name: subprocess.Popen(
-            [*command, "--syncguard-json", str(tmp_path / f"{name}.json"), *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name, args in variants.items()
-    }
+    logs = {name: (tmp_path / f"{name}.log").open("w+") for name in variants}
+    runs = {}
+    for name, args in variants.items():
+        run = [*command, "--syncguard-json", str(tmp_path / f"{name}.json"), *args]
+        log = logs[name]
+        started = warm.popen(run, cwd=ROOT, stdout=log, stderr=log)
+        runs[name] = started or subprocess.Popen(run, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     found = {}
     for name, run in runs.items():
-        output, _ = run.communicate(timeout=600)
-        assert run.returncode == 0, f"{name}: exit {run.returncode}\n{output[-4000:]}"
+        code = run.wait(timeout=600)
+        logs[name].seek(0)
+        output = logs[name].read()
+        logs[name].close()
+        assert code == 0, f"{name}: exit {code}\n{output[-4000:]}"
         counts = {}
         for result in results_file.read(tmp_path / f"{name}.json"):
             values = result.metrics.values
