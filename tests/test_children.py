@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests import warm
 
 ENGINE = """
 import multiprocessing as mp
@@ -264,8 +265,8 @@ def test_a_read_planted_in_the_engine_core_example_fails_its_budget_by_the_engin
     A host read planted in the engine breaks the budget its one stop check a step holds (16 of them over 16
     tokens, under 1.125 a token), named at its line in the engine."""
     environment = {**os.environ, "SYNCGUARD_PLANT_ENGINE_READ": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", str(EXAMPLE), "--syncguard", "-q", "-p", "no:cacheprovider"],
-                          cwd=EXAMPLE.parents[1], env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = warm.run([sys.executable, "-m", "pytest", str(EXAMPLE), "--syncguard", "-q", "-p", "no:cacheprovider"],
+                    cwd=EXAMPLE.parents[1], env=environment, timeout=300)  # fmt: skip
     out = done.stdout
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
     syncs = 34 if torch.cuda.is_available() else 32  # on CUDA the prompt's upload and the reply's download too

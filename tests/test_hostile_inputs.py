@@ -16,6 +16,7 @@ from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge.baselines import update
 from pytest_syncguard.render.chain import Site
 from pytest_syncguard.render.links import SiteLinks
+from tests import warm
 from tests.test_outputs import TEST, cli
 
 
@@ -24,9 +25,9 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run's results (cpu) and its baselines folder."""
     root = tmp_path_factory.mktemp("measured")
     (root / "test_loop.py").write_text(TEST)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard",
-                    "--syncguard-update-baselines", "--syncguard-json", "r.json"], cwd=root, check=True,
-                   capture_output=True)  # fmt: skip
+    done = warm.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard",
+                     "--syncguard-update-baselines", "--syncguard-json", "r.json"], cwd=root)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
     return root
 
 

@@ -23,6 +23,7 @@ from pytest_syncguard.environment import has_cuda_driver
 from pytest_syncguard.gate.cli import main
 from pytest_syncguard.gate.scaffold import ACTION_DIR, ARTIFACT, FORK_SAFE, SINGLE, TEST, VENDORED, WORKFLOW
 from pytest_syncguard.gate.scaffold.owned import MANIFEST
+from tests import warm
 from tests.test_comment import FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +206,8 @@ def test_from_init_to_the_first_comment(tmp_path: Path) -> None:
     gpu = torch.cuda.is_available()  # on a GPU machine the job runs as on a GPU runner, CUDA budgets required
     env = {**gh.env(), "SYNCGUARD_REQUIRE_GPU": "true" if gpu else "false", "SYNCGUARD_NATIVE": "1" if gpu else "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(repo)]),
-           "PATH": f"{gh.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+           "PATH": os.pathsep.join(filter(None, [str(gh.bin), os.path.dirname(warm.launcher() or ""),
+                                                  str(Path(sys.executable).parent), os.environ["PATH"]]))}  # fmt: skip
     if not gpu:
         env.pop("CUDA_VISIBLE_DEVICES", None)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_syncguard.files import write_atomically
+from tests import warm
 
 TEST = """
 import torch
@@ -35,8 +36,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding the test and its baseline file, recorded once."""
     folder = tmp_path_factory.mktemp("recorded")
     (folder / "test_loop.py").write_text(TEST)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard",
-                    "--syncguard-update-baselines"], cwd=folder, check=True, capture_output=True)  # fmt: skip
+    done = warm.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard",
+                     "--syncguard-update-baselines"], cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
     return folder
 
 
@@ -59,8 +61,9 @@ def test_a_results_file_that_would_replace_an_input_is_a_usage_error(
     os.mkfifo(folder / "fifo")
     (folder / "kept.json").write_text("kept\n")
     (folder / "link.json").symlink_to(folder / "kept.json")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard", *options],
-                          cwd=folder, capture_output=True, text=True, check=False)  # fmt: skip
+    done = warm.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--syncguard", *options], cwd=folder
+    )
     assert done.returncode == pytest.ExitCode.USAGE_ERROR and said in done.stderr, done.stderr
     assert (folder / "baselines" / "cpu.json").read_bytes() == baseline
     assert stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode)

@@ -19,6 +19,7 @@ from pytest_syncguard.gate.forge.github import GITHUB
 from pytest_syncguard.judge.run import compare_run
 from pytest_syncguard.render.links import SiteLinks
 from pytest_syncguard.render.markdown import MARKER_ROOM, code, render
+from tests import warm
 
 COMMENT_LIMIT = GITHUB.body_limit - MARKER_ROOM
 
@@ -67,10 +68,8 @@ def run(cwd: Path, *args: str, **env: str) -> None:
     """A pytest run of the plugin in ``cwd`` (a subprocess, as CI runs it)."""
     variables = {name: "1" if name.startswith("READS") else "0" for name in ("READS_A", "READS_B", "READS_C")}
     variables.update({"WITH_OLD": "0", "WITH_NEW": "0", **env})
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--syncguard", *args],
-        cwd=cwd, env={**os.environ, **variables}, capture_output=True, check=False,
-    )  # fmt: skip
+    warm.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--syncguard", *args], cwd=cwd,
+             env={**os.environ, **variables})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -211,10 +211,11 @@ class _Server:
     """The forking server of this process (started at its first run, ended with this process), and its launcher."""
 
     def __init__(self) -> None:
-        self._folder = tempfile.mkdtemp(prefix="warm-")
-        atexit.register(shutil.rmtree, self._folder, ignore_errors=True)
-        address = os.path.join(self._folder, "socket")
-        self.launcher = os.path.join(self._folder, "python")
+        folder = tempfile.mkdtemp(prefix="warm-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        address = os.path.join(folder, "socket")
+        os.mkdir(os.path.join(folder, "bin"))
+        self.launcher = os.path.join(folder, "bin", "python")
         self.imported_with = {name: os.environ.get(name) for name in IMPORT_SETTINGS}
         text = _LAUNCHER.format(python=sys.executable, socket=address, bootstrap=_bootstrap(), cold=COLD,
                                 children=CHILDREN, imported_with=self.imported_with)  # fmt: skip
@@ -295,14 +296,21 @@ class WarmProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
+def launcher() -> str | None:
+    """The launcher's path (None under :data:`COLD`): named ``python``, alone in its folder, which a ``PATH`` can
+    name first."""
+    return None if os.environ.get(COLD) == "1" else _the_server().launcher
+
+
 @contextlib.contextmanager
 def standing_in() -> Iterator[None]:
     """The launcher as this process's ``sys.executable`` inside the block (not under :data:`COLD`): the runs it
     starts with it (pytest-xdist's workers, an A/B and its sides) are forked from the server."""
-    if os.environ.get(COLD) == "1":
+    path = launcher()
+    if path is None:
         yield
         return
-    real, sys.executable = sys.executable, _the_server().launcher
+    real, sys.executable = sys.executable, path
     try:
         yield
     finally:
