@@ -52,9 +52,7 @@ import fcntl, json, os, runpy, select, signal, socket, sys
 import torch  # noqa: F401  (the point of this process)
 
 control = socket.socket(fileno=int(sys.argv[1]))
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-listener.bind(sys.argv[2])
-listener.listen(64)
+listener = socket.socket(fileno=int(sys.argv[2]))  # bound by the test process: a launcher can connect at once
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runs' waiters are reaped by the kernel
 startup_path = [p for p in sys.path if p not in ("", *os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 
@@ -222,13 +220,17 @@ class _Server:
         Path(self.launcher).write_text(text)
         os.chmod(self.launcher, 0o755)
         ours, theirs = socket.socketpair()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(64)
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(theirs.fileno()), address],
-            pass_fds=[theirs.fileno()],
+            [sys.executable, "-c", _SERVER, str(theirs.fileno()), str(listener.fileno())],
+            pass_fds=[theirs.fileno(), listener.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # a run's streams are its own: nothing of the test process's is inherited
         )
         theirs.close()
+        listener.close()
         self._control = ours
         self._lock = threading.Lock()
 
