@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import subprocess
@@ -25,6 +26,10 @@ from tests import warm
 # 1 s a run, most of the suite's time. Imported here, before any run, it stays.
 with contextlib.suppress(ImportError):
     import hypothesis.internal.observability  # noqa: F401
+
+# What these imports made lives as long as the process: the garbage collections of pytester's in-process runs (pytest
+# collects twice as a run ends, about 0.1 s each with torch imported) need not walk it.
+gc.freeze()
 
 # Subprocess runs of the plugin (pytester, the CLI) find the package from this checkout also where it is not
 # installed (the GPU machine, which only has this working tree).
