@@ -26,7 +26,8 @@ ALONE = "test_speed[static_compiled]"
 def _suites(tmp_path: Path, variants: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict[str, dict[str, float]], str]]:
     """Run the strategy suite's loops under ``--syncguard`` once per variant (its pytest arguments), the variants at once,
     each in a process of its own (what torch.compile keeps cannot be unloaded between runs of one process; forked
-    from the suite's warm server, tests/warm.py, which compiled nothing); per variant, each test's exact counts and what pytest printed."""
+    from the suite's warm server, tests/warm.py, which compiled nothing); per variant, each test's exact counts and
+    what pytest printed."""
     # The counts come from each measure()'s first run: its timed runs are left out (--syncguard-repeat 0).
     # The speed tests: each strategy's loop, which its timeline test runs again under other budgets.
     suite = ["examples/test_strategies.py::test_speed", "examples/test_generation.py"]

@@ -10,14 +10,15 @@ else of the server is shared: pytest, the plugin and every other module are impo
 The processes those runs start are warm too: a run's ``sys.executable`` is a launcher (:data:`_LAUNCHER`) that
 forks ``python -m pytest``, an A/B and pytest-xdist's workers from the server as well, and hands every other command
 to the interpreter. Tests whose own code starts such processes (pytester's in-process runs, the A/B's tests) put the
-launcher in ``sys.executable`` for their duration (:func:`standing_in`). In a logged run of the suite, 25 xdist
-workers and about 40 A/B sides had each spent some 1.5 CPU-s importing torch.
+launcher in ``sys.executable`` for their duration (:func:`standing_in`). In a logged run of the suite before it,
+about 25 nested xdist workers and 40 A/B sides had each spent some 1.5 CPU-s importing torch.
 
 What differs from a fresh interpreter: torch was imported under the server's environment (a run that sets what the
-import reads, :data:`IMPORT_SETTINGS`, otherwise starts cold), ``sys.executable`` is the launcher, ``sys.orig_argv`` is the server's, and the interpreter's
-start-up (``sitecustomize``, ``.pth`` files of PYTHONPATH's folders) is not run again: a test of start-up hooks
-starts its processes with :mod:`subprocess`; and a run's outermost frame is the server's (``<string>``), which a
-failure text that shows the whole user stack would show: tests/test_docs.py runs cold. ``SYNCGUARD_TESTS_COLD=1``
+import reads, :data:`IMPORT_SETTINGS`, otherwise starts cold), and what it made is frozen (``gc.freeze``);
+``sys.executable`` is the launcher and ``sys.orig_argv`` the server's; the interpreter's start-up
+(``sitecustomize``, ``.pth`` files of PYTHONPATH's folders) is not run again: a test of start-up hooks starts its
+processes with :mod:`subprocess`; and a run's outermost frame is the server's (``<string>``), which a failure text
+that shows the whole user stack would show: tests/test_docs.py runs cold. ``SYNCGUARD_TESTS_COLD=1``
 starts every run as a fresh interpreter.
 """
 
@@ -47,9 +48,7 @@ CHILDREN = "SYNCGUARD_CHILDREN"
 IMPORT_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 _SERVER = r"""
-import fcntl, json, os, runpy, select, signal, socket, sys
-
-import gc
+import fcntl, gc, json, os, runpy, select, signal, socket, sys
 
 import torch  # noqa: F401  (the point of this process)
 
@@ -387,7 +386,6 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """As ``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``, forked
     from the server where ``command`` is ``python -m MODULE ...``."""
-
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = popen(command, cwd=cwd, env=env, stdout=out, stderr=err)
         if process is None:
