@@ -39,7 +39,7 @@ def note(line):
 @pytest.fixture(scope="session")
 def weights():
     note("session up")
-    yield torch.ones(4)
+    yield torch.ones(4, device="cuda" if torch.cuda.is_available() else "cpu")  # on CUDA a CPU read is no sync
     note("session down")
 """
 
