@@ -95,6 +95,15 @@ def _signal_state() -> tuple[object, ...]:
     return (*handlers, blocked, kernel)
 
 
+@pytest.fixture
+def warm_executable() -> Iterator[str | None]:
+    """The warm launcher as ``sys.executable`` for the test (tests/warm.py): the Python processes its code starts
+    with it (an A/B and its sides, pytest-xdist's workers) are forked from the warm server. Its path (None where
+    every run starts cold)."""
+    with warm.standing_in():
+        yield warm.launcher()
+
+
 @pytest.fixture(autouse=True)
 def _signals_left_as_found() -> Iterator[None]:
     """Every test leaves the handlers of SIGINT, SIGTERM and SIGHUP, and whether they are ignored or blocked, as it

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
@@ -37,14 +36,9 @@ from pytest_syncguard.judge.baselines import BaselineStore, read, update
 from pytest_syncguard.metrics import Metrics
 from pytest_syncguard.render.ab import summary_lines, verdict_note
 from pytest_syncguard.signals import EXPLAIN
-from tests import warm
 
-
-@pytest.fixture(autouse=True)
-def _warm_sides() -> Iterator[None]:
-    """The A/Bs and sides these tests start are forked from the suite's warm server (tests/warm.py)."""
-    with warm.standing_in():
-        yield
+#: The A/Bs and sides these tests start are forked from the suite's warm server (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("warm_executable")
 
 
 def test_the_signed_rank_distribution_is_the_enumeration_of_sign_patterns() -> None:

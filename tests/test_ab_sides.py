@@ -7,20 +7,14 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pytest_syncguard.gate.ab.sides import ABError, WarmSide
-from tests import warm
 
-
-@pytest.fixture(autouse=True)
-def _warm_sides() -> Iterator[None]:
-    """The A/Bs and sides these tests start are forked from the suite's warm server (tests/warm.py)."""
-    with warm.standing_in():
-        yield
+#: The A/Bs and sides these tests start are forked from the suite's warm server (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("warm_executable")
 
 
 CONFTEST = """

@@ -62,10 +62,15 @@ def test_report():
 """
 
 
-def _launch(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], Path]:
-    launcher = warm.launcher()
-    if launcher is None:
+@pytest.fixture
+def launcher() -> str:
+    path = warm.launcher()
+    if path is None:
         pytest.skip(f"{warm.COLD}=1: no launcher")
+    return path
+
+
+def _launch(launcher: str, tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], Path]:
     (tmp_path / "test_launched.py").write_text(LAUNCHED)
     report = tmp_path / "report.json"
     read, write = os.pipe()
@@ -88,29 +93,28 @@ def _reported(report: Path) -> dict[str, object]:
     raise AssertionError("the launched run wrote no report")
 
 
-def test_the_launcher_forks_a_pytest_run_with_its_descriptors_in_a_session_of_its_own(tmp_path: Path) -> None:
-    process, report = _launch(tmp_path)
+def test_the_launcher_forks_a_pytest_run_with_its_descriptors_in_a_session_of_its_own(
+    launcher: str, tmp_path: Path
+) -> None:
+    process, report = _launch(launcher, tmp_path)
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 0, out
     seen = _reported(report)
     assert seen["session"] == seen["pid"] != process.pid  # forked from the server, not the launcher's own
-    assert seen["executable"] == warm.launcher() and seen["cwd"] == str(tmp_path) and seen["kept"] == "kept!"
+    assert seen["executable"] == launcher and seen["cwd"] == str(tmp_path) and seen["kept"] == "kept!"
 
 
-def test_any_other_command_is_the_interpreters_own() -> None:
-    launcher = warm.launcher()
-    if launcher is None:
-        pytest.skip(f"{warm.COLD}=1: no launcher")
+def test_any_other_command_is_the_interpreters_own(launcher: str) -> None:
     done = subprocess.run([launcher, "-c", "import sys; print(sys.executable, 'torch' in sys.modules)"],
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     assert done.stdout.split() == [sys.executable, "False"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_a_signal_to_the_launcher_ends_its_run(tmp_path: Path, signum: int) -> None:
+def test_a_signal_to_the_launcher_ends_its_run(launcher: str, tmp_path: Path, signum: int) -> None:
     """SIGTERM is passed on to the run's session, and the launcher ends as its run did; SIGKILL, which the launcher
     cannot pass on, makes the server end the run's session: nothing of it outlives the launcher."""
-    process, report = _launch(tmp_path, HANG="1")
+    process, report = _launch(launcher, tmp_path, HANG="1")
     run = int(str(_reported(report)["pid"]))
     process.send_signal(signum)
     process.communicate(timeout=60)
