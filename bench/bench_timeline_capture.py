@@ -22,10 +22,10 @@ process. Per strategy it prints:
 
 ``--parts`` adds configurations timed alone, which tell the capture's costs apart: profiler configurations
 (without CUDA synchronization events, CUDA activity only, without external correlation, the host side only),
-syncguard's capture with CUPTI's records of driver calls switched on again (what it saves by leaving them off),
-with other activity kinds switched off after it started (runtime records, all but kernels, copies and memsets,
-everything), the allocator history (Python stacks) alone and with the capture, and the plugin's other probes
-as a suite test's timed run has them (``guard``), alone and with the capture.
+syncguard's capture with activity kinds switched off after it started (driver calls, what keeping them costs;
+runtime records; all but kernels, copies and memsets; everything), the allocator history (Python stacks) alone
+and with the capture, and the plugin's other probes as a suite test's timed run has them (``guard``), alone and
+with the capture.
 
 ``--strategies launch_loop`` (not in the default list) times a loop of nothing but kernel launches (one in-place
 add on a one-element tensor at a time), ``op_loop`` one of operators that launch nothing (a view): their runs
@@ -66,7 +66,7 @@ from pytest_syncguard.guard import SyncGuard
 from pytest_syncguard.instruments import TIMED_RUN
 from pytest_syncguard.probes import cupti
 from pytest_syncguard.probes.memory import allocation_history
-from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards, driver_records_off
+from pytest_syncguard.probes.timeline import TIMELINE, cupti_detached_afterwards
 
 BATCH, PROMPT, NEW_TOKENS = 32, 16, 100
 
@@ -189,7 +189,6 @@ def _profiler(activities: set[Any], scopes: set[Any], **experimental: bool) -> I
     ).config()
     _prepare_profiler(config, activities)
     _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
-    driver_records_off()  # as syncguard's capture does
     try:
         yield
     finally:
@@ -240,15 +239,13 @@ def discarded_capture() -> Iterator[None]:
 
 
 @contextmanager
-def _capture_without(*kinds: str, driver: bool = False) -> Iterator[None]:
-    """syncguard's capture with some CUPTI activity kinds switched off once it started (``driver``: with CUPTI's
-    records of driver calls switched on again, as the profiler has them)."""
+def _capture_without(*kinds: str) -> Iterator[None]:
+    """syncguard's capture with some CUPTI activity kinds switched off once it started."""
     with discarded_capture():
         library = cupti.library()
         if library is None:
             raise RuntimeError("no libcupti loaded in this process")
         calls = [(library.cuptiActivityDisable, CUPTI_KINDS[kind]) for kind in kinds]
-        calls += [(library.cuptiActivityEnable, CUPTI_KINDS["driver"])] if driver else []
         for call, kind in calls:
             if status := call(kind):
                 raise RuntimeError(f"{call.__name__}({kind}) returned {status}")
@@ -287,7 +284,7 @@ PARTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
     # the profiler's host side alone: no CUPTI
     "CPU only": lambda: _profiler({CPU}, {RecordScope.USER_SCOPE}),
     # syncguard's capture with CUPTI kinds switched on or off
-    "driver records": lambda: _capture_without(driver=True),
+    "no driver records": lambda: _capture_without("driver"),
     "no runtime": lambda: _capture_without("runtime"),
     "kernels only": lambda: _capture_without("runtime", "sync", "overhead"),
     "CUPTI off": lambda: _capture_without(*CUPTI_KINDS),

@@ -27,6 +27,7 @@ from .analysis.device_work import NO_COUNTING_RUN, DeviceTime, device_work, unco
 from .analysis.gaps import MARKED_STEPS, Timeline
 from .analysis.reliability import sentinel_problem
 from .probes import children
+from .probes.cuda_calls import CUDA_CALLS, LaunchLog
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .signals import SIGNALS
@@ -116,6 +117,8 @@ class Sampled(CountingRuns):
     """Why the sampler could not run in the call, if it could not."""
     sync_stamps: list[tuple[int, str]] = field(default_factory=list)
     """The counted syncs of the sampled runs: (ns on the host's wall clock, the samples' clock; call site)."""
+    launch_logs: dict[int, LaunchLog] = field(default_factory=dict)
+    """When each sampled run's launch calls returned, by region number."""
 
     def _arm(self, stack: ExitStack) -> None:
         self.regions = stack.enter_context(SAMPLER.arming())
@@ -128,8 +131,15 @@ class Sampled(CountingRuns):
 
     def run(self, number: int, kind: str) -> AbstractContextManager[Any]:
         if kind == TIMED_RUN:
-            return SAMPLER.region(number)
+            return self._sampled(number)
         return nullcontext() if SAMPLER.sampling else super().run(number, kind)  # no trace inside a sampled run
+
+    @contextmanager
+    def _sampled(self, number: int) -> Iterator[None]:
+        """A timed run sampled, its launch calls logged (from before the sampler's marker kernel)."""
+        with CUDA_CALLS.logging_launches() as log, SAMPLER.region(number):
+            yield
+        self.launch_logs[number] = log
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
         if SAMPLER.sampling:
@@ -153,7 +163,7 @@ class Sampled(CountingRuns):
                     f"the PM sampler lost samples of region #{n} (its buffer filled, or the region outlasted "
                     f"{MAX_SAMPLES} samples)"
                 )
-            judged = judge_sampled_region(region, warmup_steps, self.sync_stamps)
+            judged = judge_sampled_region(region, warmup_steps, self.sync_stamps, self.launch_logs.get(n))
             if judged.problem is not None:
                 unreliable = unreliable or f"region #{n}: {judged.problem}"
                 continue
@@ -264,10 +274,14 @@ class SampledJudgement:
 
 
 def judge_sampled_region(
-    region: SampledRegion, warmup_steps: int, syncs: Sequence[tuple[int, str]] = ()
+    region: SampledRegion,
+    warmup_steps: int,
+    syncs: Sequence[tuple[int, str]] = (),
+    launches: LaunchLog | None = None,
 ) -> SampledJudgement:
     """The timeline of a sampled region's judged steps, its steps placed by its events, with the counted ``syncs``
-    (ns on the samples' clock, call site) that the host made in its judged part, as a trace keeps them."""
+    (ns on the samples' clock, call site) that the host made in its judged part, as a trace keeps them, and its
+    gaps attributed with its ``launches`` where they were logged."""
     samples = region.samples
     fractions = sampled.active_fractions(samples.column(ACTIVE_CYCLES), samples.column(ELAPSED_CYCLES))
     placed, judged = None, region.window
@@ -279,9 +293,15 @@ def judge_sampled_region(
             return SampledJudgement(None, found)
         placed, judged = found, (found.judged_from(warmup_steps), region.window[1])
     timeline = sampled.analyze(samples.start_ns, samples.end_ns, fractions, region.window, placed, warmup_steps)
-    return SampledJudgement(
-        timeline.timeline(syncs=syncs, window=judged) if timeline.span_us > 0 else None, steps=placed
-    )
+    on_samples: sampled.LaunchesOnSamples | str = sampled.NOT_LOGGED
+    if launches is not None:
+        on_samples = launches.not_logged or (
+            sampled.launches_on_samples(launches.returned_ns, placed, region.window[0])
+            if placed is not None
+            else "the region's steps, which place its launches, could not be placed"
+        )
+    judged_timeline = timeline.timeline(syncs=syncs, window=judged, launches=on_samples) if timeline.span_us else None
+    return SampledJudgement(judged_timeline, steps=placed)
 
 
 def _add_work(

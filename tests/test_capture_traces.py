@@ -81,8 +81,8 @@ def test_a_launch_bound_gap_without_recorded_operators_says_how_to_list_them() -
 
 
 def test_kernels_launched_through_the_driver_are_counted_from_the_device_side() -> None:
-    # The capture keeps no CUDA driver calls, so a Triton kernel arrives with no launch record: the real trace with
-    # the runtime launch records of the single-kernel launches removed stands for one whose kernels all were.
+    # A kernel whose launch the trace did not record (another profiler's trace, one that lost records) is counted
+    # from the device side: the real trace with the launch records of the single-kernel launches removed.
     found = events("capture_marked_steps")
     trace = trace_file.from_events(found)
     (window,) = gaps.regions(trace).values()

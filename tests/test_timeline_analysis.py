@@ -289,16 +289,6 @@ def test_expandable_segments_setting() -> None:
     assert not expandable_segments_on("")
 
 
-def test_every_gaps_idle_time_is_given_a_cause_a_sync_that_returned_in_it_or_other() -> None:
-    from pytest_syncguard.analysis.gaps import HOST_SYNC, OTHER, SyncMark, idle_by_cause
-
-    gaps = [(0.0, 10.0), (20.0, 50.0), (60.0, 61.0)]
-    syncs = [SyncMark(25.0, "a"), SyncMark(59.5, "b"), SyncMark(100.0, "c")]
-    assert idle_by_cause(gaps, syncs, 1.0) == {HOST_SYNC: 31.0, OTHER: 10.0}  # 59.5 lies within the slack of 60
-    assert idle_by_cause(gaps, syncs, 0.0) == {HOST_SYNC: 30.0, OTHER: 11.0}
-    assert idle_by_cause(gaps, [], 1.0) == {HOST_SYNC: 0.0, OTHER: 41.0}
-
-
 def test_the_device_works_counters_are_the_timeline_signals() -> None:
     """The analysis names the counters it gives a region; the timeline signal declares them: one list, held equal
     here (the analysis reads no catalogue above it)."""

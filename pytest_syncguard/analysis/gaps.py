@@ -23,8 +23,8 @@ kernel that ended it:
 - ``other``: the op was launched before the device went idle and still started late: an event wait or another
   stream held it.
 
-Every gap's idle time is summed by its cause (:func:`idle_of`). The PM samples know the host's syncs only: there,
-idle time is a host sync or other (:func:`idle_by_cause`).
+Every gap's idle time is summed by its cause (:func:`idle_of`). The PM samples know the host's syncs and when its
+launch calls returned: there, idle time is a host sync, launch-bound or other (:mod:`.sampled`).
 """
 
 from __future__ import annotations
@@ -61,10 +61,7 @@ HOST_SYNC, LAUNCH_BOUND, COLLECTIVE_WAIT, COPY_WAIT, OTHER = (
 _COLLECTIVE_RANGE = re.compile(r"^(c10d::|nccl:|gloo:)|record_param_comms")
 #: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``).
 _COLLECTIVE_KERNEL = re.compile(r"^nccl(Dev)?Kernel")
-NO_LAUNCH_RECORD = (
-    "no launch record for this op (a launch through the CUDA driver API, as cuBLASLt's and Triton's are: the capture "
-    "does not record driver calls; --syncguard-gap-ops does)"
-)
+NO_LAUNCH_RECORD = "no launch record for this op (the trace lost it, or another profiler did not record its launch)"
 #: How to see which operators kept the host from launching (see :func:`attribute`).
 OPS_HINT = "--syncguard-gap-ops reruns a failing test to list them"
 #: Where a region's decode steps came from.
@@ -119,19 +116,6 @@ class SyncMark(NamedTuple):
 
     time: float
     label: str
-
-
-def idle_by_cause(gaps: Iterable[tuple[float, float]], syncs: Sequence[SyncMark], slack_us: float) -> dict[str, float]:
-    """The idle time of ``gaps`` ((start, end), µs) by cause, where only the host's syncs are known (the PM samples):
-    :data:`HOST_SYNC` where a counted sync returned in the gap (``slack_us`` before its start at the earliest: the
-    host waited on the device, then refilled its queue), else :data:`OTHER` (a launch-bound host, another stream, an
-    event, a copy: the samples cannot tell them apart). A trace sums each gap's own cause instead (:func:`idle_of`)."""
-    returned = sorted(mark.time for mark in syncs)
-    totals = {HOST_SYNC: 0.0, OTHER: 0.0}
-    for start, end in gaps:
-        first = bisect.bisect_left(returned, start - slack_us)
-        totals[HOST_SYNC if first < len(returned) and returned[first] <= end else OTHER] += end - start
-    return totals
 
 
 def idle_of(gaps: Iterable[Gap], host: _Host) -> dict[str, float]:
@@ -191,8 +175,8 @@ class TimelineSummary(JudgedSteps):
     steps_from: str = NO_STEPS
     """Where the steps came from (:data:`MARKED_STEPS`, ...); empty when there are none."""
     idle_us_by_cause: Mapping[str, float] = field(default_factory=dict)
-    """The device's idle time in the judged part by cause (:func:`idle_of`, :func:`idle_by_cause`); empty in
-    results written before it was kept."""
+    """The device's idle time in the judged part by cause (:attr:`Timeline.idle_us`); empty in results written
+    before it was kept."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +202,7 @@ class Timeline(JudgedSteps):
     syncs: tuple[SyncMark, ...] = ()
     """The counted syncs the host made in the judged part, with their call sites (µs from :attr:`origin_us`)."""
     idle_us: Mapping[str, float] = field(default_factory=dict)
-    """The gaps' idle time by cause (:func:`idle_of` of a trace, :func:`idle_by_cause` of samples)."""
+    """The gaps' idle time by cause (:func:`idle_of` of a trace; of samples, their own reading)."""
 
     @property
     def busy_fraction(self) -> float:

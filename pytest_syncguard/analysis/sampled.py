@@ -19,6 +19,10 @@ The marker's end is seen in the samples and timed from the anchor by the events,
 the samples' clock. A step's event completes when the work queued before it on its stream has finished, so it lies
 between the last op of the step before and the first op of its own step, as the host's launches divide them in a
 trace: a gap belongs to the step in which it ends (the op that ended it was launched in that step).
+
+A gap's cause comes from the host's records on the same clock (:class:`_Host`): the counted syncs, and when each
+launch call returned (the launch log), moved onto the samples' clock by the marker kernel's launch
+(:func:`launches_on_samples`): host sync, launch-bound, or other (its work was queued before it).
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from dataclasses import dataclass
 
 from .gaps import (
     HOST_SYNC,
+    LAUNCH_BOUND,
     MIN_GAP_US,
     NO_STEPS,
+    OTHER,
     AttributedGap,
     BusyRun,
     StepSpan,
     SyncMark,
     Timeline,
-    idle_by_cause,
     runs_between,
 )
 
@@ -44,12 +49,28 @@ from .gaps import (
 IDLE_BELOW = 0.02
 #: Where a sampled timeline's steps come from when the region had none: it is judged whole.
 SAMPLED_STEPS = "none: no marked step, forward call or graph replay in the region, which is judged whole"
-#: The cause of a sampled gap in which no counted sync returned: the sampler sees when the device was idle, not
-#: why, and without launch records a launch-bound gap and another look alike.
+#: The cause of a sampled gap in which no counted sync returned, where the region's launches were not logged: the
+#: sampler sees when the device was idle, not why, and without the launches a launch-bound gap and another look
+#: alike.
 IDLE = "idle"
 IDLE_DETAIL = (
-    "sampled: the sampler sees when the device was idle, not why (no counted sync returned in it: launch-bound or "
-    "other; --syncguard-gap-ops reruns a failing test under the trace capture to attribute its gaps)"
+    "sampled: the sampler sees when the device was idle, not why (no counted sync returned in it, and the launches "
+    "were not logged: {why}; --syncguard-gap-ops reruns a failing test under the trace capture to attribute its gaps)"
+)
+#: Why a sampled region's launches are not known where nobody said why (samples read without a region's probes).
+NOT_LOGGED = "no launch log was kept with these samples"
+#: A sampled gap is launch-bound when the last launch call that returned before the device resumed did so after
+#: the device went idle, and the device resumed within :data:`RESUME_US` of it: the host queued the work that ended
+#: the gap after the device had run out of it. How far apart the host's stamps and the samples may stand once the
+#: marker kernel has put them on one clock (µs): its placement moved by 0.05-0.7 µs between runs on an H200.
+LAUNCH_SLACK_US = 2.0
+#: How soon after a launch that found the device idle the device resumes, on the samples' clock (µs): the marker's
+#: own launch, which finds the device idle too, sets that clock, so within a few µs.
+RESUME_US = 10.0
+#: Why a gap whose work was queued before it is ``other`` on the samples.
+QUEUED_DETAIL = (
+    "sampled: the work that ended it was queued before the device went idle ({found}) and started late: an event "
+    "wait, another stream, a copy or memset on its stream (the samples cannot tell which)"
 )
 #: How long before a kernel's start timestamp (CUPTI's record) the compute engine reads active (ns): its front end
 #: takes the launch first. Against the records of the same runs on an H100 (GPU-89b33f43, seven strategies), a
@@ -82,12 +103,23 @@ class PlacedSteps:
     """The end of the marker's last sample: the loop's own work comes after it."""
     steps_ns: tuple[int, ...]
     steps_from: str
+    marker_ns: int = 0
+    """When the marker kernel began, in the samples."""
 
     def judged_from(self, warmup_steps: int) -> int:
         """Where the judged part begins: the start of step ``warmup_steps`` (the marker's end without steps)."""
         if warmup_steps < len(self.steps_ns):
             return max(self.begin_ns, self.steps_ns[warmup_steps])
         return self.begin_ns if not self.steps_ns else 1 << 62
+
+
+@dataclass(frozen=True)
+class LaunchesOnSamples:
+    """A region's launch calls on the samples' clock (:func:`launches_on_samples`): when each returned (ns), and how
+    far the host's wall clock was moved to put them there (the same move puts its sync stamps there)."""
+
+    returned_ns: tuple[int, ...]
+    shift_ns: int
 
 
 @dataclass(frozen=True)
@@ -120,16 +152,31 @@ class SampledTimeline:
         return self.busy_us / self.span_us if self.span_us > 0 else 1.0
 
     def timeline(
-        self, top: int = 10, syncs: Sequence[tuple[int, str]] = (), window: tuple[int, int] | None = None
+        self,
+        top: int = 10,
+        syncs: Sequence[tuple[int, str]] = (),
+        window: tuple[int, int] | None = None,
+        launches: LaunchesOnSamples | str = NOT_LOGGED,
     ) -> Timeline:
-        """As the plugin's :class:`~.gaps.Timeline`: its steps, the largest gaps with the cause the host's own
-        records give. ``syncs`` are the counted syncs of the test as (ns on the samples' clock, call site); those
-        the host made inside ``window`` (ns, the same clock: the judged part; else the span) are kept. The host's
-        stamps and the samples agree to tens of microseconds (README), so a sync at an edge may lie just outside."""
+        """As the plugin's :class:`~.gaps.Timeline`: its steps, the largest gaps with their causes, and every gap's
+        idle time by cause. ``syncs`` are the counted syncs of the test as (ns on the samples' clock, call site);
+        those the host made inside ``window`` (ns, the same clock: the judged part; else the span) are kept. The
+        host's stamps and the samples agree to tens of microseconds (README), so a sync at an edge may lie just
+        outside. ``launches`` are when the region's launch calls returned, on the samples' clock
+        (:func:`launches_on_samples`), or why there are none; with them, the syncs are moved onto that clock as
+        they were, and a sync's slack is theirs (:data:`LAUNCH_SLACK_US`)."""
         steps = self.gap_steps or (None,) * len(self.gaps)
         largest = sorted(zip(self.gaps, steps, strict=True), key=lambda g: -g[0][1])[:top]
         begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
-        inside = tuple(SyncMark((ns - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns <= end)
+        shift = launches.shift_ns if isinstance(launches, LaunchesOnSamples) else 0
+        inside = tuple(
+            SyncMark((ns + shift - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns + shift <= end
+        )
+        host = _Host(inside, launches, self.origin_ns)
+        idle = dict.fromkeys((HOST_SYNC, LAUNCH_BOUND, OTHER), 0.0)
+        for start, length in self.gaps:
+            found = host.cause(start, start + length)[0]
+            idle[OTHER if found == IDLE else found] += length
         return Timeline(
             steps=self.steps,
             warmup_steps=self.warmup_steps,
@@ -138,31 +185,81 @@ class SampledTimeline:
             span_us=self.span_us,
             busy_us=self.busy_us,
             gaps_us=self.gaps_us,
-            top_gaps=tuple(attribute(start, length, inside, step) for (start, length), step in largest),
+            top_gaps=tuple(attribute(start, length, host, step) for (start, length), step in largest),
             steps_from=self.steps_from,
             origin_us=self.origin_ns / 1e3,
             runs=self.runs,
             syncs=inside,
             step_spans=self.step_spans,
-            idle_us=idle_by_cause(((start, start + length) for start, length in self.gaps), inside, CLOCK_SLACK_US),
+            idle_us=idle,
         )
 
 
-def attribute(start: float, length: float, syncs: Sequence[SyncMark], step: int | None = None) -> AttributedGap:
-    """The cause of a sampled gap (µs from the region's first active sample), as a trace gives it where it can: a
-    ``host sync`` when a counted sync returned after the device went idle and before it resumed (the host waited,
-    then had to refill the queue; the last such sync is named, with its call site); else ``idle``: the samples
-    cannot tell a launch-bound gap from another. ``syncs`` are stamped when they returned, on the host's clock."""
-    end = start + length
-    returned = [mark for mark in syncs if start - CLOCK_SLACK_US <= mark.time <= end]
-    if not returned:
-        return AttributedGap(length, start, step, IDLE, IDLE_DETAIL, "")
-    last = max(returned, key=lambda mark: mark.time)
-    detail = (
-        f"{last.label}; the device resumed {end - last.time:.0f} us after it returned (sampled: host and device "
-        f"clocks agree to about {CLOCK_SLACK_US:.0f} us)"
-    )
-    return AttributedGap(length, start, step, HOST_SYNC, detail, "")
+class _Host:
+    """What the host did during a sampled region, as µs from its origin: its counted syncs (when each returned) and
+    its launch calls (when each returned), or why they were not logged."""
+
+    def __init__(self, syncs: Sequence[SyncMark], launches: LaunchesOnSamples | str, origin_ns: int) -> None:
+        self.syncs = sorted(syncs, key=lambda mark: mark.time)
+        self.sync_times = [mark.time for mark in self.syncs]
+        self.not_logged = launches if isinstance(launches, str) else None
+        self.launches = [] if isinstance(launches, str) else [(ns - origin_ns) / 1e3 for ns in launches.returned_ns]
+        self.slack = CLOCK_SLACK_US if isinstance(launches, str) else LAUNCH_SLACK_US
+        """How far the host's stamps and the samples may stand apart (µs): placed by the marker, a few µs."""
+
+    def sync_in(self, start: float, end: float) -> SyncMark | None:
+        """The last counted sync that returned in ``[start - slack, end]``."""
+        index = bisect.bisect_right(self.sync_times, end) - 1
+        return self.syncs[index] if index >= 0 and self.sync_times[index] >= start - self.slack else None
+
+    def cause(self, start: float, end: float) -> tuple[str, str]:
+        """The cause of the gap ``[start, end]`` (µs from the origin) and what the host's records say of it: a
+        ``host sync`` where a counted sync returned in it (the host waited, then had to refill the queue); else,
+        with the launches logged, ``launch-bound`` where the last launch that returned before the device resumed
+        did so after it went idle, and it resumed within :data:`RESUME_US` of it; else ``other``: the work that
+        ended the gap was queued before it. Without the launches: ``idle``."""
+        sync = self.sync_in(start, end)
+        if sync is not None:
+            return HOST_SYNC, (
+                f"{sync.label}; the device resumed {end - sync.time:.0f} us after it returned (sampled: host and "
+                f"device clocks agree to about {self.slack:.0f} us)"
+            )
+        if self.not_logged is not None:
+            return IDLE, IDLE_DETAIL.format(why=self.not_logged)
+        index = bisect.bisect_right(self.launches, end + self.slack) - 1
+        if index < 0 or self.launches[index] < start - self.slack:
+            return OTHER, QUEUED_DETAIL.format(found="no launch call returned while it was idle")
+        returned = self.launches[index]
+        if end - returned > RESUME_US:
+            found = (
+                f"the last launch call before it resumed returned {returned - start:.0f} us in, "
+                f"{end - returned:.0f} us before it resumed"
+            )
+            return OTHER, QUEUED_DETAIL.format(found=found)
+        return LAUNCH_BOUND, (
+            f"sampled: a launch call returned {returned - start:.0f} us after the device went idle, and the device "
+            f"resumed {max(end - returned, 0.0):.0f} us after it (--syncguard-gap-ops names the operators before it)"
+        )
+
+
+def attribute(start: float, length: float, host: _Host, step: int | None = None) -> AttributedGap:
+    """One sampled gap (µs from the region's first active sample) with its cause (:meth:`_Host.cause`)."""
+    cause, detail = host.cause(start, start + length)
+    return AttributedGap(length, start, step, cause, detail, "")
+
+
+def launches_on_samples(returned_ns: Sequence[int], placed: PlacedSteps, begin_ns: int) -> LaunchesOnSamples | str:
+    """The region's launch calls (when each returned, ns on the host's wall clock, in order) on the samples' clock,
+    the marker kernel's launch (the first after ``begin_ns``, the region's start) leaving them out: each is moved
+    by the marker's start in the samples less its launch's return, which takes in the clocks' offset and the time a
+    launch takes to reach an idle device. A string says why they cannot be placed."""
+    index = bisect.bisect_left(returned_ns, begin_ns)
+    if index == len(returned_ns):
+        return "the marker kernel's launch was not logged"
+    shift = placed.marker_ns - returned_ns[index]
+    if abs(shift) > CLOCK_SLACK_US * 1e3:
+        return f"the marker kernel started {shift / 1e3:.0f} us after its launch returned, beyond the clocks' slack"
+    return LaunchesOnSamples(tuple(ns + shift for ns in returned_ns[index + 1 :]), shift)
 
 
 def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[float]:
@@ -205,7 +302,7 @@ def place_steps(
         )
     anchor = ended - round(events.marker_end_us * 1e3)
     steps = tuple(anchor + round(us * 1e3) for us in events.steps_us)
-    return PlacedSteps(end_ns[last], steps, events.steps_from)
+    return PlacedSteps(end_ns[last], steps, events.steps_from, began)
 
 
 def analyze(

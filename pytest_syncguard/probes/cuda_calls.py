@@ -21,8 +21,14 @@ Each counted call goes to the sync probe's recorders (:meth:`.syncs.SyncProbe.re
 catalogued copy between host and device memory, torch's included, is also kept in the region's watch as a transfer
 (its direction, size and call site: :func:`transfer`), which the transfers signal counts (:func:`transfer_counts`); a
 copy function whose parameters it does not read (:data:`NOT_READ`: 3D, arrays, symbols, batches) is named where a
-region calls it, and that region's transfers are not counted. What CUPTI reports for each case was measured with
-``devtools/cupti_callbacks.py``; the device tests are tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
+region calls it, and that region's transfers are not counted.
+
+Where the native extension loads, its callback is the subscriber's (``native/launches.cpp``): it passes every
+callback on to this probe's, except the launch calls (:data:`LAUNCHES`), which it stamps when they return while a
+sampled run logs them (:meth:`CudaCallProbe.logging_launches`), for the causes of the sampled timeline's gaps.
+
+What CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
+tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import enum
 import re
 import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -157,6 +164,15 @@ NOT_READ: Mapping[int, frozenset[str]] = {
             "cuMemcpy3DBatchAsync",
         }
     ),
+}
+
+#: The calls that queue device work which can end an idle gap (a kernel, a CUDA graph), stamped by the launch log
+#: (:meth:`CudaCallProbe.logging_launches`) when they return. Copies and memsets are not: they do not end a gap.
+LAUNCHES: Mapping[int, frozenset[str]] = {
+    RUNTIME: frozenset(
+        {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cudaLaunch"}
+    ),
+    DRIVER: frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunch", "cuGraphLaunch"}),
 }
 
 _SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
@@ -358,6 +374,17 @@ class CudaCallWatch:
     """The calls of copy functions whose parameters the probe does not read (:data:`NOT_READ`), by name."""
 
 
+@dataclass
+class LaunchLog:
+    """When each launch call of a region returned (:data:`LAUNCHES`, whoever made it; ns on the host's wall clock,
+    the samples' clock, in order), or why they were not logged."""
+
+    returned_ns: tuple[int, ...] = ()
+    lost: int = 0
+    """Launches made beyond what the log keeps (its earliest are kept)."""
+    not_logged: str | None = None
+
+
 class CudaCallProbe:
     """The holder of a CUPTI subscriber (the process's: :data:`CUDA_CALLS`); regions count through
     :meth:`counting`."""
@@ -377,6 +404,12 @@ class CudaCallProbe:
         self._holders = 0
         """Open :meth:`held` blocks: the subscriber stays while any is open."""
         self._subscribed = False
+        self._problem: str | None = None
+        """Why the last subscription failed, if it did."""
+        self._launch_ids: list[tuple[int, int]] = []
+        self._native: Any = None
+        """The native extension's launch log, where it loaded: its callback is the subscriber's, passing the rest on."""
+        self._logging = False
         self._lock = threading.Lock()
 
     @contextmanager
@@ -404,7 +437,7 @@ class CudaCallProbe:
         with self._lock:
             self._watches.clear()
             self._holders = 0
-            self._subscribed = False
+            self._subscribed = self._logging = False
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -423,6 +456,42 @@ class CudaCallProbe:
                 self._holders -= 1
                 if not self._holders and not self._watches and self._subscribed:
                     self._unsubscribe()
+
+    @contextmanager
+    def logging_launches(self) -> Iterator[LaunchLog]:
+        """Stamp every launch call (:data:`LAUNCHES`) made during the block, on any thread, when it returns (the
+        native extension's callback: a clock read per launch); the log is filled on exit. One log at a time; where
+        it cannot run (no subscriber, no native extension), it says why."""
+        log = LaunchLog()
+        with self.held():
+            with self._lock:
+                why = None if self._subscribed else self._subscriber.taken or self._problem or "CUPTI is not subscribed"
+                if why is None and self._native is None:
+                    why = "the native extension is not loaded (SYNCGUARD_NATIVE=0, or it could not be built)"
+                if why is None and self._logging:
+                    why = "another region's launch log is running"
+                if why is None:
+                    self._logging = True
+                    self._native.launch_start()
+                    self._enable(self._launch_ids, 1)
+            log.not_logged = why
+            try:
+                yield log
+            finally:
+                if why is None:
+                    with self._lock:
+                        if self._subscribed:
+                            self._enable(self._launch_ids, 0)
+                        data, made = self._native.launch_stop()
+                        self._logging = False
+                    stamps = sorted(array("q", data))
+                    log.returned_ns, log.lost = tuple(stamps), made - len(stamps)
+                    if not self._subscribed:
+                        log.not_logged = self._subscriber.taken or "CUPTI's subscriber was given up during the region"
+
+    def _enable(self, callbacks: list[tuple[int, int]], on: int) -> None:
+        for domain, cbid in callbacks:
+            self._cupti.cuptiEnableCallback(on, self._handle, domain, cbid)
 
     def give_up(self, why: str) -> None:
         """A capture takes CUPTI's subscriber (:meth:`.cupti.Subscriber.yielding`): the regions counting now count
@@ -455,14 +524,16 @@ class CudaCallProbe:
             self._load()
         except OSError as exc:
             return f"no CUPTI library could be loaded ({exc})"
-        status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), self._callback, None)
-        if status == cupti.MULTIPLE_SUBSCRIBERS:
-            return cupti.meaning(status)
+        callback: Any = self._callback
+        if self._native is not None:  # the launch log's callback, which passes every other call on to this probe's
+            self._native.launch_pass_to(ctypes.cast(self._callback, ctypes.c_void_p).value)
+            callback = ctypes.c_void_p(self._native.launch_callback())
+        status = self._cupti.cuptiSubscribe(ctypes.byref(self._handle), callback, None)
         if status != 0:
-            return f"cuptiSubscribe failed with CUptiResult {status}"
-        for domain, cbid in (*self._wanted, *self._not_read):
-            self._cupti.cuptiEnableCallback(1, self._handle, domain, cbid)
-        self._subscribed = True
+            self._problem = cupti.meaning(status) or f"cuptiSubscribe failed with CUptiResult {status}"
+            return self._problem
+        self._enable([*self._wanted, *self._not_read, *(self._launch_ids if self._logging else ())], 1)
+        self._subscribed, self._problem = True, None
         return None
 
     def _load(self) -> None:
@@ -484,6 +555,11 @@ class CudaCallProbe:
                     self._wanted[(domain, cbid)] = (function, catalogue[function])
                 elif function in NOT_READ[domain]:
                     self._not_read[(domain, cbid)] = function
+                elif function in LAUNCHES[domain]:
+                    self._launch_ids.append((domain, cbid))
+        self._native = _launch_log()
+        for domain, cbid in self._launch_ids if self._native is not None else ():
+            self._native.launch_mark(domain, cbid, True)
 
     def _memory(self, pointer: int) -> Memory:
         kind = ctypes.c_uint()
@@ -533,6 +609,17 @@ class CudaCallProbe:
         stamp = PROBE.stamp(SyncKind.CUDA_CALL, frame)
         stamp.__enter__()
         thread.stamp = stamp
+
+
+def _launch_log() -> Any:
+    """The native extension, where it loads and has the launch log (None: the probe's own callback subscribes)."""
+    from .native import NATIVE
+
+    try:
+        module = NATIVE.load()
+    except Exception:  # SYNCGUARD_NATIVE=1 and no build: the sync probe raises it where it loads the kernels
+        return None
+    return module if module is not None and hasattr(module, "launch_callback") else None
 
 
 def transfer_counts(watch: CudaCallWatch) -> RegionCounts:

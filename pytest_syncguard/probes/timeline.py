@@ -3,13 +3,12 @@ plugin's own annotations (regions, decode steps, counted syncs), exported as a C
 :mod:`..analysis.gaps`.
 
 What it records is what the verdicts need and nothing the loop pays for per operator: the CUDA activity
-(kernels, copies, memsets, runtime calls, synchronizations) comes from CUPTI, and on the host only
+(kernels, copies, memsets, runtime and driver calls, synchronizations) comes from CUPTI, and on the host only
 ``record_function`` ranges (user scope) are recorded. The dispatcher's operators are not: recording each one
 costs host time before every launch, which in a launch-bound loop lengthens the very gaps being measured
-(bench/bench_timeline_capture.py). Nor are CUDA driver calls: CUPTI records the ones it sees, while the
-profiler's trace keeps none of them but Triton's launches (whose kernels
-:mod:`..analysis.device_work` counts from the device side instead); what that saves on an H100 was within the
-spread between runs (README). ``host_ops=True`` records both, for a diagnostic run whose timings are not judged.
+(bench/bench_timeline_capture.py). The driver calls are kept: cuBLASLt launches its kernels through the driver
+(``cuLaunchKernel``), as Triton does, and a kernel without its launch record leaves the gap before it without a
+cause. ``host_ops=True`` records the operators too, for a diagnostic run whose timings are not judged.
 
 A sentinel kernel is launched inside an annotation just before the capture stops: a trace whose sentinel has
 no kernel lost events (the profiler's device buffers filled), and nothing in it is trusted.
@@ -45,23 +44,11 @@ CAPTURE_HOLDS_CUPTI = (
 )
 
 _ACTIVITIES = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
-#: ``CUPTI_ACTIVITY_KIND_DRIVER`` (cupti_activity.h): CUPTI's records of CUDA driver calls.
-_CUPTI_DRIVER_RECORDS = 4
 #: kineto's switch: "1" detaches CUPTI when a capture stops, and attaches it again when the next one starts.
 TEARDOWN = "TEARDOWN_CUPTI"
 #: The CUDA calls made after a capture stops, so that kineto's detaching thread finishes there: it detaches CUPTI
 #: on the return of the first CUDA call after it is ready, which would otherwise be the caller's next.
 _DETACH_CALLS, _DETACH_PAUSE_S = 10, 0.001
-
-
-def driver_records_off() -> bool:
-    """Stop CUPTI's records of CUDA driver calls in the running capture (the profiler switches every kind off
-    when it stops and on again when it starts); False where CUPTI cannot be reached and they stay on."""
-    library = cupti.library()
-    try:
-        return library is not None and library.cuptiActivityDisable(_CUPTI_DRIVER_RECORDS) == 0
-    except AttributeError:  # a library of that name without CUPTI's activity API
-        return False
 
 
 @contextmanager
@@ -121,8 +108,6 @@ class TimelineProbe:
         """Counted syncs are annotated (:meth:`sync`): a capture runs, or sync stamps are taken."""
         self.tracing = False
         """A profiler capture runs: regions, steps and syncs are annotated in its trace."""
-        self.driver_records = True
-        """Whether the last capture recorded CUDA driver calls."""
         self._region_files: list[Path] | None = None
         self._stamps: list[tuple[int, str]] | None = None
 
@@ -184,7 +169,6 @@ class TimelineProbe:
         _enable_profiler(config, _ACTIVITIES, scopes)  # type: ignore[call-arg]  # the stub lacks scopes
         self.active = self.tracing = True
         try:
-            self.driver_records = host_ops or not driver_records_off()
             yield exported
         finally:
             self.tracing = False

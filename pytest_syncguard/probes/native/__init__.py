@@ -1,6 +1,6 @@
 """The native extension: kernels for scalar reads and copies (``kernels.cpp``), the operator counter (``ops.cpp``),
-the race probe's access check (``races.cpp``) and the PM sampler's decode loop (``samples.cpp``),
-built once per machine and torch installation, loaded once per process.
+the race probe's access check (``races.cpp``), the PM sampler's decode loop (``samples.cpp``) and the launch log
+(``launches.cpp``), built once per machine and torch installation, loaded once per process.
 
 It is built with torch's own extension builder (ninja and a C++ compiler, into ``TORCH_EXTENSIONS_DIR``,
 ``~/.cache/torch_extensions`` by default), as one translation unit (``extension.cpp`` includes the four sources, so
@@ -28,7 +28,7 @@ ENVIRONMENT = "SYNCGUARD_NATIVE"
 #: The sources, the first the one the builder compiles (it includes the others).
 SOURCES = tuple(
     str(Path(__file__).with_name(name))
-    for name in ("extension.cpp", "kernels.cpp", "ops.cpp", "races.cpp", "samples.cpp")
+    for name in ("extension.cpp", "kernels.cpp", "launches.cpp", "ops.cpp", "races.cpp", "samples.cpp")
 )
 
 

@@ -480,13 +480,15 @@ void uninstall() {
 
 void bind_op_counter(py::module_& m);  // ops.cpp
 void bind_race_watch(py::module_& m);  // races.cpp
+void bind_launch_log(py::module_& m);  // launches.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "syncguard's native kernels for aten::_local_scalar_dense and aten::copy_, its operator counter and "
-          "the PM sampler's decode loop";
+          "the PM sampler's decode loop and the launch log";
   bind_op_counter(m);
   bind_race_watch(m);
   bind_pm_samples(m);
+  bind_launch_log(m);
   m.def("install", &install, "Register the kernels (copy_ with copies=True); they queue the calls that count");
   m.def("uninstall", &uninstall, "Remove the kernels and drop the probe's objects (the queue is kept)");
   m.def("drain", &drain, "Take the queued calls: (wait, code or None, lasti, allowed, compiling, stack above or None)");
