@@ -166,16 +166,16 @@ class SampledTimeline:
         (:func:`launches_on_samples`), or why there are none; with them, the syncs are moved onto that clock as
         they were, and a sync's slack is theirs (:data:`LAUNCH_SLACK_US`)."""
         steps = self.gap_steps or (None,) * len(self.gaps)
-        largest = sorted(zip(self.gaps, steps, strict=True), key=lambda g: -g[0][1])[:top]
+        largest = sorted(range(len(self.gaps)), key=lambda i: -self.gaps[i][1])[:top]
         begin, end = window if window is not None else (self.origin_ns, self.origin_ns + round(self.span_us * 1e3))
         shift = launches.shift_ns if isinstance(launches, LaunchesOnSamples) else 0
         inside = tuple(
             SyncMark((ns + shift - self.origin_ns) / 1e3, label) for ns, label in syncs if begin <= ns + shift <= end
         )
         host = _Host(inside, launches, self.origin_ns)
+        causes = [host.cause(start, start + length) for start, length in self.gaps]
         idle = dict.fromkeys((HOST_SYNC, LAUNCH_BOUND, OTHER), 0.0)
-        for start, length in self.gaps:
-            found = host.cause(start, start + length)[0]
+        for (_, length), (found, _) in zip(self.gaps, causes, strict=True):
             idle[OTHER if found == IDLE else found] += length
         return Timeline(
             steps=self.steps,
@@ -185,7 +185,7 @@ class SampledTimeline:
             span_us=self.span_us,
             busy_us=self.busy_us,
             gaps_us=self.gaps_us,
-            top_gaps=tuple(attribute(start, length, host, step) for (start, length), step in largest),
+            top_gaps=tuple(AttributedGap(self.gaps[i][1], self.gaps[i][0], steps[i], *causes[i], "") for i in largest),
             steps_from=self.steps_from,
             origin_us=self.origin_ns / 1e3,
             runs=self.runs,
@@ -240,12 +240,6 @@ class _Host:
             f"sampled: a launch call returned {returned - start:.0f} us after the device went idle, and the device "
             f"resumed {max(end - returned, 0.0):.0f} us after it (--syncguard-gap-ops names the operators before it)"
         )
-
-
-def attribute(start: float, length: float, host: _Host, step: int | None = None) -> AttributedGap:
-    """One sampled gap (µs from the region's first active sample) with its cause (:meth:`_Host.cause`)."""
-    cause, detail = host.cause(start, start + length)
-    return AttributedGap(length, start, step, cause, detail, "")
 
 
 def launches_on_samples(returned_ns: Sequence[int], placed: PlacedSteps, begin_ns: int) -> LaunchesOnSamples | str:

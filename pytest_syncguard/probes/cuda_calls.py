@@ -167,7 +167,8 @@ NOT_READ: Mapping[int, frozenset[str]] = {
 }
 
 #: The calls that queue device work which can end an idle gap (a kernel, a CUDA graph), stamped by the launch log
-#: (:meth:`CudaCallProbe.logging_launches`) when they return. Copies and memsets are not: they do not end a gap.
+#: (:meth:`CudaCallProbe.logging_launches`) when they return. Copies and memsets are not: most do not end a gap (a
+#: device-to-device copy does, and a gap it ends reads ``other`` on the samples).
 LAUNCHES: Mapping[int, frozenset[str]] = {
     RUNTIME: frozenset(
         {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cudaLaunch"}
@@ -488,6 +489,8 @@ class CudaCallProbe:
                     log.returned_ns, log.lost = tuple(stamps), made - len(stamps)
                     if not self._subscribed:
                         log.not_logged = self._subscriber.taken or "CUPTI's subscriber was given up during the region"
+                    elif log.lost:
+                        log.not_logged = f"the log kept {len(stamps)} of the region's {made} launches"
 
     def _enable(self, callbacks: list[tuple[int, int]], on: int) -> None:
         for domain, cbid in callbacks:
