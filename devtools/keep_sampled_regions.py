@@ -1,6 +1,7 @@
 """A pytest plugin that keeps what the plugin judges each sampled region from, as test data: its PM samples, the
-window, the step events, the counted syncs and the launch log, one gzipped JSON file per region in
-``$SYNCGUARD_KEEP_REGIONS`` (``region<N>.json.gz``, N counting from 1 in the order judged).
+window, the step events, the counted syncs and the launch log (its graph launches with what each graph holds), one
+gzipped JSON file per region in ``$SYNCGUARD_KEEP_REGIONS`` (``region<N>.json.gz``, N counting from 1 in the order
+judged).
 
     SYNCGUARD_KEEP_REGIONS=DIR PYTHONPATH=devtools python -m pytest -p keep_sampled_regions \\
         examples/test_strategies.py -k test_timeline --syncguard --syncguard-timeline=sampled
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,13 @@ def as_json(region: Any, warmup_steps: int, syncs: Any, launches: Any, test: str
         "syncs": [list(sync) for sync in syncs],
         "launches": None
         if launches is None
-        else {"returned_ns": list(launches.returned_ns), "lost": launches.lost, "not_logged": launches.not_logged},
+        else {
+            "returned_ns": list(launches.returned_ns),
+            "entered_ns": list(launches.entered_ns),
+            "lost": launches.lost,
+            "not_logged": launches.not_logged,
+            "graphs": [[ns, None if nodes is None else asdict(nodes)] for ns, nodes in launches.graphs()],
+        },
     }
 
 

@@ -42,7 +42,9 @@ def trim_region(data: dict[str, Any], first: int, steps: int, total: int) -> dic
     begin, until = (placed.begin_ns + span * share // total for share in (first, first + steps))
     keep = [i for i, (a, b) in enumerate(zip(data["start_ns"], data["end_ns"], strict=True)) if b > begin and a < until]
     returned = data["launches"]["returned_ns"]
-    marker = next(ns for ns in returned if ns >= data["window"][0])
+    entered = data["launches"].get("entered_ns") or returned
+    marker = next(i for i, ns in enumerate(returned) if ns >= data["window"][0])
+    launches = [marker, *(i for i, ns in enumerate(returned) if begin - 200_000 <= ns <= until)]
     return {
         "test": data["test"],
         "metrics": metrics,
@@ -54,25 +56,35 @@ def trim_region(data: dict[str, Any], first: int, steps: int, total: int) -> dic
         "region_start_ns": data["window"][0],
         "marker_ns": placed.marker_ns,
         "syncs": [sync for sync in data["syncs"] if begin - 200_000 <= sync[0] <= until],
-        "launches": [marker, *(ns for ns in returned if begin - 200_000 <= ns <= until)],
+        "launches": [returned[i] for i in launches],
+        "entered": [entered[i] for i in launches],
+        "graphs": [g for g in data["launches"].get("graphs", ()) if g[0] <= until],
     }
 
 
 def trim_trace(events: list[dict[str, Any]], first: int, steps: int, total: int) -> list[dict[str, Any]]:
     """The events the analysis reads (and of their arguments, those it reads) that start within the share
-    ``[first, first + steps)`` of ``total`` steps of its kernels' time span (its kernels run the steps in order)."""
+    ``[first, first + steps)`` of ``total`` steps of its kernels' time span (its kernels run the steps in order),
+    and the launch calls before it of the device work inside."""
     kept = [
         e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES | HOST_CATEGORIES | RANGE_CATEGORIES
     ]
     kernels = [e for e in kept if e["cat"] == "kernel"]
     start, end = min(k["ts"] for k in kernels), max(k["ts"] + k["dur"] for k in kernels)
     low, high = start + (end - start) * first / total, start + (end - start) * (first + steps) / total
+    inside = [e for e in kept if low <= e["ts"] <= high]
+    # The launches of the device work inside, also those made before it (a host that queues steps ahead).
+    launched = {e.get("args", {}).get("correlation") for e in inside if e["cat"] in GPU_CATEGORIES}
+    before = [
+        e
+        for e in kept
+        if e["ts"] < low and e["cat"] in HOST_CATEGORIES and e.get("args", {}).get("correlation") in launched
+    ]
     read = ("stream", "correlation", "bytes")  # the arguments the analysis reads
     return [
         {key: e[key] for key in ("ph", "cat", "name", "ts", "dur", "tid", "pid") if key in e}
         | {"args": {k: e["args"][k] for k in read if k in e.get("args", {})}}
-        for e in kept
-        if low <= e["ts"] <= high
+        for e in before + inside
     ]
 
 

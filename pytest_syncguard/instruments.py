@@ -28,6 +28,7 @@ from .analysis.gaps import MARKED_STEPS, Timeline
 from .analysis.reliability import sentinel_problem
 from .probes import children
 from .probes.cuda_calls import CUDA_CALLS, LaunchLog
+from .probes.graph_nodes import CENSUS
 from .probes.sampler import ACTIVE_CYCLES, ELAPSED_CYCLES, MAX_SAMPLES, SAMPLER, SampledRegion
 from .probes.timeline import TIMELINE
 from .signals import SIGNALS
@@ -139,6 +140,7 @@ class Sampled(CountingRuns):
         """A timed run sampled, its launch calls logged (from before the sampler's marker kernel)."""
         with CUDA_CALLS.logging_launches() as log, SAMPLER.region(number):
             yield
+        log.graph_nodes = CENSUS.of_launched(graph for _, graph in log.graph_launches)
         self.launch_logs[number] = log
 
     def step_hooks(self, model: torch.nn.Module) -> list[Any]:
@@ -296,7 +298,9 @@ def judge_sampled_region(
     on_samples: sampled.LaunchesOnSamples | str = sampled.NOT_LOGGED
     if launches is not None:
         on_samples = launches.not_logged or (
-            sampled.launches_on_samples(launches.returned_ns, placed, region.window[0])
+            sampled.launches_on_samples(
+                launches.returned_ns, placed, region.window[0], launches.graphs(), launches.entered_ns
+            )
             if placed is not None
             else "the region's steps, which place its launches, could not be placed"
         )

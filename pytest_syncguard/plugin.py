@@ -427,8 +427,10 @@ class SyncguardSession:
             from .environment import collective_timing
 
             self._restore_timing = collective_timing()
-        self._cores_shared = False
-        """This xdist worker has taken its share of the cores (at its first measured test)."""
+        self._restore_census: Callable[[], None] | None = None
+        """Stops the graph census reading captures (:mod:`.probes.graph_nodes`)."""
+        self._measured_once = False
+        """This process has begun measuring (:meth:`_begin_measuring`, at its first measured test)."""
 
     def _timeline_dir(self) -> Path:
         """Where judged timelines are written: --syncguard-artifacts, else pytest's temporary directory of the run
@@ -455,6 +457,19 @@ class SyncguardSession:
                 f"{workers} xdist workers share {gpus} GPU(s), and a GPU's PM sampler serves one process at a time"
             )
 
+    def _begin_measuring(self) -> None:
+        """At this process's first measured test, before its fixtures: an xdist worker takes its share of the cores;
+        where there is a CUDA driver, the graph census reads every capture from now on (the sampled timeline tells
+        the gaps a graph's memsets and copies leave by it)."""
+        from .environment import has_cuda_driver
+
+        if self.is_worker:
+            self._share_cores()
+        if has_cuda_driver():
+            from .probes.graph_nodes import CENSUS
+
+            self._restore_census = CENSUS.watch()
+
     def _share_cores(self) -> None:
         """Torch's threads for this worker: its share of the cores (environment.share_cores), restored at the end.
         Only a worker that measures does it: a project that runs no measured test keeps torch as it is."""
@@ -468,7 +483,7 @@ class SyncguardSession:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.children.remove()
-        for name in ("_restore_threads", "_restore_stop", "_restore_timing"):
+        for name in ("_restore_threads", "_restore_stop", "_restore_timing", "_restore_census"):
             restore = getattr(self, name)
             setattr(self, name, None)
             if restore is not None:
@@ -517,9 +532,9 @@ class SyncguardSession:
             message = f"syncguard usage error: {exc}"
         else:
             if item.stash[_BUDGETS] or "syncguard" in getattr(item, "fixturenames", ()):
-                if self.is_worker and not self._cores_shared:  # at a worker's first measured test, not before
-                    self._cores_shared = True
-                    self._share_cores()
+                if not self._measured_once:  # at this process's first measured test, not before
+                    self._measured_once = True
+                    self._begin_measuring()
                 _settle_allocator()  # the fixtures it creates go among live tensors, not into what others cached
             return
         pytest.fail(message, pytrace=False)  # outside the handler: no "During handling" chain in the report

@@ -22,7 +22,8 @@ trace: a gap belongs to the step in which it ends (the op that ended it was laun
 
 A gap's cause comes from the host's records on the same clock (:class:`_Host`): the counted syncs, and when each
 launch call returned (the launch log), moved onto the samples' clock by the marker kernel's launch
-(:func:`launches_on_samples`): host sync, launch-bound, or other (its work was queued before it).
+(:func:`launches_on_samples`): host sync, launch-bound, or other (its work was queued before it); a gap whose work
+was queued behind the launch of a CUDA graph that holds memset or copy nodes is a copy wait (:class:`GraphNodes`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .gaps import (
+    COPY_WAIT,
     HOST_SYNC,
     LAUNCH_BOUND,
     MIN_GAP_US,
@@ -67,11 +69,26 @@ LAUNCH_SLACK_US = 2.0
 #: How soon after a launch that found the device idle the device resumes, on the samples' clock (µs): the marker's
 #: own launch, which finds the device idle too, sets that clock, so within a few µs.
 RESUME_US = 10.0
+#: A launch call still running when the device resumed held the device up only where the device went idle within
+#: this long after the call was entered (µs): a call running longer was held up itself, by work queued before it (a
+#: graph launched again before its last replay ended), not submitting. On an H200, the graph launches of
+#: static_compiled's steps ran 130-160 µs and the device went idle 18 µs before to 19 µs after they were entered;
+#: cuda_graph's waited 1.6-2 ms, its graphs' memset gaps falling 100-2000 µs into them.
+RUNNING_CALL_US = 50.0
 #: Why a gap whose work was queued before it is ``other`` on the samples.
 QUEUED_DETAIL = (
     "sampled: the work that ended it was queued before the device went idle ({found}) and started late: an event "
     "wait, another stream, a copy or memset on its stream (the samples cannot tell which)"
 )
+#: Why a gap queued behind the replay of a CUDA graph with memset or copy nodes is a copy wait on the samples.
+GRAPH_COPY_DETAIL = (
+    "sampled: the work that ended it was queued before the device went idle, behind the launch of a CUDA graph "
+    "({launched:.0f} us before the gap, no sync since) that holds {nodes}: the samples read the compute engine, and "
+    "a graph's memsets and copies run between its kernels on the copy engine, which they cannot see, so this is a "
+    "copy wait by elimination (--syncguard-gap-ops times each node's work)"
+)
+#: What a gap queued behind a graph whose capture was not read adds to :data:`QUEUED_DETAIL`.
+GRAPH_UNREAD = "; it was queued behind a CUDA graph captured before syncguard read captures: its nodes are not known"
 #: How long before a kernel's start timestamp (CUPTI's record) the compute engine reads active (ns): its front end
 #: takes the launch first. Against the records of the same runs on an H100 (GPU-89b33f43, seven strategies), a
 #: sampled gap's start agreed with the records' (median 0) and its end came early by a median of 0.26 µs on the
@@ -114,12 +131,34 @@ class PlacedSteps:
 
 
 @dataclass(frozen=True)
+class GraphNodes:
+    """What a captured CUDA graph holds, by node type (read when its capture ended, :mod:`..probes.graph_nodes`)."""
+
+    kernels: int
+    memsets: int
+    copies: int
+    others: int = 0
+
+    @property
+    def copy_nodes(self) -> int:
+        """The nodes the copy engine may run between the graph's kernels: its memsets and copies."""
+        return self.memsets + self.copies
+
+    def __str__(self) -> str:
+        return f"{self.kernels} kernel, {self.memsets} memset and {self.copies} copy nodes"
+
+
+@dataclass(frozen=True)
 class LaunchesOnSamples:
     """A region's launch calls on the samples' clock (:func:`launches_on_samples`): when each returned (ns), and how
-    far the host's wall clock was moved to put them there (the same move puts its sync stamps there)."""
+    far the host's wall clock was moved to put them there (the same move puts its sync stamps there), when each was
+    entered; the CUDA graph launches among them (ns, what the graph holds, None where its capture was not read)."""
 
     returned_ns: tuple[int, ...]
     shift_ns: int
+    graphs: tuple[tuple[int, GraphNodes | None], ...] = ()
+    entered_ns: tuple[int, ...] = ()
+    """When each of the calls of :attr:`returned_ns` was entered (empty: not known; each returned as entered)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +213,7 @@ class SampledTimeline:
         )
         host = _Host(inside, launches, self.origin_ns)
         causes = [host.cause(start, start + length) for start, length in self.gaps]
-        idle = dict.fromkeys((HOST_SYNC, LAUNCH_BOUND, OTHER), 0.0)
+        idle = dict.fromkeys((HOST_SYNC, LAUNCH_BOUND, COPY_WAIT, OTHER), 0.0)
         for (_, length), (found, _) in zip(self.gaps, causes, strict=True):
             idle[OTHER if found == IDLE else found] += length
         return Timeline(
@@ -204,6 +243,11 @@ class _Host:
         self.sync_times = [mark.time for mark in self.syncs]
         self.not_logged = launches if isinstance(launches, str) else None
         self.launches = [] if isinstance(launches, str) else [(ns - origin_ns) / 1e3 for ns in launches.returned_ns]
+        entered = () if isinstance(launches, str) else launches.entered_ns
+        self.entered = [(ns - origin_ns) / 1e3 for ns in entered] if entered else self.launches
+        graphs = () if isinstance(launches, str) else launches.graphs
+        self.graph_times = [(ns - origin_ns) / 1e3 for ns, _ in graphs]
+        self.graph_nodes = [nodes for _, nodes in graphs]
         self.slack = CLOCK_SLACK_US if isinstance(launches, str) else LAUNCH_SLACK_US
         """How far the host's stamps and the samples may stand apart (µs): placed by the marker, a few µs."""
 
@@ -215,9 +259,12 @@ class _Host:
     def cause(self, start: float, end: float) -> tuple[str, str]:
         """The cause of the gap ``[start, end]`` (µs from the origin) and what the host's records say of it: a
         ``host sync`` where a counted sync returned in it (the host waited, then had to refill the queue); else,
-        with the launches logged, ``launch-bound`` where the last launch that returned before the device resumed
-        did so after it went idle, and it resumed within :data:`RESUME_US` of it; else ``other``: the work that
-        ended the gap was queued before it. Without the launches: ``idle``."""
+        with the launches logged, ``launch-bound`` where the device resumed while a launch call was running that was
+        entered at most :data:`RUNNING_CALL_US` before it went idle, or
+        where the last launch that returned before the device resumed did so after it went idle, and it resumed
+        within :data:`RESUME_US` of it; else ``other``: the work that
+        ended the gap was queued before it, a ``copy wait`` where that was behind a CUDA graph with memset or copy
+        nodes (:meth:`queued`). Without the launches: ``idle``."""
         sync = self.sync_in(start, end)
         if sync is not None:
             return HOST_SYNC, (
@@ -226,34 +273,70 @@ class _Host:
             )
         if self.not_logged is not None:
             return IDLE, IDLE_DETAIL.format(why=self.not_logged)
+        running = bisect.bisect_left(self.launches, end + self.slack)
+        entered = self.entered[running] if running < len(self.launches) else end
+        if entered <= end - self.slack and start - entered <= RUNNING_CALL_US:
+            returned = self.launches[running]
+            return LAUNCH_BOUND, (
+                f"sampled: the device resumed while a launch call was still running (entered {end - entered:.0f} us "
+                f"before and returned {returned - end:.0f} us after: a CUDA graph's launch call runs on while the "
+                "device starts the graph); the host had not yet queued the work"
+            )
         index = bisect.bisect_right(self.launches, end + self.slack) - 1
         if index < 0 or self.launches[index] < start - self.slack:
-            return OTHER, QUEUED_DETAIL.format(found="no launch call returned while it was idle")
+            return self.queued(start, "no launch call returned while it was idle")
         returned = self.launches[index]
         if end - returned > RESUME_US:
             found = (
                 f"the last launch call before it resumed returned {returned - start:.0f} us in, "
                 f"{end - returned:.0f} us before it resumed"
             )
-            return OTHER, QUEUED_DETAIL.format(found=found)
+            return self.queued(start, found)
         return LAUNCH_BOUND, (
             f"sampled: a launch call returned {returned - start:.0f} us after the device went idle, and the device "
             f"resumed {max(end - returned, 0.0):.0f} us after it (--syncguard-gap-ops names the operators before it)"
         )
 
+    def queued(self, start: float, found: str) -> tuple[str, str]:
+        """The cause of a gap starting at ``start`` whose work was queued before it (``found``: what the launches
+        say): a ``copy wait`` where the last CUDA graph launched before it holds memset or copy nodes and no counted
+        sync returned since (which would have seen the replay finish), else ``other``."""
+        index = bisect.bisect_right(self.graph_times, start + self.slack) - 1
+        if index >= 0:
+            launched = self.graph_times[index]
+            since = bisect.bisect_left(self.sync_times, launched)
+            if since == len(self.sync_times) or self.sync_times[since] >= start - self.slack:
+                nodes = self.graph_nodes[index]
+                if nodes is None:
+                    return OTHER, QUEUED_DETAIL.format(found=found) + GRAPH_UNREAD
+                if nodes.copy_nodes:
+                    return COPY_WAIT, GRAPH_COPY_DETAIL.format(launched=start - launched, nodes=nodes)
+        return OTHER, QUEUED_DETAIL.format(found=found)
 
-def launches_on_samples(returned_ns: Sequence[int], placed: PlacedSteps, begin_ns: int) -> LaunchesOnSamples | str:
+
+def launches_on_samples(
+    returned_ns: Sequence[int],
+    placed: PlacedSteps,
+    begin_ns: int,
+    graphs: Sequence[tuple[int, GraphNodes | None]] = (),
+    entered_ns: Sequence[int] = (),
+) -> LaunchesOnSamples | str:
     """The region's launch calls (when each returned, ns on the host's wall clock, in order) on the samples' clock,
     the marker kernel's launch (the first after ``begin_ns``, the region's start) leaving them out: each is moved
     by the marker's start in the samples less its launch's return, which takes in the clocks' offset and the time a
-    launch takes to reach an idle device. A string says why they cannot be placed."""
+    launch takes to reach an idle device; ``graphs`` are the CUDA graph launches among them (ns, what the graph
+    holds), ``entered_ns`` when each call was entered (in the order of ``returned_ns``; empty: not known). A string
+    says why they cannot be placed."""
     index = bisect.bisect_left(returned_ns, begin_ns)
     if index == len(returned_ns):
         return "the marker kernel's launch was not logged"
     shift = placed.marker_ns - returned_ns[index]
     if abs(shift) > CLOCK_SLACK_US * 1e3:
         return f"the marker kernel started {shift / 1e3:.0f} us after its launch returned, beyond the clocks' slack"
-    return LaunchesOnSamples(tuple(ns + shift for ns in returned_ns[index + 1 :]), shift)
+    after = returned_ns[index]
+    placed_graphs = tuple((ns + shift, nodes) for ns, nodes in graphs if ns > after)
+    placed_entries = tuple(ns + shift for ns in entered_ns[index + 1 :])
+    return LaunchesOnSamples(tuple(ns + shift for ns in returned_ns[index + 1 :]), shift, placed_graphs, placed_entries)
 
 
 def active_fractions(active: Sequence[float], elapsed: Sequence[float]) -> list[float]:

@@ -24,8 +24,9 @@ copy function whose parameters it does not read (:data:`NOT_READ`: 3D, arrays, s
 region calls it, and that region's transfers are not counted.
 
 Where the native extension loads, its callback is the subscriber's (``native/launches.cpp``): it passes every
-callback on to this probe's, except the launch calls (:data:`LAUNCHES`), which it stamps when they return while a
-sampled run logs them (:meth:`CudaCallProbe.logging_launches`), for the causes of the sampled timeline's gaps.
+callback on to this probe's, except the launch calls (:data:`LAUNCHES`), which it stamps when they are entered and
+when they return (a graph launch with the graph it launched) while a sampled run logs them
+(:meth:`CudaCallProbe.logging_launches`), for the causes of the sampled timeline's gaps.
 
 What CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
 tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.counts import RegionCounts, top_items
+from ..analysis.sampled import GraphNodes
 from ..analysis.sites import Frame
 from ..signals import transfers as signal
 from . import cupti
@@ -175,6 +177,10 @@ LAUNCHES: Mapping[int, frozenset[str]] = {
     ),
     DRIVER: frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunch", "cuGraphLaunch"}),
 }
+#: The launches of a CUDA graph, whose stamps keep the graph launched (the executable graph's handle).
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+#: The launch log's kind of a callback (probes/native/launches.cpp).
+_LAUNCH, _GRAPH_LAUNCH = 1, 2
 
 _SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
 
@@ -378,12 +384,22 @@ class CudaCallWatch:
 @dataclass
 class LaunchLog:
     """When each launch call of a region returned (:data:`LAUNCHES`, whoever made it; ns on the host's wall clock,
-    the samples' clock, in order), or why they were not logged."""
+    the samples' clock, in order) and when it was entered, or why they were not logged."""
 
     returned_ns: tuple[int, ...] = ()
+    entered_ns: tuple[int, ...] = ()
+    """When each of those calls was entered, in the same order."""
     lost: int = 0
     """Launches made beyond what the log keeps (its earliest are kept)."""
     not_logged: str | None = None
+    graph_launches: tuple[tuple[int, int], ...] = ()
+    """The CUDA graph launches among them: (ns, the executable graph launched), in order."""
+    graph_nodes: dict[int, GraphNodes] = field(default_factory=dict)
+    """What each graph launched holds, where its capture was read (:mod:`.graph_nodes`), by executable graph."""
+
+    def graphs(self) -> tuple[tuple[int, GraphNodes | None], ...]:
+        """Each graph launch: (ns, what the graph holds, None where its capture was not read)."""
+        return tuple((ns, self.graph_nodes.get(graph)) for ns, graph in self.graph_launches)
 
 
 class CudaCallProbe:
@@ -483,14 +499,17 @@ class CudaCallProbe:
                     with self._lock:
                         if self._subscribed:
                             self._enable(self._launch_ids, 0)
-                        data, made = self._native.launch_stop()
+                        data, made, launched, began = self._native.launch_stop()
                         self._logging = False
-                    stamps = sorted(array("q", data))
-                    log.returned_ns, log.lost = tuple(stamps), made - len(stamps)
+                    calls = sorted(zip(array("q", data), array("q", began), array("Q", launched), strict=True))
+                    log.returned_ns = tuple(returned for returned, _, _ in calls)
+                    log.entered_ns = tuple(entered for _, entered, _ in calls)
+                    log.graph_launches = tuple((returned, graph) for returned, _, graph in calls if graph)
+                    log.lost = made - len(calls)
                     if not self._subscribed:
                         log.not_logged = self._subscriber.taken or "CUPTI's subscriber was given up during the region"
                     elif log.lost:
-                        log.not_logged = f"the log kept {len(stamps)} of the region's {made} launches"
+                        log.not_logged = f"the log kept {len(calls)} of the region's {made} launches"
 
     def _enable(self, callbacks: list[tuple[int, int]], on: int) -> None:
         for domain, cbid in callbacks:
@@ -549,6 +568,7 @@ class CudaCallProbe:
         self._driver = ctypes.CDLL("libcuda.so.1")
         self._driver.cuPointerGetAttribute.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
         name = ctypes.c_char_p()
+        kinds: dict[tuple[int, int], int] = {}
         for domain, catalogue in BLOCKING.items():
             for cbid in range(1, LARGEST_CBID):
                 if self._cupti.cuptiGetCallbackName(domain, cbid, ctypes.byref(name)) != 0 or not name.value:
@@ -560,9 +580,10 @@ class CudaCallProbe:
                     self._not_read[(domain, cbid)] = function
                 elif function in LAUNCHES[domain]:
                     self._launch_ids.append((domain, cbid))
+                    kinds[(domain, cbid)] = _GRAPH_LAUNCH if function in GRAPH_LAUNCHES else _LAUNCH
         self._native = _launch_log()
-        for domain, cbid in self._launch_ids if self._native is not None else ():
-            self._native.launch_mark(domain, cbid, True)
+        for (domain, cbid), kind in kinds.items() if self._native is not None else ():
+            self._native.launch_mark(domain, cbid, kind)
 
     def _memory(self, pointer: int) -> Memory:
         kind = ctypes.c_uint()
