@@ -9,9 +9,9 @@
 
 For each loop it prints the time per token of each way, and the judged idle time and its shares by cause of the two
 measured ways, with the largest difference between their shares (points) and the share the default attributes to a
-cause other than ``other``. ``--plant-host-read`` runs the loops with a device read planted in every step (the
-commonest regression: ``int(token[0])`` after each token is chosen, outside a CUDA graph's capture; this module is
-the measured runs' pytest plugin for it).
+cause other than ``other``; then each cause's idle time (ms) of both. ``--plant-host-read`` runs the loops with a
+device read planted in every step (the commonest regression: ``int(token[0])`` after each token is chosen, outside
+a CUDA graph's capture; this module is the measured runs' pytest plugin for it).
 
     python devtools/idle_truth.py [--loops kv_cache,cuda_graph] [--rounds 5] [--plant-host-read] [--json OUT]
 
@@ -168,10 +168,18 @@ def main() -> None:
             f"  {default[name]['idle_us']:15.0f} {trace[name]['idle_us']:9.0f}  {said} | {truth}; {worst:.1f}; "
             f"{100 - ours['other']:.1f}%"
         )
+        # In time as well as in shares: a trace that slows the host adds launch-bound idle time of its own, which
+        # moves every share of the trace's without moving the other causes' time.
+        both = ", ".join(
+            f"{c} {default[name]['by_cause'].get(c, 0.0) / 1e3:.1f} | {trace[name]['by_cause'].get(c, 0.0) / 1e3:.1f}"
+            for c in CAUSES
+            if default[name]["by_cause"].get(c) or trace[name]["by_cause"].get(c)
+        )
+        print(f"{'':16} idle ms by cause, sampled | trace: {both}")
         rows[name] = {"bare_ms_per_token": bare[name], "sampled": default[name], "trace": trace[name],
                       "largest_difference_points": worst}  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu.uuid, "torch": torch.__version__, "loops": rows}, indent=1))
+        args.json.write_text(json.dumps({"gpu": str(gpu.uuid), "torch": torch.__version__, "loops": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -88,3 +88,17 @@ def test_the_launch_log_names_the_graph_each_launch_replayed(census: GraphCensus
     assert [ns for ns, _ in log.graph_launches] == [log.returned_ns[i] for i in (0, 2, 3)]
     log.graph_nodes = census.of_launched(graph for _, graph in log.graph_launches)
     assert all(nodes is not None and nodes.memsets == 1 for _, nodes in log.graphs())
+
+
+def test_the_launch_log_stamps_asynchronous_copies_and_the_transfers_still_count() -> None:
+    # A device-to-device copy runs on the SMs and ends a gap the samples see: its call is a launch. A copy to
+    # pageable host memory is a transfer the CUDA-call probe counts from the same callback, passed on to it.
+    source = torch.ones(1 << 20, device="cuda")
+    copy, host = torch.empty_like(source), torch.empty(source.shape, dtype=source.dtype)
+    torch.cuda.synchronize()
+    with CUDA_CALLS.counting() as watch, CUDA_CALLS.logging_launches() as log:
+        copy.copy_(source)
+        host.copy_(copy)
+    assert log.not_logged is None and watch.not_counted is None, (log.not_logged, watch.not_counted)
+    assert len(log.returned_ns) == 2 and not log.graph_launches
+    assert [(t.direction, t.size) for t in watch.transfers] == [("d2h", source.nbytes)]

@@ -85,11 +85,12 @@ def test_a_cuda_graph_loop_reads_its_memset_nodes_gaps_as_copy_waits_as_its_trac
 
 
 def test_a_compiled_loop_of_cuda_graph_trees_has_nine_tenths_of_its_idle_time_attributed_as_its_trace_does() -> None:
-    # torch.compile's graph launches run 130-160 us, while the device starts the graph: launch-bound.
+    # torch.compile's graph launches run 130-160 us, while the device starts the graph: launch-bound. The graph
+    # trees copy their inputs device to device, on the SMs: those copies' calls are launches too.
     ours, theirs = _sampled("static_compiled"), _traced("static_compiled")
     said, truth = _shares(dict(ours.idle_us)), _shares(dict(theirs.idle_us))
     print({c: round(said[c], 1) for c in CAUSES}, {c: round(truth[c], 1) for c in CAUSES})
-    assert said[OTHER] < 10
+    assert said[OTHER] < 2
     assert all(abs(said[cause] - truth[cause]) < 10 for cause in CAUSES)
     # Without when each launch call was entered, the graph launches' gaps would read as work queued before them.
     blind = _shares(dict(_sampled("static_compiled", entered=False).idle_us))

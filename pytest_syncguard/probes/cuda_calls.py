@@ -26,7 +26,8 @@ region calls it, and that region's transfers are not counted.
 Where the native extension loads, its callback is the subscriber's (``native/launches.cpp``): it passes every
 callback on to this probe's, except the launch calls (:data:`LAUNCHES`), which it stamps when they are entered and
 when they return (a graph launch with the graph it launched) while a sampled run logs them
-(:meth:`CudaCallProbe.logging_launches`), for the causes of the sampled timeline's gaps.
+(:meth:`CudaCallProbe.logging_launches`), for the causes of the sampled timeline's gaps; the asynchronous copies
+(:data:`COPY_LAUNCHES`) it stamps and passes on.
 
 What CUPTI reports for each case was measured with ``devtools/cupti_callbacks.py``; the device tests are
 tests/test_gpu_cuda_calls.py, the cost bench/bench_cuda_calls.py.
@@ -168,19 +169,31 @@ NOT_READ: Mapping[int, frozenset[str]] = {
     ),
 }
 
-#: The calls that queue device work which can end an idle gap (a kernel, a CUDA graph), stamped by the launch log
-#: (:meth:`CudaCallProbe.logging_launches`) when they return. Copies and memsets are not: most do not end a gap (a
-#: device-to-device copy does, and a gap it ends reads ``other`` on the samples).
+#: The calls that queue device work which can end an idle gap (a kernel, a CUDA graph, a device-to-device copy,
+#: which runs on the SMs), stamped by the launch log (:meth:`CudaCallProbe.logging_launches`) when they are entered
+#: and when they return. Memsets and the other copies run on the copy engine, which the samples do not see end a gap.
 LAUNCHES: Mapping[int, frozenset[str]] = {
     RUNTIME: frozenset(
         {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cudaLaunch"}
     ),
-    DRIVER: frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunch", "cuGraphLaunch"}),
+    DRIVER: frozenset(
+        {
+            "cuLaunchKernel",
+            "cuLaunchKernelEx",
+            "cuLaunchCooperativeKernel",
+            "cuLaunch",
+            "cuGraphLaunch",
+            "cuMemcpyDtoDAsync",
+        }
+    ),
 }
 #: The launches of a CUDA graph, whose stamps keep the graph launched (the executable graph's handle).
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+#: The asynchronous copies of any direction that :data:`BLOCKING` catalogues, stamped as launches too (a
+#: device-to-device one is how torch copies between device tensors, graph trees their inputs) and passed on.
+COPY_LAUNCHES = frozenset({"cudaMemcpyAsync", "cuMemcpyAsync"})
 #: The launch log's kind of a callback (probes/native/launches.cpp).
-_LAUNCH, _GRAPH_LAUNCH = 1, 2
+_LAUNCH, _GRAPH_LAUNCH, _COPY = 1, 2, 3
 
 _SUFFIX = re.compile(r"(_v\d+)*(_ptsz|_ptds)?(_v\d+)*$")
 
@@ -576,6 +589,8 @@ class CudaCallProbe:
                 function = base_name(name.value.decode())
                 if function in catalogue:
                     self._wanted[(domain, cbid)] = (function, catalogue[function])
+                    if function in COPY_LAUNCHES:
+                        kinds[(domain, cbid)] = _COPY
                 elif function in NOT_READ[domain]:
                     self._not_read[(domain, cbid)] = function
                 elif function in LAUNCHES[domain]:

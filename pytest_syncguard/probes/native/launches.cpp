@@ -1,6 +1,6 @@
-// The launch log: a CUPTI callback that stamps, on the host's wall clock, when each launch call (a kernel's or a
-// graph's: the calls Python names by their callback ids) was entered and when it returned, and hands every other
-// callback to the CUDA-call probe's own (Python) callback. It is the process's one CUPTI subscriber's callback
+// The launch log: a CUPTI callback that stamps, on the host's wall clock, when each launch call (a kernel's, a
+// graph's or an asynchronous copy's: the calls Python names by their callback ids) was entered and when it returned,
+// and hands every other callback, and the copies', to the CUDA-call probe's own (Python) callback. It is the process's one CUPTI subscriber's callback
 // while the probe holds it (probes/cuda_calls.py); the sampled timeline reads the stamps to tell a gap the host was
 // late for (a launch returned after the device went idle, or was still running when it resumed: a graph's launch
 // call runs on while the device starts the graph) from one whose work was queued before (analysis/sampled.py).
@@ -35,7 +35,9 @@ constexpr uint64_t kCapacity = 1u << 21;  // stamps kept per log: two million la
 constexpr size_t kParamsOffset = 2 * sizeof(void*);
 static_assert(sizeof(void*) == 8, "the launch log reads CUPTI's 64-bit layout");
 
-enum Kind : uint8_t { kPassedOn = 0, kLaunch = 1, kGraphLaunch = 2 };
+// A callback is passed on, or stamped: a launch, a graph launch, or an asynchronous copy, which is stamped and
+// passed on too (the CUDA-call probe counts the transfers among them).
+enum Kind : uint8_t { kPassedOn = 0, kLaunch = 1, kGraphLaunch = 2, kCopy = 3 };
 std::atomic<uint8_t> launches[kDomains][kCbids];  // a Kind per callback
 std::atomic<Callback> passed_to{nullptr};
 std::atomic<bool> logging{false};
@@ -52,36 +54,43 @@ int64_t now_ns() {
   return int64_t(now.tv_sec) * 1000000000 + now.tv_nsec;
 }
 
+// Stamp one callback of a logged call: its entry (the outermost call's, on this thread) and its return.
+void stamp(uint8_t kind, const void* data) {
+  if (*static_cast<const int*>(data) == 0) {  // CUPTI_API_ENTER
+    if (depth++ == 0) {
+      entered = now_ns();
+    }
+    return;
+  }
+  if (depth > 0 && --depth > 0) {
+    return;  // the inner call of a launch
+  }
+  if (!logging.load(std::memory_order_acquire)) {
+    return;
+  }
+  int64_t returned = now_ns();
+  uint64_t index = written.fetch_add(1, std::memory_order_relaxed);
+  if (index < kCapacity) {
+    stamps[index] = returned;
+    entries[index] = entered != 0 && entered <= returned ? entered : returned;
+    uint64_t graph = 0;
+    if (kind == kGraphLaunch) {
+      const void* params = *reinterpret_cast<const void* const*>(static_cast<const char*>(data) + kParamsOffset);
+      graph = params != nullptr ? *static_cast<const uint64_t*>(params) : 0;
+    }
+    graphs[index] = graph;
+  }
+}
+
 extern "C" void on_callback(void* userdata, int domain, uint32_t cbid, const void* data) {
   uint8_t kind = domain > 0 && domain < kDomains && cbid < kCbids
                      ? launches[domain][cbid].load(std::memory_order_relaxed)
                      : kPassedOn;
   if (kind != kPassedOn) {
-    if (*static_cast<const int*>(data) == 0) {  // CUPTI_API_ENTER
-      if (depth++ == 0 && logging.load(std::memory_order_relaxed)) {
-        entered = now_ns();
-      }
+    stamp(kind, data);
+    if (kind != kCopy) {
       return;
     }
-    if (depth > 0 && --depth > 0) {
-      return;  // the inner call of a launch
-    }
-    if (!logging.load(std::memory_order_acquire)) {
-      return;
-    }
-    int64_t returned = now_ns();
-    uint64_t index = written.fetch_add(1, std::memory_order_relaxed);
-    if (index < kCapacity) {
-      stamps[index] = returned;
-      entries[index] = entered != 0 && entered <= returned ? entered : returned;
-      uint64_t graph = 0;
-      if (kind == kGraphLaunch) {
-        const void* params = *reinterpret_cast<const void* const*>(static_cast<const char*>(data) + kParamsOffset);
-        graph = params != nullptr ? *static_cast<const uint64_t*>(params) : 0;
-      }
-      graphs[index] = graph;
-    }
-    return;
   }
   if (Callback next = passed_to.load(std::memory_order_acquire)) {
     next(userdata, domain, cbid, data);
@@ -96,8 +105,8 @@ void mark(int domain, uint32_t cbid, int kind) {
   if (domain <= 0 || domain >= kDomains || cbid >= kCbids) {
     throw std::out_of_range("syncguard: no such CUPTI callback domain or id");
   }
-  if (kind < kPassedOn || kind > kGraphLaunch) {
-    throw std::out_of_range("syncguard: a launch log's kind is 0 (passed on), 1 (launch) or 2 (graph launch)");
+  if (kind < kPassedOn || kind > kCopy) {
+    throw std::out_of_range("syncguard: a launch log's kind is 0 (passed on), 1 (launch), 2 (graph launch) or 3 (copy)");
   }
   launches[domain][cbid].store(uint8_t(kind), std::memory_order_relaxed);
 }
@@ -130,7 +139,8 @@ py::tuple stop() {
 void bind_launch_log(py::module_& m) {
   m.def("launch_callback", &launch_log::address, "The address of the CUPTI callback that stamps launches");
   m.def("launch_pass_to", &launch_log::pass_to, "The callback (an address; 0: none) that gets every other callback");
-  m.def("launch_mark", &launch_log::mark, "What a callback (domain, id) is: 0 passed on, 1 a launch, 2 a graph launch");
+  m.def("launch_mark", &launch_log::mark,
+        "What a callback (domain, id) is: 0 passed on, 1 a launch, 2 a graph launch, 3 a copy (stamped, passed on)");
   m.def("launch_start", &launch_log::start, "Start stamping launch calls (the earlier stamps are dropped)");
   m.def("launch_stop", &launch_log::stop,
         "Stop: (int64 ns stamps as bytes, in the order written; launches made; uint64 graph per stamp as bytes; "
