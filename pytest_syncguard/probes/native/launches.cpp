@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <ctime>
 #include <memory>
+#include <stdexcept>
 
 namespace py = pybind11;
 
@@ -106,7 +107,8 @@ void mark(int domain, uint32_t cbid, int kind) {
     throw std::out_of_range("syncguard: no such CUPTI callback domain or id");
   }
   if (kind < kPassedOn || kind > kCopy) {
-    throw std::out_of_range("syncguard: a launch log's kind is 0 (passed on), 1 (launch), 2 (graph launch) or 3 (copy)");
+    throw std::invalid_argument(
+        "syncguard: a launch log's kind is 0 (passed on), 1 (launch), 2 (graph launch) or 3 (copy)");
   }
   launches[domain][cbid].store(uint8_t(kind), std::memory_order_relaxed);
 }
