@@ -260,11 +260,10 @@ class _Host:
         """The cause of the gap ``[start, end]`` (µs from the origin) and what the host's records say of it: a
         ``host sync`` where a counted sync returned in it (the host waited, then had to refill the queue); else,
         with the launches logged, ``launch-bound`` where the device resumed while a launch call was running that was
-        entered at most :data:`RUNNING_CALL_US` before it went idle, or
-        where the last launch that returned before the device resumed did so after it went idle, and it resumed
-        within :data:`RESUME_US` of it; else ``other``: the work that
-        ended the gap was queued before it, a ``copy wait`` where that was behind a CUDA graph with memset or copy
-        nodes (:meth:`queued`). Without the launches: ``idle``."""
+        entered at most :data:`RUNNING_CALL_US` before it went idle, or where the last launch that returned before
+        the device resumed did so after it went idle, and it resumed within :data:`RESUME_US` of it; else the work
+        that ended the gap was queued before it: a ``copy wait`` where that was behind a CUDA graph with memset or
+        copy nodes, else ``other`` (:meth:`queued`). Without the launches: ``idle``."""
         sync = self.sync_in(start, end)
         if sync is not None:
             return HOST_SYNC, (

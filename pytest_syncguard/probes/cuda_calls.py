@@ -171,7 +171,8 @@ NOT_READ: Mapping[int, frozenset[str]] = {
 
 #: The calls that queue device work which can end an idle gap (a kernel, a CUDA graph, a device-to-device copy,
 #: which runs on the SMs), stamped by the launch log (:meth:`CudaCallProbe.logging_launches`) when they are entered
-#: and when they return. Memsets and the other copies run on the copy engine, which the samples do not see end a gap.
+#: and when they return; with them the copies of :data:`COPY_LAUNCHES`, whose direction the log does not read.
+#: Memsets run on the copy engine, which the samples do not see end a gap.
 LAUNCHES: Mapping[int, frozenset[str]] = {
     RUNTIME: frozenset(
         {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cudaLaunch"}
