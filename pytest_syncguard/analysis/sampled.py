@@ -88,7 +88,10 @@ GRAPH_COPY_DETAIL = (
     "copy wait by elimination (--syncguard-gap-ops times each node's work)"
 )
 #: What a gap queued behind a graph whose capture was not read adds to :data:`QUEUED_DETAIL`.
-GRAPH_UNREAD = "; it was queued behind a CUDA graph captured before syncguard read captures: its nodes are not known"
+GRAPH_UNREAD = (
+    "; it was queued behind a CUDA graph whose nodes are not known (captured before syncguard read captures, or "
+    "the driver could not list them)"
+)
 #: How long before a kernel's start timestamp (CUPTI's record) the compute engine reads active (ns): its front end
 #: takes the launch first. Against the records of the same runs on an H100 (GPU-89b33f43, seven strategies), a
 #: sampled gap's start agreed with the records' (median 0) and its end came early by a median of 0.26 µs on the
