@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_syncguard.probes import native
-from pytest_syncguard.probes.cuda_calls import CUDA_CALLS
+from pytest_syncguard.probes.cuda_calls import CUDA_CALLS, CallbackData
 
 pytestmark = pytest.mark.skipif(
     native.NATIVE.load() is None, reason=f"native kernel unavailable: {native.NATIVE.unavailable}"
@@ -24,22 +24,6 @@ RUNTIME = 2
 LAUNCH, GRAPH_LAUNCH, COPY, OTHER = 4000, 4001, 4002, 4003
 ENTER, EXIT = 0, 1
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
-
-
-class CallbackData(ctypes.Structure):
-    """``CUpti_CallbackData`` (cupti_callbacks.h)."""
-
-    _fields_ = [
-        ("callbackSite", ctypes.c_int),
-        ("functionName", ctypes.c_char_p),
-        ("functionParams", ctypes.c_void_p),
-        ("functionReturnValue", ctypes.c_void_p),
-        ("symbolName", ctypes.c_char_p),
-        ("context", ctypes.c_void_p),
-        ("contextUid", ctypes.c_uint32),
-        ("correlationData", ctypes.c_void_p),
-        ("correlationId", ctypes.c_uint32),
-    ]
 
 
 class GraphLaunchParams(ctypes.Structure):

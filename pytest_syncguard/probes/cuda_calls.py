@@ -50,6 +50,7 @@ from typing import Any
 from ..analysis.counts import RegionCounts, top_items
 from ..analysis.sampled import GraphNodes
 from ..analysis.sites import Frame
+from ..analysis.trace_file import GRAPH_LAUNCHES
 from ..signals import transfers as signal
 from . import cupti
 from .call_sites import STDLIB, first_user_frame, user_stack
@@ -188,8 +189,6 @@ LAUNCHES: Mapping[int, frozenset[str]] = {
         }
     ),
 }
-#: The launches of a CUDA graph, whose stamps keep the graph launched (the executable graph's handle).
-GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 #: The asynchronous copies of any direction that :data:`BLOCKING` catalogues, stamped as launches too (a
 #: device-to-device one is how torch copies between device tensors, graph trees their inputs) and passed on.
 COPY_LAUNCHES = frozenset({"cudaMemcpyAsync", "cuMemcpyAsync"})
@@ -596,6 +595,7 @@ class CudaCallProbe:
                     self._not_read[(domain, cbid)] = function
                 elif function in LAUNCHES[domain]:
                     self._launch_ids.append((domain, cbid))
+                    # A graph launch's stamp keeps the graph launched (the executable graph's handle).
                     kinds[(domain, cbid)] = _GRAPH_LAUNCH if function in GRAPH_LAUNCHES else _LAUNCH
         self._native = _launch_log()
         for (domain, cbid), kind in kinds.items() if self._native is not None else ():
